@@ -1,0 +1,43 @@
+# Two commands for a newcomer: `make demo` and `make test`. Both build .venv from nothing.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-dev
+
+.PHONY: demo test lint unit integration bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[local]'
+	touch $@
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(VENV)/.installed $@
+
+demo: $(VENV)/.installed
+	$(BIN)/hafo demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check hafo tests benchmarks examples
+	$(BIN)/mypy hafo
+	$(BIN)/lint-imports
+
+unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+integration: $(STAMP)
+	$(BIN)/pytest -q tests/integration
+
+test: $(STAMP)
+	$(MAKE) lint
+	$(BIN)/pytest -q -p no:cacheprovider tests
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/failover.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

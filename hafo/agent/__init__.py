@@ -1,0 +1,1 @@
+"""Node daemon: heartbeat and self-fencing, inventory and health, guards and workloads."""

@@ -1,0 +1,74 @@
+"""The agent's view of the assignments that name its node, kept current by a watch."""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from hafo.model.cluster import Assignment, Submission
+from hafo.store import EtcdStore, Keys, Resync, WatchEvent
+from hafo.store import codec
+
+log = structlog.get_logger("hafo.agent")
+
+
+class NodeAssignments:
+    """Placed assignments for one node, plus the specs they refer to."""
+
+    def __init__(self, store: EtcdStore, keys: Keys, node: str) -> None:
+        self.store = store
+        self.keys = keys
+        self.node = node
+        self.placed: dict[str, Assignment] = {}
+        self.specs: dict[str, Submission] = {}
+        self.changed = asyncio.Event()
+        self.revision = 0
+
+    def _apply(self, key: str, value: bytes, mod_revision: int, deleted: bool) -> None:
+        workload = key[len(self.keys.assignments):]
+        if deleted:
+            self.placed.pop(workload, None)
+            return
+        try:
+            assignment = codec.decode_assignment(value, mod_revision)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("undecodable assignment", key=key, error=str(exc))
+            return
+        if assignment.phase == "placed" and assignment.node == self.node:
+            self.placed[workload] = assignment
+        else:
+            self.placed.pop(workload, None)
+
+    async def load(self) -> int:
+        """Read all assignments (a full re-read, e.g. after re-registering)."""
+        revision, kvs = await self.store.get_prefix(self.keys.assignments)
+        self.placed.clear()
+        for kv in kvs:
+            self._apply(kv.key, kv.value, kv.mod_revision, deleted=False)
+        self.revision = revision
+        self.changed.set()
+        return revision
+
+    async def follow(self) -> None:
+        """Apply assignment changes forever."""
+        async for event in self.store.watch_prefix(self.keys.assignments, self.revision + 1):
+            if isinstance(event, Resync):
+                self.placed.clear()
+                for kv in event.kvs:
+                    self._apply(kv.key, kv.value, kv.mod_revision, deleted=False)
+                self.revision = event.revision
+            elif isinstance(event, WatchEvent):
+                self._apply(event.kv.key, event.kv.value, event.kv.mod_revision,
+                            deleted=event.kind == "delete")
+                self.revision = event.kv.mod_revision
+            self.changed.set()
+
+    async def spec(self, workload: str) -> Submission | None:
+        """The workload's submission (cached; None if it was deleted)."""
+        if workload not in self.specs:
+            kv = await self.store.get(self.keys.workload(workload))
+            if kv is None:
+                return None
+            self.specs[workload] = codec.decode_submission(kv.value)
+        return self.specs[workload]

@@ -1,0 +1,247 @@
+"""The node agent: lease and self-fencing, registration, assignments -> guards, reports."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from hafo.agent.assignments import NodeAssignments
+from hafo.agent.fencefile import write_deadline
+from hafo.agent.instances import InstanceKey
+from hafo.agent.supervisor import Supervisor, newest_per_workload, reap_children
+from hafo.decisions.fencing import can_start
+from hafo.gpu import GpuBackend, backend_for
+from hafo.model.cluster import Event, Gpu, InstanceStatus, Liveness, NodeRecord
+from hafo.model.config import Config
+from hafo.store import (
+    TRANSIENT,
+    EtcdStore,
+    EventLog,
+    Keys,
+    LeaseKeeper,
+    LeaseLost,
+)
+from hafo.store import codec
+
+log = structlog.get_logger("hafo.agent")
+
+SUPERVISE_PERIOD = 0.2
+HEALTH_PERIOD = 2.0
+START_HEADROOM = 0.5
+
+
+class Agent:
+    """One node's daemon."""
+
+    def __init__(self, config: Config, gpus: GpuBackend | None = None) -> None:
+        assert config.node is not None, "the agent needs a node section"
+        self.config = config
+        self.node = config.node
+        self.name = config.node.name
+        self.state_dir = Path(config.node.state_dir)
+        self.keys = Keys(config.cluster)
+        self.store = EtcdStore(config.etcd.endpoints, username=config.etcd.username,
+                               password=config.etcd.password)
+        self.gpus = gpus if gpus is not None else backend_for(config.node)
+        timing = config.timing
+        self.keeper = LeaseKeeper(self.store, timing.lease_ttl, timing.heartbeat,
+                                  timing.fence_margin, on_renew=self._publish_deadline)
+        self.assignments = NodeAssignments(self.store, self.keys, self.name)
+        self.supervisor = Supervisor(self.name, self.state_dir, Path(config.checkpoint_root))
+        self.events = EventLog(self.store, self.keys)
+        self.inventory: list[Gpu] = []
+        self.reported: dict[str, InstanceStatus] = {}
+        self.registered = asyncio.Event()
+        self.api_address = ""
+
+    # -- lease and registration ------------------------------------------------------------
+
+    def _publish_deadline(self, deadline: float) -> None:
+        write_deadline(self.state_dir, deadline)
+
+    def _lease_file(self) -> Path:
+        return self.state_dir / "lease.json"
+
+    async def acquire_lease(self) -> bool:
+        """Adopt the lease of a previous run if it still lives (hitless restart), else a new
+        one. Returns True when adopted."""
+        try:
+            saved = json.loads(self._lease_file().read_text())
+            lease_id = int(saved["lease"])
+        except (OSError, ValueError, KeyError, TypeError):
+            lease_id = 0
+        if lease_id and await self.keeper.adopt(lease_id):
+            log.info("lease adopted: running guards kept", node=self.name, lease=f"{lease_id:x}")
+            return True
+        self.supervisor.kill_all("agent started without its previous lease")
+        await self.keeper.grant()
+        assert self.keeper.lease_id is not None
+        self._lease_file().write_text(json.dumps({"lease": self.keeper.lease_id}))
+        log.info("lease granted", node=self.name, lease=f"{self.keeper.lease_id:x}",
+                 ttl=self.keeper.granted_ttl)
+        return False
+
+    def node_record(self) -> NodeRecord:
+        """This node's inventory and health."""
+        return NodeRecord(name=self.name, labels=dict(self.node.labels),
+                          gpus=tuple(self.inventory), healthy=True, reason="",
+                          api=self.api_address)
+
+    async def register(self) -> None:
+        """Publish inventory and the lease-bound liveness key."""
+        self.inventory = await asyncio.to_thread(self.gpus.inventory)
+        await self.store.put(self.keys.node(self.name), codec.encode(self.node_record().to_dict()))
+        assert self.keeper.lease_id is not None
+        alive = Liveness(node=self.name, lease=self.keeper.lease_id, since=time.time())
+        await self.store.put(self.keys.alive(self.name), codec.encode(alive.to_dict()),
+                             lease=self.keeper.lease_id)
+        self.reported.clear()
+        self.registered.set()
+        log.info("node registered", node=self.name, gpus=self.gpus.description)
+
+    async def _keep_lease(self) -> None:
+        """Keep the lease; on loss kill all work, then re-register with a new lease."""
+        while True:
+            try:
+                await self.keeper.run()
+            except LeaseLost as exc:
+                self.registered.clear()
+                self.supervisor.kill_all(f"lease lost ({exc})")
+                log.warning("lease lost: all work fenced, re-registering", node=self.name)
+                while True:
+                    try:
+                        await self.keeper.grant()
+                        assert self.keeper.lease_id is not None
+                        self._lease_file().write_text(json.dumps({"lease": self.keeper.lease_id}))
+                        await self.register()
+                        await self.assignments.load()
+                        break
+                    except TRANSIENT:
+                        await asyncio.sleep(self.config.timing.heartbeat)
+                await self.events.append(Event(ts=time.time(), kind="node-reregistered",
+                                               node=self.name,
+                                               message=f"{self.name} lost its lease and "
+                                               "registered again; its work was fenced"))
+
+    # -- loops --------------------------------------------------------------------------
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(HEALTH_PERIOD)
+            try:
+                inventory = await asyncio.to_thread(self.gpus.inventory)
+            except Exception as exc:  # a broken backend must not stop the agent
+                log.warning("GPU inventory failed", node=self.name, error=str(exc))
+                continue
+            if inventory != self.inventory:
+                self.inventory = inventory
+                with contextlib.suppress(*TRANSIENT):
+                    await self.store.put(self.keys.node(self.name),
+                                         codec.encode(self.node_record().to_dict()))
+                log.info("inventory changed", node=self.name,
+                         unhealthy=[g.index for g in inventory if not g.healthy])
+
+    async def _supervise_loop(self) -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.assignments.changed.wait(), SUPERVISE_PERIOD)
+            self.assignments.changed.clear()
+            try:
+                await self.supervise_once()
+            except TRANSIENT as exc:
+                log.warning("supervise cycle: etcd unavailable", node=self.name,
+                            error=type(exc).__name__)
+
+    async def supervise_once(self) -> None:
+        """One pass: stop what is not wanted, start what is, report what runs."""
+        reap_children()
+        states = self.supervisor.states()
+        desired = {InstanceKey(w, a.epoch): a for w, a in self.assignments.placed.items()}
+        for key, state in states.items():
+            if key not in desired and state.state != "exited":
+                self.supervisor.stop(key, state, "no longer assigned to this node")
+        running_workloads = {k.workload for k, s in states.items() if s.state != "exited"}
+        for key, assignment in desired.items():
+            if key in states or key.workload in running_workloads:
+                continue
+            if not self.registered.is_set() or not can_start(
+                    self.keeper.clock(), self.keeper.deadline, START_HEADROOM):
+                continue
+            submission = await self.assignments.spec(key.workload)
+            if submission is None:
+                continue
+            by_index = {g.index: g.uuid for g in self.inventory}
+            self.supervisor.launch(assignment, submission,
+                                   [str(i) if self.node.gpus == "simulate" else
+                                    by_index.get(i, str(i)) for i in assignment.gpus])
+        await self._report(self.supervisor.states(), desired)
+
+    async def _report(self, states: dict[InstanceKey, Any], desired: dict[InstanceKey, Any]) -> None:
+        if not self.registered.is_set() or self.keeper.lease_id is None:
+            return
+        newest = newest_per_workload(states)
+        for workload, key in newest.items():
+            status = self.supervisor.status_of(key, states[key])
+            if self.reported.get(workload) != status:
+                await self.store.put(self.keys.status(workload, self.name),
+                                     codec.encode(status.to_dict()), lease=self.keeper.lease_id)
+                self.reported[workload] = status
+                if status.state == "exited":
+                    log.info("instance exited", workload=workload, node=self.name,
+                             epoch=key.epoch, exit_code=status.exit_code,
+                             reason=states[key].reason)
+        for key, state in states.items():
+            if key not in desired and state.state == "exited":
+                newest_key = newest.get(key.workload)
+                if newest_key == key:
+                    await self.store.delete(self.keys.status(key.workload, self.name))
+                    self.reported.pop(key.workload, None)
+                self.supervisor.forget(key)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Lease, registration and assignments; the loops are started by ``run``."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        await self.acquire_lease()
+        await self.register()
+        await self.assignments.load()
+
+    async def run(self, ready: asyncio.Event | None = None) -> None:
+        """Run until cancelled."""
+        await self.start()
+        if ready is not None:
+            ready.set()
+        tasks = [asyncio.create_task(coro, name=name) for name, coro in (
+            ("lease", self._keep_lease()), ("assignments", self.assignments.follow()),
+            ("supervise", self._supervise_loop()), ("health", self._health_loop()))]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Release the etcd connection and the GPU backend (the lease is kept: guards and
+        workloads live on, and a restarted agent adopts them)."""
+        self.gpus.close()
+        await self.store.close()
+
+    def ready(self) -> bool:
+        """Registered, with a lease whose fencing deadline has not passed."""
+        return self.registered.is_set() and self.keeper.valid()
+
+    def status(self) -> dict[str, Any]:
+        """For ``GET /v1/node``."""
+        return {"node": self.node_record().to_dict(), "lease_valid": self.keeper.valid(),
+                "fenced_in": round(self.keeper.deadline - self.keeper.clock(), 3),
+                "instances": {w: s.to_dict() for w, s in self.reported.items()}}

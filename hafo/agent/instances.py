@@ -1,0 +1,81 @@
+"""Instances (one workload at one epoch) on disk: what the agent launched, what each guard
+reports. Everything lives in ``<state_dir>/instances/<workload>.<epoch>/`` so a restarted agent
+finds its guards again.
+
+    launch.json   written by the agent: argv, env, cwd, grace, workload, epoch, node
+    state.json    written by the guard: guard_pid, pid, state, exit_code, times, reason
+    output.log    the workload's stdout and stderr
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+INSTANCES = "instances"
+
+
+@dataclass(frozen=True)
+class InstanceKey:
+    """Identity of an instance."""
+
+    workload: str
+    epoch: int
+
+    @property
+    def dirname(self) -> str:
+        """Directory name under ``instances/``."""
+        return f"{self.workload}.{self.epoch}"
+
+
+@dataclass(frozen=True)
+class GuardState:
+    """What the guard last wrote about its instance."""
+
+    guard_pid: int | None
+    pid: int | None
+    state: str
+    exit_code: int | None
+    started_at: float | None
+    finished_at: float | None
+    reason: str
+
+
+def instance_dir(state_dir: Path, key: InstanceKey) -> Path:
+    """The instance's directory."""
+    return state_dir / INSTANCES / key.dirname
+
+
+def list_instances(state_dir: Path) -> list[InstanceKey]:
+    """Every instance directory present."""
+    root = state_dir / INSTANCES
+    keys: list[InstanceKey] = []
+    if not root.is_dir():
+        return keys
+    for entry in root.iterdir():
+        workload, _, epoch = entry.name.rpartition(".")
+        if workload and epoch.isdigit():
+            keys.append(InstanceKey(workload, int(epoch)))
+    return keys
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Replace ``path`` atomically with ``data`` as JSON."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def read_guard_state(path: Path) -> GuardState | None:
+    """The guard's state.json, or None if not written yet (or unreadable)."""
+    try:
+        data = json.loads((path / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return GuardState(guard_pid=data.get("guard_pid"), pid=data.get("pid"),
+                      state=str(data.get("state", "starting")), exit_code=data.get("exit_code"),
+                      started_at=data.get("started_at"), finished_at=data.get("finished_at"),
+                      reason=str(data.get("reason", "")))

@@ -1,0 +1,201 @@
+"""Starts, stops and reports the instances of one node, through their guards.
+
+Desired instances are the assignments naming this node (workload at an epoch). The supervisor
+starts a guard for a desired instance it has never started, stops guards of instances that are
+no longer desired, and reports each instance's state to etcd under the node's lease.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from hafo.agent.fencefile import FENCE_FILE
+from hafo.agent.instances import (
+    GuardState,
+    InstanceKey,
+    instance_dir,
+    list_instances,
+    read_guard_state,
+    write_json_atomic,
+)
+from hafo.checkpoint import list_checkpoints
+from hafo.model.cluster import Assignment, CheckpointInfo, InstanceStatus, Submission
+
+log = structlog.get_logger("hafo.agent")
+
+
+def pid_alive(pid: int | None) -> bool:
+    """True if ``pid`` runs and is not a zombie."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def reap_children() -> None:
+    """Collect exited children (guards report through their files, not exit codes)."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+@dataclass
+class Supervisor:
+    """Instance bookkeeping for one node."""
+
+    node: str
+    state_dir: Path
+    checkpoint_root: Path
+
+    def __post_init__(self) -> None:
+        self.stopping: set[InstanceKey] = set()
+        self._checkpoint_cache: dict[str, tuple[float, CheckpointInfo | None]] = {}
+
+    # -- state --------------------------------------------------------------------------
+
+    def states(self) -> dict[InstanceKey, GuardState]:
+        """Every instance on disk with its guard's state; dead guards are marked exited."""
+        out: dict[InstanceKey, GuardState] = {}
+        for key in list_instances(self.state_dir):
+            path = instance_dir(self.state_dir, key)
+            state = read_guard_state(path)
+            if state is None:
+                launched = (path / "launch.json").exists()
+                age = time.time() - path.stat().st_mtime if launched else 0.0
+                if age < 10.0:
+                    state = GuardState(None, None, "starting", None, None, None, "")
+                else:  # the guard never wrote its state: it did not start
+                    state = self._mark_exited(path, None, None, "guard did not start")
+            elif state.state != "exited" and not pid_alive(state.guard_pid):
+                if pid_alive(state.pid):  # workload orphaned: never leave it running
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(state.pid or 0, signal.SIGKILL)
+                state = self._mark_exited(path, state.guard_pid, state.pid, "guard died",
+                                          exit_code=-9)
+            out[key] = state
+        return out
+
+    @staticmethod
+    def _mark_exited(path: Path, guard_pid: int | None, pid: int | None, reason: str,
+                     exit_code: int | None = None) -> GuardState:
+        now = time.time()
+        write_json_atomic(path / "state.json", {
+            "guard_pid": guard_pid, "pid": pid, "state": "exited", "exit_code": exit_code,
+            "started_at": None, "finished_at": now, "reason": reason})
+        return GuardState(guard_pid, pid, "exited", exit_code, None, now, reason)
+
+    # -- actions ------------------------------------------------------------------------
+
+    def launch(self, assignment: Assignment, submission: Submission, gpu_ids: list[str]) -> None:
+        """Write the launch file and start the guard for one instance."""
+        key = InstanceKey(assignment.workload, assignment.epoch)
+        path = instance_dir(self.state_dir, key)
+        path.mkdir(parents=True, exist_ok=False)
+        spec = submission.spec
+        checkpoint_dir = self.checkpoint_root / assignment.workload
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **spec.env,
+               "HAFO_WORKLOAD": assignment.workload, "HAFO_EPOCH": str(assignment.epoch),
+               "HAFO_NODE": self.node, "HAFO_CHECKPOINT_DIR": str(checkpoint_dir),
+               "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids), "PYTHONUNBUFFERED": "1"}
+        write_json_atomic(path / "launch.json", {
+            "workload": assignment.workload, "epoch": assignment.epoch, "node": self.node,
+            "argv": list(spec.command), "env": env, "cwd": spec.workdir or os.getcwd(),
+            "grace": spec.stop_grace, "fence_file": str(self.state_dir / FENCE_FILE),
+            "launched_at": time.time()})
+        with open(path / "guard.log", "ab") as guard_log:
+            subprocess.Popen([sys.executable, "-m", "hafo", "guard", str(path)],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=guard_log, start_new_session=True, close_fds=True)
+        log.info("instance launched", workload=assignment.workload, node=self.node,
+                 epoch=assignment.epoch, gpus=gpu_ids)
+
+    def stop(self, key: InstanceKey, state: GuardState, why: str) -> None:
+        """Ask the guard to stop its workload (once)."""
+        if key in self.stopping or state.state == "exited":
+            return
+        self.stopping.add(key)
+        if state.guard_pid and pid_alive(state.guard_pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(state.guard_pid, signal.SIGTERM)
+        log.info("instance stopping", workload=key.workload, node=self.node, epoch=key.epoch,
+                 why=why)
+
+    def kill_all(self, why: str) -> None:
+        """Kill every instance at once (lease lost: someone else may run them now)."""
+        for key, state in self.states().items():
+            if state.state == "exited":
+                continue
+            if state.pid:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(state.pid, signal.SIGKILL)
+            if state.guard_pid:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(state.guard_pid, signal.SIGKILL)
+            log.warning("instance killed", workload=key.workload, node=self.node,
+                        epoch=key.epoch, why=why)
+
+    def forget(self, key: InstanceKey) -> None:
+        """Remove an exited, no longer desired instance (its output log is kept)."""
+        path = instance_dir(self.state_dir, key)
+        logs = self.state_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        with contextlib.suppress(OSError):
+            shutil.move(str(path / "output.log"), str(logs / f"{key.dirname}.log"))
+        shutil.rmtree(path, ignore_errors=True)
+        self.stopping.discard(key)
+
+    # -- reporting ----------------------------------------------------------------------
+
+    def checkpoint_info(self, workload: str) -> CheckpointInfo | None:
+        """The workload's newest committed checkpoint (re-read at most every 2 s)."""
+        now = time.monotonic()
+        cached = self._checkpoint_cache.get(workload)
+        if cached is not None and now - cached[0] < 2.0:
+            return cached[1]
+        refs = list_checkpoints(self.checkpoint_root / workload)
+        info = CheckpointInfo(refs[0].step, refs[0].epoch, str(refs[0].path)) if refs else None
+        self._checkpoint_cache[workload] = (now, info)
+        return info
+
+    def status_of(self, key: InstanceKey, state: GuardState) -> InstanceStatus:
+        """The report for one instance."""
+        reported = "stopping" if key in self.stopping and state.state != "exited" else state.state
+        return InstanceStatus(workload=key.workload, node=self.node, epoch=key.epoch,
+                              state=reported,  # type: ignore[arg-type]
+                              pid=state.pid, exit_code=state.exit_code,
+                              started_at=state.started_at, finished_at=state.finished_at,
+                              checkpoint=self.checkpoint_info(key.workload))
+
+
+def newest_per_workload(states: Mapping[InstanceKey, GuardState]) -> dict[str, InstanceKey]:
+    """For each workload, its instance with the highest epoch."""
+    out: dict[str, InstanceKey] = {}
+    for key in states:
+        if key.workload not in out or key.epoch > out[key.workload].epoch:
+            out[key.workload] = key
+    return out

@@ -1,0 +1,133 @@
+"""On-disk checkpoint format: one directory per checkpoint, committed by an atomic rename.
+
+    <root>/ckpt-e<epoch>-s<step>/manifest.json   tree of the state + sha256 of every blob
+    <root>/ckpt-e<epoch>-s<step>/blobs/<n>.bin   bytes, arrays and tensors, raw
+
+A checkpoint is written into ``<root>/.tmp-*``, every file and the directory are fsynced, then
+the directory is renamed into place and the root fsynced: a reader sees all of it or nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FORMAT = "hafo-ckpt/1"
+NAME_RE = re.compile(r"^ckpt-e(\d+)-s(\d+)$")
+
+
+class CorruptCheckpoint(Exception):
+    """A checkpoint whose manifest or blobs do not verify."""
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    """A committed checkpoint directory."""
+
+    epoch: int
+    step: int
+    path: Path
+
+
+def dir_name(epoch: int, step: int) -> str:
+    """The directory name of a checkpoint (sorts by epoch, then step)."""
+    return f"ckpt-e{epoch:012d}-s{step:012d}"
+
+
+def list_checkpoints(root: Path) -> list[CheckpointRef]:
+    """Committed checkpoints, newest (highest epoch, then step) first."""
+    refs: list[CheckpointRef] = []
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        match = NAME_RE.match(entry.name)
+        if match and entry.is_dir():
+            refs.append(CheckpointRef(int(match.group(1)), int(match.group(2)), entry))
+    refs.sort(key=lambda r: (r.epoch, r.step), reverse=True)
+    return refs
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def write_checkpoint(root: Path, epoch: int, step: int, tree: Any,
+                     blobs: list[bytes]) -> CheckpointRef:
+    """Write and commit one checkpoint; durable when this returns."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / dir_name(epoch, step)
+    tmp = root / f".tmp-{uuid.uuid4().hex}"
+    (tmp / "blobs").mkdir(parents=True)
+    try:
+        digests = []
+        for i, blob in enumerate(blobs):
+            _write_file(tmp / "blobs" / f"{i}.bin", blob)
+            digests.append({"sha256": hashlib.sha256(blob).hexdigest(), "size": len(blob)})
+        _fsync_dir(tmp / "blobs")
+        tree_json = json.dumps(tree, sort_keys=True)
+        manifest = {"format": FORMAT, "epoch": epoch, "step": step, "created": time.time(),
+                    "tree": tree_json, "tree_sha256": hashlib.sha256(tree_json.encode())
+                    .hexdigest(), "blobs": digests}
+        _write_file(tmp / "manifest.json", json.dumps(manifest).encode())
+        _fsync_dir(tmp)
+        if final.exists():  # the same step saved twice in one epoch: the newer one wins
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return CheckpointRef(epoch, step, final)
+
+
+def read_checkpoint(ref: CheckpointRef) -> tuple[Any, list[bytes]]:
+    """Read and verify one checkpoint; CorruptCheckpoint if anything does not match."""
+    try:
+        manifest = json.loads((ref.path / "manifest.json").read_text())
+        if manifest.get("format") != FORMAT:
+            raise CorruptCheckpoint(f"{ref.path}: unknown format {manifest.get('format')!r}")
+        tree_json = manifest["tree"]
+        if hashlib.sha256(tree_json.encode()).hexdigest() != manifest["tree_sha256"]:
+            raise CorruptCheckpoint(f"{ref.path}: tree checksum mismatch")
+        blobs = []
+        for i, meta in enumerate(manifest["blobs"]):
+            data = (ref.path / "blobs" / f"{i}.bin").read_bytes()
+            if len(data) != meta["size"] or hashlib.sha256(data).hexdigest() != meta["sha256"]:
+                raise CorruptCheckpoint(f"{ref.path}: blob {i} checksum mismatch")
+            blobs.append(data)
+        return json.loads(tree_json), blobs
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CorruptCheckpoint(f"{ref.path}: {exc}") from exc
+
+
+def prune(root: Path, keep_last: int) -> None:
+    """Delete all but the newest ``keep_last`` checkpoints, and stale temp dirs."""
+    for ref in list_checkpoints(root)[keep_last:]:
+        shutil.rmtree(ref.path, ignore_errors=True)
+    for entry in root.glob(".tmp-*"):
+        try:
+            if time.time() - entry.stat().st_mtime > 3600:
+                shutil.rmtree(entry, ignore_errors=True)
+        except OSError:
+            pass

@@ -1,0 +1,1 @@
+"""Application and OS check plugins (entry-point group ``hafo.checks``)."""

@@ -1,0 +1,284 @@
+"""The ``hafo`` command: parse, load config, wire, run. Heavy imports happen per command, so
+``hafo guard`` starts fast."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any, NoReturn
+
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+EXIT_NOT_FOUND = 4
+
+
+class CliError(Exception):
+    """A failure explained in one line, with an exit code."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage dump)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CliError(f"{self.prog}: {message} (see --help)", EXIT_USAGE)
+
+
+def _load_yaml(path: str, what: str) -> Any:
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise CliError(f"{what} file not found: {path}", EXIT_USAGE) from None
+    except OSError as exc:
+        raise CliError(f"cannot read {what} file {path}: {exc.strerror}", EXIT_USAGE) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise CliError(f"{path}: invalid YAML{where}", EXIT_USAGE) from None
+
+
+def load_config(path: str, role: str) -> Any:
+    """Read and validate a daemon config file."""
+    from hafo.model import ValidationError, parse_config
+
+    raw = _load_yaml(path, "config")
+    try:
+        return parse_config(raw, role)
+    except ValidationError as exc:
+        raise CliError(f"{path}: {exc}", EXIT_USAGE) from None
+
+
+def _store_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--etcd", default=os.environ.get("HAFO_ETCD", "http://127.0.0.1:2379"),
+                   help="etcd URL[,URL...] (default $HAFO_ETCD or http://127.0.0.1:2379)")
+    p.add_argument("--cluster", default=os.environ.get("HAFO_CLUSTER", "default"),
+                   help="cluster name (default $HAFO_CLUSTER or 'default')")
+
+
+def _json_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def build_parser() -> Parser:
+    """The argument parser of every subcommand."""
+    parser = Parser(prog="hafo", description="High-availability failover for GPU clusters.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for name, text in (("agent", "node daemon"), ("controller", "controller daemon")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--config", required=True, help="YAML config file")
+    p = sub.add_parser("guard", help="(internal) parent and fence of one workload process")
+    p.add_argument("instance_dir")
+    p = sub.add_parser("submit", help="submit a workload; prints its id")
+    p.add_argument("spec", help="workload spec YAML")
+    _store_args(p)
+    _json_arg(p)
+    for name, text in (("status", "cluster summary"), ("nodes", "nodes and their GPUs"),
+                       ("workloads", "workloads"), ("events", "recent events")):
+        p = sub.add_parser(name, help=text)
+        _store_args(p)
+        _json_arg(p)
+        if name == "events":
+            p.add_argument("--limit", type=int, default=50, help="newest N events")
+    p = sub.add_parser("delete", help="stop and forget a workload")
+    p.add_argument("workload")
+    _store_args(p)
+    for name, text in (("cordon", "allow no new work on a node"),
+                       ("uncordon", "allow work on a node again")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("node")
+        _store_args(p)
+    p = sub.add_parser("demo", help="embedded cluster that fails a workload over")
+    p.add_argument("--keep", action="store_true", help="keep the temp directory")
+    return parser
+
+
+def _run(coro: Coroutine[Any, Any, int]) -> int:
+    return asyncio.run(coro)
+
+
+async def _with_store(args: argparse.Namespace,
+                      body: Callable[[Any, Any], Awaitable[int]]) -> int:
+    from hafo.model import ValidationError
+    from hafo.model.config import parse_endpoints
+    from hafo.store import TRANSIENT, EtcdStore, Keys
+
+    try:
+        endpoints = parse_endpoints(args.etcd, "--etcd")
+    except ValidationError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    store = EtcdStore(endpoints, retry_budget=5.0)
+    try:
+        return await body(store, Keys(args.cluster))
+    except TRANSIENT:
+        raise CliError(f"cannot reach etcd at {args.etcd}", EXIT_UNAVAILABLE) from None
+    finally:
+        await store.close()
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True))
+
+
+async def _cmd_read(args: argparse.Namespace) -> int:
+    from hafo import render
+    from hafo.model import views
+    from hafo.store import read_events, read_snapshot
+
+    async def body(store: Any, keys: Any) -> int:
+        if args.command == "events":
+            data: Any = [e.to_dict() for e in await read_events(store, keys, args.limit)]
+            text = render.render_events(data) if data else "no events"
+        else:
+            snapshot = await read_snapshot(store, keys)
+            if args.command == "status":
+                data = views.status_view(snapshot)
+                text = render.render_status(data)
+            elif args.command == "nodes":
+                data = views.all_nodes(snapshot)
+                text = render.render_nodes(data) if data else "no nodes"
+            else:
+                data = views.all_workloads(snapshot)
+                text = render.render_workloads(data) if data else "no workloads"
+        if args.json:
+            _print_json(data)
+        else:
+            print(text)
+        return 0
+
+    return await _with_store(args, body)
+
+
+async def _cmd_submit(args: argparse.Namespace) -> int:
+    from hafo.model import ValidationError, parse_spec
+    from hafo.store import intents
+
+    raw = _load_yaml(args.spec, "spec")
+    try:
+        spec = parse_spec(raw)
+    except ValidationError as exc:
+        raise CliError(f"{args.spec}: {exc}", EXIT_USAGE) from None
+
+    async def body(store: Any, keys: Any) -> int:
+        submission = await intents.submit(store, keys, spec)
+        if args.json:
+            _print_json({"id": submission.id, "name": spec.name})
+        else:
+            print(submission.id)
+        return 0
+
+    return await _with_store(args, body)
+
+
+async def _cmd_change(args: argparse.Namespace) -> int:
+    from hafo.store import intents
+
+    async def body(store: Any, keys: Any) -> int:
+        try:
+            if args.command == "delete":
+                await intents.delete(store, keys, args.workload)
+                print(f"deleted {args.workload}")
+            else:
+                await intents.set_cordon(store, keys, args.node, args.command == "cordon")
+                print(f"{args.command}ed {args.node}")
+        except intents.NotFound as exc:
+            raise CliError(str(exc), EXIT_NOT_FOUND) from None
+        return 0
+
+    return await _with_store(args, body)
+
+
+async def _serve_until_signal(main: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.ensure_future(main)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+
+
+async def _cmd_agent(args: argparse.Namespace) -> int:
+    from hafo import logs
+    from hafo.agent.daemon import Agent
+    from hafo.api import make_agent_app, serve
+
+    config = load_config(args.config, "agent")
+    logs.configure(config.log_format, node=config.node.name)
+    agent = Agent(config)
+    agent.api_address = config.api.listen
+    runner = await serve(make_agent_app(agent), config.api.host, config.api.port)
+    try:
+        await _serve_until_signal(agent.run())
+    finally:
+        await runner.cleanup()
+        await agent.close()
+    return 0
+
+
+async def _cmd_controller(args: argparse.Namespace) -> int:
+    from hafo import logs
+    from hafo.api import make_controller_app, serve
+    from hafo.controller.daemon import Controller
+
+    config = load_config(args.config, "controller")
+    logs.configure(config.log_format, controller=config.controller_name)
+    controller = Controller(config)
+    runner = await serve(make_controller_app(controller), config.api.host, config.api.port)
+    try:
+        await _serve_until_signal(controller.run())
+    finally:
+        await runner.cleanup()
+        await controller.close()
+    return 0
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    """Run the parsed command."""
+    if args.command == "guard":
+        from hafo.agent import guard
+
+        return guard.main([args.instance_dir])
+    if args.command == "demo":
+        from hafo.demo import run_demo
+
+        return run_demo(keep=args.keep)
+    handlers: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
+        "agent": _cmd_agent, "controller": _cmd_controller, "submit": _cmd_submit,
+        "status": _cmd_read, "nodes": _cmd_read, "workloads": _cmd_read, "events": _cmd_read,
+        "delete": _cmd_change, "cordon": _cmd_change, "uncordon": _cmd_change,
+    }
+    return _run(handlers[args.command](args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: one clear line on stderr for any bad input, never a traceback."""
+    try:
+        args = build_parser().parse_args(argv)
+        return dispatch(args)
+    except CliError as exc:
+        text = str(exc)
+        print(text if text.startswith("hafo") else f"hafo: {text}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:
+        print(f"hafo: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Controllers: leader election and the reconcile loop (snapshot -> decisions -> store)."""

@@ -1,0 +1,165 @@
+"""The controller: leader election, then snapshot -> decisions.reconcile -> fenced writes.
+
+Every controller keeps a watched cache of the cluster state (standbys too: they serve reads
+and take over with a warm cache). Only the leader decides; each of its writes compares the
+leader key's create_revision, so a deposed leader cannot change anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from hafo.decisions.reconcile import reconcile
+from hafo.controller.apply import apply_plan
+from hafo.model.cluster import ClusterSnapshot, Event
+from hafo.model.config import Config
+from hafo.store import (
+    TRANSIENT,
+    ClusterCache,
+    Election,
+    EtcdStore,
+    EventLog,
+    Keys,
+    LeaseKeeper,
+    LeaseLost,
+    NotLeader,
+    read_events,
+)
+
+log = structlog.get_logger("hafo.controller")
+
+TICK = 1.0  # time-based decisions (restart windows, cool-downs) are re-evaluated this often
+
+
+class Controller:
+    """One controller process."""
+
+    def __init__(self, config: Config, clock: Callable[[], float] = time.time) -> None:
+        assert config.controller_name is not None
+        self.config = config
+        self.name = config.controller_name
+        self.keys = Keys(config.cluster)
+        self.store = EtcdStore(config.etcd.endpoints, username=config.etcd.username,
+                               password=config.etcd.password)
+        timing = config.timing
+        self.keeper = LeaseKeeper(self.store, timing.lease_ttl, timing.heartbeat,
+                                  timing.fence_margin)
+        self.election = Election(self.store, self.keys.leader, self.name)
+        self.cache = ClusterCache(self.store, self.keys)
+        self.events = EventLog(self.store, self.keys)
+        self.clock = clock
+        self.is_leader = False
+        self.connected = False
+        self.cycles = 0
+
+    # -- read side (HTTP API) -------------------------------------------------------------
+
+    def snapshot(self) -> ClusterSnapshot:
+        """The cache's current snapshot."""
+        return self.cache.snapshot()
+
+    def ready(self) -> bool:
+        """Connected to etcd and holding a live lease."""
+        return self.connected and self.keeper.valid()
+
+    def leading(self) -> bool:
+        """True while this controller is the leader and its lease is valid."""
+        return self.is_leader and self.keeper.valid()
+
+    async def recent_events(self, limit: int = 100) -> list[Event]:
+        """The newest events."""
+        return await read_events(self.store, self.keys, limit)
+
+    # -- loops --------------------------------------------------------------------------
+
+    async def _follow(self) -> None:
+        await self.cache.follow()
+
+    async def _keep_lease(self) -> None:
+        while True:
+            try:
+                await self.keeper.run()
+            except LeaseLost:
+                log.warning("controller lease lost", controller=self.name)
+                self.is_leader = False
+                self.election.token = None
+                await self.keeper.grant()
+                await self._announce()
+
+    async def _announce(self) -> None:
+        assert self.keeper.lease_id is not None
+        await self.store.put(self.keys.controller(self.name), b"{}", lease=self.keeper.lease_id)
+
+    async def _lead(self) -> None:
+        """Campaign; while leader run reconcile cycles; on losing leadership, campaign again."""
+        while True:
+            assert self.keeper.lease_id is not None
+            await self.election.campaign(self.keeper.lease_id)
+            self.is_leader = True
+            await self.events.append(Event(ts=time.time(), kind="leader-elected",
+                                           message=f"controller {self.name} is leader"))
+            try:
+                await self._reconcile_loop()
+            except NotLeader:
+                log.warning("leadership lost", controller=self.name)
+            finally:
+                self.is_leader = False
+
+    async def _reconcile_loop(self) -> None:
+        written = 0
+        while True:
+            if not self.keeper.valid():
+                self.election.token = None
+                raise NotLeader("lease deadline passed")
+            if self.cache.revision >= written:
+                snapshot = self.cache.snapshot()
+                self.cache.changed.clear()
+                plan = reconcile(snapshot, self.clock())
+                self.cycles += 1
+                if plan:
+                    try:
+                        written = max(written, await apply_plan(self.election, self.keys,
+                                                                self.events, plan))
+                    except TRANSIENT as exc:
+                        log.warning("apply failed: etcd unavailable", error=type(exc).__name__)
+                    continue
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.cache.changed.wait(), TICK)
+
+    async def run(self, ready: asyncio.Event | None = None) -> None:
+        """Run until cancelled."""
+        await self.keeper.grant()
+        await self._announce()
+        await self.cache.load()
+        self.connected = True
+        if ready is not None:
+            ready.set()
+        tasks = [asyncio.create_task(c, name=n) for n, c in (
+            ("lease", self._keep_lease()), ("follow", self._follow()), ("lead", self._lead()))]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Resign leadership and release the lease (clean shutdown)."""
+        with contextlib.suppress(*TRANSIENT, NotLeader):
+            await self.election.resign()
+        with contextlib.suppress(*TRANSIENT):
+            await self.keeper.revoke()
+        await self.store.close()
+
+    def info(self) -> dict[str, Any]:
+        """For logs and the API."""
+        return {"name": self.name, "leader": self.leading(), "cycles": self.cycles,
+                "revision": self.cache.revision}

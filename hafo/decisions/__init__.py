@@ -1,0 +1,1 @@
+"""Pure, synchronous, deterministic decisions over a frozen snapshot and an injected ``now``."""

@@ -1,0 +1,141 @@
+"""The controller's one decision per cycle: snapshot + now -> Plan. Pure and deterministic.
+
+For every workload it decides one of: place (new instance, new epoch), keep pending (with the
+reason), finish (completed / failed) or forget (deleted by the user). Each action carries the
+revision of the assignment it was decided from, so applying it is a compare-and-swap, and a
+one-line ``why`` for the log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from hafo.decisions.placement import (
+    Placed,
+    PlacementRequest,
+    capacity_from,
+    place_batch,
+)
+from hafo.model.cluster import Assignment, ClusterSnapshot
+
+ActionKind = Literal["place", "pending", "finish", "forget"]
+FAILED_NODE_COOLDOWN = 60.0
+
+
+@dataclass(frozen=True)
+class Action:
+    """One change to one workload's assignment."""
+
+    kind: ActionKind
+    workload: str
+    why: str
+    expected_revision: int
+    assignment: Assignment | None
+    event: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything decided in one cycle."""
+
+    actions: tuple[Action, ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.actions)
+
+
+@dataclass(frozen=True)
+class _Need:
+    """Why a workload needs a (new) placement, and with which history."""
+
+    request: PlacementRequest
+    previous: Assignment | None
+    restarts: int
+    restart_times: tuple[float, ...]
+    event: str
+    why: str
+
+
+def _revision(assignment: Assignment | None) -> int:
+    return assignment.epoch if assignment is not None else 0
+
+
+def _assess(snapshot: ClusterSnapshot, wid: str, now: float,
+            cooldown: float) -> Action | _Need | None:
+    """Decide for one workload, except the placement itself."""
+    submission = snapshot.workloads[wid]
+    spec = submission.spec
+    current = snapshot.assignments.get(wid)
+    if current is None or current.phase == "pending":
+        avoid = dict(current.avoid) if current else {}
+        return _Need(PlacementRequest(wid, spec, submission.submitted_at, avoid), current,
+                     current.restarts if current else 0,
+                     current.restart_times if current else (), "placed", "new workload")
+    if current.phase in ("completed", "failed") or current.node is None:
+        return None
+    node = current.node
+    node_state = snapshot.node_state(node)
+    avoid = {n: t for n, t in current.avoid.items() if t > now}
+    if node_state in ("down", "unhealthy"):
+        avoid[node] = now + cooldown
+        return _Need(PlacementRequest(wid, spec, submission.submitted_at, avoid), current,
+                     current.restarts, current.restart_times, "failover",
+                     f"node {node} is {node_state}")
+    status = snapshot.current_status(wid)
+    if status is None or status.state != "exited":
+        return None
+    if status.exit_code == 0:
+        done = Assignment(workload=wid, phase="completed", node=None, restarts=current.restarts,
+                          restart_times=current.restart_times, reason="exited with code 0")
+        return Action("finish", wid, f"exited 0 on {node}", _revision(current), done, "completed")
+    recent = tuple(t for t in current.restart_times if now - t < spec.restart.window)
+    if len(recent) >= spec.restart.max_restarts:
+        reason = (f"exited with code {status.exit_code}; {len(recent)} restarts within "
+                  f"{spec.restart.window:g}s (max {spec.restart.max_restarts})")
+        failed = Assignment(workload=wid, phase="failed", node=None, restarts=current.restarts,
+                            restart_times=recent, reason=reason)
+        return Action("finish", wid, reason, _revision(current), failed, "failed")
+    request = PlacementRequest(wid, spec, submission.submitted_at, avoid, prefer=node)
+    return _Need(request, current, current.restarts + 1, (*recent, now), "restarted",
+                 f"exited with code {status.exit_code} on {node}")
+
+
+def reconcile(snapshot: ClusterSnapshot, now: float,
+              cooldown: float = FAILED_NODE_COOLDOWN) -> Plan:
+    """Compute the plan for one reconcile cycle. ``now`` is wall-clock seconds."""
+    actions: list[Action] = []
+    for wid, assignment in sorted(snapshot.assignments.items()):
+        if wid not in snapshot.workloads:
+            actions.append(Action("forget", wid, "workload deleted", assignment.epoch, None,
+                                  "deleted"))
+    needs: list[_Need] = []
+    for wid in sorted(snapshot.workloads):
+        outcome = _assess(snapshot, wid, now, cooldown)
+        if isinstance(outcome, Action):
+            actions.append(outcome)
+        elif isinstance(outcome, _Need):
+            needs.append(outcome)
+    releasing = [n.request.workload for n in needs]
+    capacity = capacity_from(snapshot, releasing)
+    results = place_batch([n.request for n in needs], capacity, now)
+    for need in needs:
+        wid = need.request.workload
+        result = results[wid]
+        avoid = dict(need.request.avoid)
+        if isinstance(result, Placed):
+            new = Assignment(workload=wid, phase="placed", node=result.node, gpus=result.gpus,
+                             restarts=need.restarts, restart_times=need.restart_times,
+                             reason=need.why, avoid=avoid)
+            actions.append(Action("place", wid, f"{need.why} -> {result.node}",
+                                  _revision(need.previous), new, need.event))
+            continue
+        previous = need.previous
+        if previous is not None and previous.phase == "pending" and previous.reason == result.reason:
+            continue  # already pending for the same reason: nothing to write
+        pending = Assignment(workload=wid, phase="pending", node=None, restarts=need.restarts,
+                             restart_times=need.restart_times, reason=result.reason,
+                             avoid=avoid)
+        actions.append(Action("pending", wid, f"{need.why}; {result.reason}",
+                              _revision(previous), pending, "pending"))
+    return Plan(tuple(actions))

@@ -1,0 +1,30 @@
+"""GPU inventory and health: the NVML backend and the simulated backend."""
+
+from __future__ import annotations
+
+import structlog
+
+from hafo.gpu.base import GpuBackend, NoGpus
+from hafo.gpu.nvml import NvmlGpus, NvmlUnavailable
+from hafo.gpu.simulated import SimulatedGpus
+from hafo.model.config import NodeConfig
+
+log = structlog.get_logger("hafo.gpu")
+
+
+def backend_for(node: NodeConfig) -> GpuBackend:
+    """The backend ``node.gpus`` asks for. ``auto`` without NVML means no GPUs, said clearly."""
+    if node.gpus == "none":
+        return NoGpus("no GPUs (gpus: none)")
+    if node.gpus == "simulate" and node.simulate is not None:
+        sim = node.simulate
+        return SimulatedGpus(node.name, sim.count, sim.model, sim.memory_mib, sim.faults_file)
+    try:
+        return NvmlGpus()
+    except NvmlUnavailable as exc:
+        log.warning("no GPUs found", reason=str(exc), node=node.name)
+        return NoGpus(f"no GPUs ({exc})")
+
+
+__all__ = ["GpuBackend", "NoGpus", "NvmlGpus", "NvmlUnavailable", "SimulatedGpus",
+           "backend_for"]

@@ -1,0 +1,1 @@
+"""Run a whole hafo cluster on one machine: embedded etcd, controllers, agents."""

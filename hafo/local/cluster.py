@@ -1,0 +1,286 @@
+"""A whole hafo cluster on one machine: etcd, controllers and agents with simulated GPUs.
+
+Used by ``hafo demo``, the integration tests and the benchmarks. Every process is started
+here and stopped here by pid; each node runs under its own ``nodeinit`` (a child subreaper), so
+``power_off`` kills exactly that node's processes, all at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hafo.local.etcd import EtcdCluster
+from hafo.local.procs import descendants, free_port, kill_pid, pid_alive, spawn, stop_process
+from hafo.model.cluster import ClusterSnapshot
+from hafo.model.spec import WorkloadSpec, parse_spec
+from hafo.store import EtcdStore, Keys, read_snapshot
+from hafo.store import intents
+
+
+@dataclass
+class NodeHandle:
+    """One simulated node."""
+
+    name: str
+    config_path: Path
+    state_dir: Path
+    api_port: int
+    faults_file: Path
+    log_path: Path
+    init: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pidfile(self) -> Path:
+        """Where nodeinit writes the agent's pid."""
+        return self.state_dir.parent / f"{self.name}.agent.pid"
+
+    def agent_pid(self) -> int | None:
+        """The agent's pid (None before it started)."""
+        try:
+            return int(self.pidfile.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def powered(self) -> bool:
+        """True while the node's init process lives."""
+        return self.init is not None and self.init.poll() is None
+
+
+@dataclass
+class ControllerHandle:
+    """One controller process."""
+
+    name: str
+    config_path: Path
+    api_port: int
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def running(self) -> bool:
+        """True while the controller process lives."""
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass
+class LocalCluster:
+    """Start, fault and stop a local cluster. Process control is synchronous; reading cluster
+    state is async (it talks to etcd)."""
+
+    base_dir: Path | None = None
+    nodes: int = 3
+    controllers: int = 2
+    etcd_members: int = 1
+    gpus_per_node: int = 4
+    lease_ttl: int = 3
+    heartbeat: float = 1.0
+    cluster: str = "default"
+    keep: bool = False
+    node_handles: dict[str, NodeHandle] = field(default_factory=dict)
+    controller_handles: dict[str, ControllerHandle] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._own_dir = self.base_dir is None
+        self.base = Path(self.base_dir or tempfile.mkdtemp(prefix="hafo-local-"))
+        self.checkpoint_root = self.base / "checkpoints"
+        self.etcd = EtcdCluster(self.base / "etcd", size=self.etcd_members)
+        self.keys = Keys(self.cluster)
+        self._store: EtcdStore | None = None
+
+    # -- configuration --------------------------------------------------------------------
+
+    def _common(self) -> dict[str, Any]:
+        return {"cluster": self.cluster, "etcd": {"endpoints": self.etcd.endpoints},
+                "timing": {"lease_ttl": self.lease_ttl, "heartbeat": self.heartbeat},
+                "checkpoint": {"root": str(self.checkpoint_root)}, "log": {"format": "json"}}
+
+    def _write_config(self, path: Path, data: dict[str, Any]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(data))
+
+    def add_node(self, name: str, labels: dict[str, str] | None = None) -> NodeHandle:
+        """Describe (not start) a node."""
+        node_dir = self.base / "nodes" / name
+        handle = NodeHandle(name=name, config_path=self.base / "config" / f"{name}.yaml",
+                            state_dir=node_dir / "state", api_port=free_port(),
+                            faults_file=node_dir / "faults.json",
+                            log_path=self.base / "logs" / f"{name}.log")
+        self._write_config(handle.config_path, {
+            **self._common(), "api": {"listen": f"127.0.0.1:{handle.api_port}"},
+            "node": {"name": name, "labels": labels or {"zone": "local"},
+                     "state_dir": str(handle.state_dir),
+                     "gpus": {"simulate": {"count": self.gpus_per_node,
+                                           "faults_file": str(handle.faults_file)}}}})
+        self.node_handles[name] = handle
+        return handle
+
+    def add_controller(self, name: str) -> ControllerHandle:
+        """Describe (not start) a controller."""
+        handle = ControllerHandle(name=name, config_path=self.base / "config" / f"{name}.yaml",
+                                  api_port=free_port(),
+                                  log_path=self.base / "logs" / f"{name}.log")
+        self._write_config(handle.config_path, {
+            **self._common(), "api": {"listen": f"127.0.0.1:{handle.api_port}"},
+            "controller": {"name": name}})
+        self.controller_handles[name] = handle
+        return handle
+
+    # -- processes --------------------------------------------------------------------------
+
+    def start_node(self, name: str) -> None:
+        """Power a node on: nodeinit, which starts the agent."""
+        handle = self.node_handles[name]
+        handle.state_dir.mkdir(parents=True, exist_ok=True)
+        handle.pidfile.unlink(missing_ok=True)
+        handle.init = spawn([sys.executable, "-m", "hafo.local.nodeinit", str(handle.pidfile),
+                             "--", sys.executable, "-m", "hafo", "agent", "--config",
+                             str(handle.config_path)], handle.log_path)
+
+    def start_controller(self, name: str) -> None:
+        """Start a controller process."""
+        handle = self.controller_handles[name]
+        handle.proc = spawn([sys.executable, "-m", "hafo", "controller", "--config",
+                             str(handle.config_path)], handle.log_path)
+
+    def start(self) -> None:
+        """Start etcd, the controllers and the nodes (use ``wait_ready`` after)."""
+        self.etcd.start()
+        for i in range(1, self.controllers + 1):
+            self.start_controller(self.add_controller(f"ctl-{i}").name)
+        for i in range(1, self.nodes + 1):
+            self.start_node(self.add_node(f"node-{i}").name)
+
+    def node_pids(self, name: str) -> list[int]:
+        """Every live process of a node: its init and all descendants."""
+        handle = self.node_handles[name]
+        if not handle.powered():
+            return []
+        assert handle.init is not None
+        return [handle.init.pid, *descendants(handle.init.pid)]
+
+    def power_off(self, name: str) -> list[int]:
+        """Power loss: freeze the node's whole process tree, then SIGKILL all of it at once."""
+        handle = self.node_handles[name]
+        frozen: set[int] = set()
+        while True:
+            pids = [p for p in self.node_pids(name) if p not in frozen]
+            if not pids:
+                break
+            for pid in pids:
+                kill_pid(pid, signal.SIGSTOP)
+            frozen.update(pids)
+        for pid in frozen:
+            kill_pid(pid, signal.SIGKILL)
+        if handle.init is not None:
+            handle.init.wait(5)
+        return sorted(frozen)
+
+    def kill_agent(self, name: str) -> int | None:
+        """SIGKILL the agent process alone (its guards and workloads stay)."""
+        pid = self.node_handles[name].agent_pid()
+        if pid is not None:
+            kill_pid(pid, signal.SIGKILL)
+        return pid
+
+    def kill_controller(self, name: str) -> None:
+        """SIGKILL a controller."""
+        handle = self.controller_handles[name]
+        if handle.proc is not None and handle.proc.poll() is None:
+            handle.proc.kill()
+            handle.proc.wait(5)
+
+    def stop(self) -> None:
+        """Stop everything by pid and remove the temp directory (unless ``keep``)."""
+        for name in self.node_handles:
+            self.power_off(name)
+        for handle in self.controller_handles.values():
+            if handle.proc is not None:
+                stop_process(handle.proc, grace=3.0)
+        self.etcd.stop()
+        if self._own_dir and not self.keep:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+    def leftover_pids(self) -> list[int]:
+        """Processes of this cluster still alive (should be none after ``stop``)."""
+        pids = [m.proc.pid for m in self.etcd.members if m.proc is not None]
+        pids += [h.proc.pid for h in self.controller_handles.values() if h.proc is not None]
+        pids += [h.init.pid for h in self.node_handles.values() if h.init is not None]
+        return [p for p in pids if pid_alive(p)]
+
+    # -- state ------------------------------------------------------------------------------
+
+    @property
+    def store(self) -> EtcdStore:
+        """A store client for the current event loop."""
+        if self._store is None:
+            self._store = EtcdStore(self.etcd.endpoints)
+        return self._store
+
+    async def close_store(self) -> None:
+        """Close the store client (before the event loop ends)."""
+        if self._store is not None:
+            await self._store.close()
+            self._store = None
+
+    async def snapshot(self) -> ClusterSnapshot:
+        """The cluster state now."""
+        return await read_snapshot(self.store, self.keys)
+
+    async def wait_for(self, predicate: Any, timeout: float, interval: float = 0.05,
+                       what: str = "condition") -> ClusterSnapshot:
+        """Poll snapshots until ``predicate(snapshot)`` holds; TimeoutError otherwise."""
+        deadline = time.monotonic() + timeout
+        while True:
+            snapshot = await self.snapshot()
+            if predicate(snapshot):
+                return snapshot
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+            await asyncio.sleep(interval)
+
+    async def wait_ready(self, timeout: float = 30.0) -> ClusterSnapshot:
+        """Until a leader is elected and every powered node is ready."""
+        names = [n for n, h in self.node_handles.items() if h.powered()]
+        return await self.wait_for(
+            lambda s: s.leader is not None and all(s.node_state(n) == "ready" for n in names),
+            timeout, what="leader and ready nodes")
+
+    async def submit(self, spec: WorkloadSpec | dict[str, Any]) -> str:
+        """Submit a workload; returns its id."""
+        parsed = spec if isinstance(spec, WorkloadSpec) else parse_spec(spec)
+        return (await intents.submit(self.store, self.keys, parsed)).id
+
+    def progress_log(self, workload: str) -> list[dict[str, Any]]:
+        """Lines the demo workload wrote (see ``hafo.local.workload``)."""
+        path = self.checkpoint_root / workload / "progress.jsonl"
+        if not path.exists():
+            return []
+        lines = []
+        for line in path.read_text().splitlines():
+            try:
+                lines.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut by a kill
+        return lines
+
+
+def demo_workload_spec(name: str = "train-demo", steps: int = 0, interval: float = 0.05,
+                       every: int = 10, gpus: int = 1, fail_at: int = 0) -> dict[str, Any]:
+    """Spec of the built-in checkpointing workload (``python -m hafo.local.workload``)."""
+    command = [sys.executable, "-u", "-m", "hafo.local.workload", "--steps", str(steps),
+               "--interval", str(interval), "--every", str(every)]
+    if fail_at:
+        command += ["--fail-at", str(fail_at)]
+    return {"name": name, "command": command, "gpus": gpus, "stop_grace": 5,
+            "restart": {"max_restarts": 3, "window": 600}}

@@ -1,0 +1,92 @@
+"""Processes started by the local cluster: spawn, wait, and stop them by pid, never by name."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None,
+          cwd: str | None = None) -> subprocess.Popen[bytes]:
+    """Start a process in its own session, stdout/stderr to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=dict(env) if env else None,
+                                cwd=cwd, start_new_session=True)
+
+
+def pid_alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - exists, not ours
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def kill_pid(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to ``pid`` if it still exists."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    """SIGTERM, wait ``grace`` seconds, then SIGKILL; always reaps."""
+    if proc.poll() is None:
+        kill_pid(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            kill_pid(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+def wait_until(predicate: object, timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``predicate()`` until true or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(interval)
+    return bool(predicate())  # type: ignore[operator]
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of ``pid`` (from /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out: list[int] = []
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            out.append(child)
+            stack.append(child)
+    return out

@@ -1,0 +1,57 @@
+"""A small workload that trains (a counter and a fake loss), checkpoints with the SDK, resumes
+after any move, and logs every step to ``$HAFO_CHECKPOINT_DIR/progress.jsonl``. Used by the
+demo, the tests and the benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from hafo.checkpoint import Checkpointer
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the training loop; exit 0 after ``--steps`` (0 = forever)."""
+    parser = argparse.ArgumentParser(prog="hafo-demo-workload")
+    parser.add_argument("--steps", type=int, default=0)
+    parser.add_argument("--interval", type=float, default=0.05)
+    parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--fail-at", type=int, default=0, help="exit 3 at this step once")
+    args = parser.parse_args(argv)
+    ck = Checkpointer()
+    log_path = ck.root / "progress.jsonl"
+    identity = {"workload": os.environ.get("HAFO_WORKLOAD"), "node": os.environ.get("HAFO_NODE"),
+                "epoch": int(os.environ.get("HAFO_EPOCH", "0")), "pid": os.getpid()}
+    latest = ck.load_latest()
+    step = latest.step if latest else 0
+    loss = float(latest.state["loss"]) if latest else 10.0
+    failed_once = bool(latest.state.get("failed_once")) if latest else False
+
+    def record(**fields: object) -> None:
+        with open(log_path, "a") as fh:
+            fh.write(json.dumps({**identity, "t": time.time(), **fields}) + "\n")
+
+    record(event="start", resumed_from=step)
+    print(f"start at step {step} on {identity['node']} epoch {identity['epoch']}", flush=True)
+    while args.steps == 0 or step < args.steps:
+        time.sleep(args.interval)
+        step += 1
+        loss *= 0.99
+        record(event="step", step=step)
+        if args.fail_at and step == args.fail_at and not failed_once:
+            ck.save({"loss": loss, "failed_once": True}, step=step)
+            print(f"failing on purpose at step {step}", flush=True)
+            return 3
+        if step % args.every == 0 or ck.should_checkpoint():
+            ck.save({"loss": loss, "failed_once": failed_once}, step=step)
+            record(event="checkpoint", step=step)
+            print(f"step {step} loss {loss:.4f} (checkpointed)", flush=True)
+    record(event="done", step=step)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Logging set-up for every hafo process: structlog, JSON lines under systemd, pretty on a TTY."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+def configure(fmt: str = "auto", level: str = "info", **bound: str) -> None:
+    """Configure structlog once per process; ``bound`` values go on every line."""
+    use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer() if use_json
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()))
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    structlog.contextvars.clear_contextvars()
+    if bound:
+        structlog.contextvars.bind_contextvars(**bound)

@@ -1,0 +1,239 @@
+"""Plain frozen records of cluster state, and their JSON (dict) forms.
+
+Every record here is what one etcd key holds (see ``hafo.store.keys``), except
+``ClusterSnapshot``, which is the whole picture a decision is made from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from hafo.model.spec import WorkloadSpec
+
+NodeState = Literal["ready", "cordoned", "unhealthy", "down"]
+WorkloadState = Literal["pending", "starting", "running", "stopping", "completed", "failed"]
+Phase = Literal["pending", "placed", "completed", "failed"]
+InstanceState = Literal["starting", "running", "stopping", "exited"]
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU of a node, as its agent reports it."""
+
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    healthy: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"index": self.index, "uuid": self.uuid, "model": self.model,
+                "memory_mib": self.memory_mib, "healthy": self.healthy}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Gpu:
+        """Inverse of ``to_dict``."""
+        return Gpu(index=int(d["index"]), uuid=str(d["uuid"]), model=str(d["model"]),
+                   memory_mib=int(d["memory_mib"]), healthy=bool(d.get("healthy", True)))
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """A node's inventory and health, written by its agent (outlives the agent)."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    gpus: tuple[Gpu, ...] = ()
+    healthy: bool = True
+    reason: str = ""
+    api: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"name": self.name, "labels": dict(self.labels),
+                "gpus": [g.to_dict() for g in self.gpus], "healthy": self.healthy,
+                "reason": self.reason, "api": self.api}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> NodeRecord:
+        """Inverse of ``to_dict``."""
+        return NodeRecord(name=str(d["name"]), labels=dict(d.get("labels") or {}),
+                          gpus=tuple(Gpu.from_dict(g) for g in d.get("gpus") or ()),
+                          healthy=bool(d.get("healthy", True)), reason=str(d.get("reason", "")),
+                          api=str(d.get("api", "")))
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """The lease-bound key that says a node's agent is alive."""
+
+    node: str
+    lease: int
+    since: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"node": self.node, "lease": self.lease, "since": self.since}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Liveness:
+        """Inverse of ``to_dict``."""
+        return Liveness(node=str(d["node"]), lease=int(d["lease"]), since=float(d["since"]))
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The controller's decision for one workload.
+
+    ``epoch`` is the etcd revision that wrote this assignment (the key's mod_revision): a
+    new instance (a move or a restart) always gets a new, larger epoch.
+    """
+
+    workload: str
+    phase: Phase
+    node: str | None = None
+    gpus: tuple[int, ...] = ()
+    epoch: int = 0
+    restarts: int = 0
+    restart_times: tuple[float, ...] = ()
+    reason: str = ""
+    avoid: Mapping[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (the epoch is not stored: it is the key's revision)."""
+        return {"workload": self.workload, "phase": self.phase, "node": self.node,
+                "gpus": list(self.gpus), "restarts": self.restarts,
+                "restart_times": list(self.restart_times), "reason": self.reason,
+                "avoid": dict(self.avoid)}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any], epoch: int) -> Assignment:
+        """Inverse of ``to_dict``; ``epoch`` comes from the key's mod_revision."""
+        return Assignment(workload=str(d["workload"]), phase=d["phase"], node=d.get("node"),
+                          gpus=tuple(int(g) for g in d.get("gpus") or ()), epoch=epoch,
+                          restarts=int(d.get("restarts", 0)),
+                          restart_times=tuple(float(t) for t in d.get("restart_times") or ()),
+                          reason=str(d.get("reason", "")),
+                          avoid={str(k): float(v) for k, v in (d.get("avoid") or {}).items()})
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """The newest committed checkpoint of a workload."""
+
+    step: int
+    epoch: int
+    path: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (the contract's ``checkpoint`` object)."""
+        return {"step": self.step, "epoch": self.epoch, "path": self.path}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any] | None) -> CheckpointInfo | None:
+        """Inverse of ``to_dict``; None stays None."""
+        if not d:
+            return None
+        return CheckpointInfo(step=int(d["step"]), epoch=int(d["epoch"]), path=str(d["path"]))
+
+
+@dataclass(frozen=True)
+class InstanceStatus:
+    """What a node's agent reports about one instance (workload at an epoch) it runs."""
+
+    workload: str
+    node: str
+    epoch: int
+    state: InstanceState
+    pid: int | None = None
+    exit_code: int | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    checkpoint: CheckpointInfo | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"workload": self.workload, "node": self.node, "epoch": self.epoch,
+                "state": self.state, "pid": self.pid, "exit_code": self.exit_code,
+                "started_at": self.started_at, "finished_at": self.finished_at,
+                "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> InstanceStatus:
+        """Inverse of ``to_dict``."""
+        return InstanceStatus(workload=str(d["workload"]), node=str(d["node"]),
+                              epoch=int(d["epoch"]), state=d["state"], pid=d.get("pid"),
+                              exit_code=d.get("exit_code"), started_at=d.get("started_at"),
+                              finished_at=d.get("finished_at"),
+                              checkpoint=CheckpointInfo.from_dict(d.get("checkpoint")))
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something that happened, for people (``hafo events``)."""
+
+    ts: float
+    kind: str
+    message: str
+    workload: str | None = None
+    node: str | None = None
+    epoch: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"ts": self.ts, "kind": self.kind, "message": self.message,
+                "workload": self.workload, "node": self.node, "epoch": self.epoch}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Event:
+        """Inverse of ``to_dict``."""
+        return Event(ts=float(d["ts"]), kind=str(d["kind"]), message=str(d["message"]),
+                     workload=d.get("workload"), node=d.get("node"), epoch=d.get("epoch"))
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A workload as submitted: its id, spec and submit time (key ``workloads/<id>``)."""
+
+    id: str
+    spec: WorkloadSpec
+    submitted_at: float
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """Everything a decision needs, read at one etcd revision."""
+
+    revision: int
+    nodes: Mapping[str, NodeRecord]
+    alive: Mapping[str, Liveness]
+    cordoned: frozenset[str]
+    workloads: Mapping[str, Submission]
+    assignments: Mapping[str, Assignment]
+    statuses: Mapping[tuple[str, str], InstanceStatus]
+    leader: str | None = None
+    controllers: tuple[str, ...] = ()
+
+    def node_state(self, name: str) -> NodeState:
+        """Derived node state: down > unhealthy > cordoned > ready."""
+        if name not in self.alive:
+            return "down"
+        record = self.nodes.get(name)
+        if record is None or not record.healthy:
+            return "unhealthy"
+        if name in self.cordoned:
+            return "cordoned"
+        return "ready"
+
+    def current_status(self, workload: str) -> InstanceStatus | None:
+        """The agent's report for the workload's current assignment (same node and epoch)."""
+        assignment = self.assignments.get(workload)
+        if assignment is None or assignment.node is None:
+            return None
+        status = self.statuses.get((workload, assignment.node))
+        if status is None or status.epoch != assignment.epoch:
+            return None
+        return status

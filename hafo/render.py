@@ -1,0 +1,67 @@
+"""Tables for people, from the contract's JSON views."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A left-aligned, space-separated table."""
+    cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in cells)
+
+
+def ago(ts: float | None, now: float | None = None) -> str:
+    """'3s ago' style age."""
+    if ts is None:
+        return "-"
+    seconds = max(0.0, (now or time.time()) - ts)
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"
+
+
+def render_status(view: dict[str, Any]) -> str:
+    """``hafo status``."""
+    nodes = ", ".join(f"{k} {v}" for k, v in view["nodes"].items() if v) or "none"
+    wls = ", ".join(f"{k} {v}" for k, v in view["workloads"].items() if v) or "none"
+    return (f"leader:      {view['leader'] or '(none)'}\n"
+            f"controllers: {', '.join(view['controllers']) or '(none)'}\n"
+            f"nodes:       {nodes}\n"
+            f"workloads:   {wls}")
+
+
+def render_nodes(nodes: list[dict[str, Any]]) -> str:
+    """``hafo nodes``."""
+    rows = []
+    for n in nodes:
+        gpus = n["gpus"]
+        healthy = sum(1 for g in gpus if g["healthy"])
+        used = sum(1 for g in gpus if g["allocated_to"])
+        labels = ",".join(f"{k}={v}" for k, v in sorted(n["labels"].items()))
+        rows.append([n["name"], n["state"], f"{used}/{len(gpus)}", f"{healthy}/{len(gpus)}",
+                     len(n["workloads"]), labels or "-"])
+    return table(["NAME", "STATE", "GPUS USED", "GPUS HEALTHY", "WORKLOADS", "LABELS"], rows)
+
+
+def render_workloads(workloads: list[dict[str, Any]]) -> str:
+    """``hafo workloads``."""
+    rows = []
+    for w in workloads:
+        ck = w["checkpoint"]
+        rows.append([w["id"], w["state"], w["node"], w["epoch"], w["restarts"], len(w["gpus"]),
+                     f"step {ck['step']}" if ck else "-"])
+    return table(["ID", "STATE", "NODE", "EPOCH", "RESTARTS", "GPUS", "CHECKPOINT"], rows)
+
+
+def render_events(events: list[dict[str, Any]]) -> str:
+    """``hafo events``."""
+    rows = [[time.strftime("%H:%M:%S", time.localtime(e["ts"])) + f".{int(e['ts'] * 1000) % 1000:03d}",
+             e["kind"], e["workload"], e["node"], e["message"]] for e in events]
+    return table(["TIME", "KIND", "WORKLOAD", "NODE", "MESSAGE"], rows)

@@ -1,0 +1,376 @@
+"""The etcd client of hafo: several endpoints with failover, bounded retries, typed results.
+
+This package is the only code that imports the etcd client (``aetcd``). aetcd connects to one
+host, so the endpoint list is handled here: a call that fails with a connection error (or a
+timeout) moves to the next endpoint and is retried within a bounded, jittered budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit
+
+import aetcd
+import structlog
+from aetcd import exceptions as etcd_errors
+
+from hafo.store.retry import StoreUnavailable, with_store_retry
+
+T = TypeVar("T")
+log = structlog.get_logger("hafo.store")
+
+TRANSIENT: tuple[type[BaseException], ...] = (
+    etcd_errors.ConnectionFailedError,
+    etcd_errors.ConnectionTimeoutError,
+    etcd_errors.InternalError,
+    asyncio.TimeoutError,
+    StoreUnavailable,
+)
+
+
+@dataclass(frozen=True)
+class KV:
+    """One key-value pair as read from etcd."""
+
+    key: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    lease: int
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """A change under a watched prefix. For deletes ``value`` is empty."""
+
+    kind: Literal["put", "delete"]
+    kv: KV
+
+
+@dataclass(frozen=True)
+class Resync:
+    """The watch could not resume (revision compacted): here is the full state instead."""
+
+    revision: int
+    kvs: tuple[KV, ...]
+
+
+@dataclass(frozen=True)
+class Compare:
+    """A txn condition: ``target`` of ``key`` ``op`` ``value``."""
+
+    key: str
+    target: Literal["create", "mod", "version", "value"]
+    op: Literal["==", "!=", "<", ">"]
+    value: int | bytes
+
+
+@dataclass(frozen=True)
+class Put:
+    """A txn write."""
+
+    key: str
+    value: bytes
+    lease: int | None = None
+
+
+@dataclass(frozen=True)
+class Delete:
+    """A txn delete (of one key, or of a prefix)."""
+
+    key: str
+    prefix: bool = False
+
+
+@dataclass(frozen=True)
+class Get:
+    """A txn read of one key."""
+
+    key: str
+
+
+@dataclass(frozen=True)
+class TxnResult:
+    """Outcome of a transaction: whether the compares held, the revision, values read."""
+
+    succeeded: bool
+    revision: int
+    reads: tuple[KV | None, ...] = ()
+
+
+def parse_endpoint(url: str) -> tuple[str, int]:
+    """``http://host:port`` -> (host, port)."""
+    parts = urlsplit(url)
+    if not parts.hostname or not parts.port:
+        raise ValueError(f"bad etcd endpoint {url!r}")
+    return parts.hostname, parts.port
+
+
+def _kv(raw: Any) -> KV:
+    return KV(key=raw.key.decode(), value=bytes(raw.value), create_revision=raw.create_revision,
+              mod_revision=raw.mod_revision, lease=raw.lease)
+
+
+class EtcdStore:
+    """Connection to an etcd cluster through any of its endpoints."""
+
+    def __init__(self, endpoints: Sequence[str], *, timeout: float = 2.0,
+                 retry_budget: float = 10.0, username: str | None = None,
+                 password: str | None = None) -> None:
+        if not endpoints:
+            raise ValueError("at least one etcd endpoint is required")
+        self.endpoints = [parse_endpoint(e) for e in endpoints]
+        self.timeout = timeout
+        self.retry_budget = retry_budget
+        self._username = username
+        self._password = password
+        self._index = 0
+        self._client: aetcd.Client | None = None
+        self._generation = 0
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self._closing: set[asyncio.Task[None]] = set()
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint in use now, as host:port."""
+        host, port = self.endpoints[self._index]
+        return f"{host}:{port}"
+
+    async def _current(self) -> tuple[aetcd.Client, int]:
+        async with self._lock:
+            if self._closed:
+                raise StoreUnavailable("store is closed")
+            if self._client is None:
+                host, port = self.endpoints[self._index]
+                client = aetcd.Client(host=host, port=port, timeout=self.timeout,
+                                      username=self._username, password=self._password)
+                await client.connect()
+                # Watches on a member cut off from the raft leader must fail, not stall.
+                watcher = getattr(client, "_watcher", None)
+                if watcher is not None:
+                    watcher._metadata = (*(watcher._metadata or ()), ("hasleader", "true"))
+                self._client = client
+                self._generation += 1
+            return self._client, self._generation
+
+    async def _rotate(self, generation: int, error: BaseException) -> None:
+        """Drop the connection of ``generation`` and move to the next endpoint."""
+        async with self._lock:
+            if generation != self._generation or self._client is None:
+                return  # someone else already rotated
+            old = self._client
+            self._client = None
+            previous = self.endpoint
+            self._index = (self._index + 1) % len(self.endpoints)
+            log.info("etcd endpoint failover", failed=previous, next=self.endpoint,
+                     error=type(error).__name__)
+        # Calls still in flight on the old channel finish or fail on their own first.
+        self._closing.add(asyncio.get_running_loop().create_task(
+            self._close_quietly(old, delay=5.0)))
+
+    async def _close_quietly(self, client: aetcd.Client, delay: float = 0.0) -> None:
+        try:
+            await asyncio.sleep(delay)
+            with contextlib.suppress(Exception, asyncio.TimeoutError):
+                await asyncio.wait_for(client.close(), 2.0)
+        finally:
+            self._closing.discard(asyncio.current_task())  # type: ignore[arg-type]
+
+    async def call(self, op: Callable[[aetcd.Client], Awaitable[T]],
+                   budget: float | None = None) -> T:
+        """Run ``op`` against the current endpoint, failing over and retrying on errors."""
+
+        async def attempt() -> T:
+            client, generation = await self._current()
+            try:
+                return await asyncio.wait_for(op(client), self.timeout + 0.5)
+            except TRANSIENT as exc:
+                await self._rotate(generation, exc)
+                raise
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # we are being cancelled ourselves
+                # The channel was closed under the call: treat as a connection failure.
+                raise StoreUnavailable("etcd channel closed during the call") from None
+
+        return await with_store_retry(attempt, TRANSIENT,
+                                      budget=self.retry_budget if budget is None else budget)
+
+    async def close(self) -> None:
+        """Close the connection; further calls fail with StoreUnavailable."""
+        async with self._lock:
+            self._closed = True
+            client, self._client = self._client, None
+        for task in list(self._closing):
+            task.cancel()
+        if client is not None:
+            await self._close_quietly(client)
+
+    # -- key-value -----------------------------------------------------------------------
+
+    async def get(self, key: str) -> KV | None:
+        """Read one key."""
+        result = await self.call(lambda c: c.get(key.encode()))
+        return None if result is None else _kv(result)
+
+    async def get_prefix(self, prefix: str) -> tuple[int, list[KV]]:
+        """Read every key under ``prefix``; returns (revision, kvs)."""
+        result = await self.call(lambda c: c.get_prefix(prefix.encode()))
+        return result.header.revision, [_kv(kv) for kv in result]
+
+    async def revision(self) -> int:
+        """The store's current revision."""
+        probe = await self.call(lambda c: c.get_prefix(b"\0hafo-revision-probe"))
+        return int(probe.header.revision)
+
+    async def put(self, key: str, value: bytes, lease: int | None = None) -> int:
+        """Write one key; returns the revision of the write."""
+        result = await self.call(lambda c: c.put(key.encode(), value, lease=lease))
+        return int(result.header.revision)
+
+    async def delete(self, key: str) -> bool:
+        """Delete one key; True if it existed."""
+        result = await self.call(lambda c: c.delete(key.encode()))
+        return result is not None
+
+    async def txn(self, compares: Sequence[Compare], success: Sequence[Put | Delete | Get],
+                  failure: Sequence[Put | Delete | Get] = ()) -> TxnResult:
+        """Atomic compare-and-write. Not retried blindly on ambiguous errors by callers."""
+
+        async def op(client: aetcd.Client) -> TxnResult:
+            conds = [_compare(client, c) for c in compares]
+            ok_ops = [_operation(client, o) for o in success]
+            fail_ops = [_operation(client, o) for o in failure]
+            request = aetcd.rpc.TxnRequest(compare=[c.build_message() for c in conds],
+                                           success=client._ops_to_requests(ok_ops),
+                                           failure=client._ops_to_requests(fail_ops))
+            response = await client.kvstub.Txn(request, timeout=self.timeout,
+                                               metadata=client.metadata)
+            reads: list[KV | None] = []
+            for item in response.responses:
+                if item.WhichOneof("response") == "response_range":
+                    kvs = item.response_range.kvs
+                    reads.append(_kv(kvs[0]) if kvs else None)
+            return TxnResult(response.succeeded, response.header.revision, tuple(reads))
+
+        return await self.call(_wrap_rpc(op))
+
+    # -- leases --------------------------------------------------------------------------
+
+    async def grant_lease(self, ttl: int) -> tuple[int, int]:
+        """Grant a lease; returns (lease id, granted ttl)."""
+        lease = await self.call(lambda c: c.lease(ttl))
+        return int(lease.id), int(lease.ttl)
+
+    async def keepalive(self, lease_id: int, timeout: float) -> int:
+        """Send one keepalive; returns the granted TTL, 0 if the lease is gone. No retry."""
+
+        async def op(client: aetcd.Client) -> int:
+            reply = await client.refresh_lease(lease_id)
+            return int(reply.TTL) if reply is not None else 0
+
+        client, generation = await self._current()
+        try:
+            return await asyncio.wait_for(_wrap_rpc(op)(client), timeout)
+        except TRANSIENT as exc:
+            await self._rotate(generation, exc)
+            raise
+
+    async def lease_ttl(self, lease_id: int) -> int:
+        """Remaining TTL of a lease (<= 0 when it no longer exists)."""
+        info = await self.call(lambda c: c.get_lease_info(lease_id, keys=False))
+        return int(info.TTL)
+
+    async def revoke_lease(self, lease_id: int) -> None:
+        """Revoke a lease (its keys are deleted at once)."""
+        with contextlib.suppress(etcd_errors.ClientError):
+            await self.call(lambda c: c.revoke_lease(lease_id), budget=3.0)
+
+    # -- watches -------------------------------------------------------------------------
+
+    async def watch_prefix(self, prefix: str,
+                           start_revision: int) -> AsyncIterator[WatchEvent | Resync]:
+        """Every change under ``prefix`` from ``start_revision`` on, across reconnects.
+
+        The watch resumes from the last revision seen + 1 on another endpoint when its
+        member dies: no event is lost or repeated. If that revision was compacted, a
+        ``Resync`` with the full current state is yielded instead and the watch goes on.
+        """
+        next_revision = start_revision
+        failures = 0
+        while True:
+            try:
+                client, generation = await self._current()
+            except TRANSIENT as exc:
+                failures += 1
+                await asyncio.sleep(min(1.0, 0.05 * 2 ** failures))
+                log.debug("watch reconnect failed", error=repr(exc))
+                continue
+            try:
+                watch = await client.watch_prefix(prefix.encode(), start_revision=next_revision)
+                failures = 0
+                async for event in watch:
+                    kv = _kv(event.kv)
+                    next_revision = kv.mod_revision + 1
+                    kind: Literal["put", "delete"] = "put" if event.kind == "PUT" else "delete"
+                    yield WatchEvent(kind, kv)
+            except etcd_errors.RevisionCompactedError:
+                revision, kvs = await self.get_prefix(prefix)
+                log.info("watch revision compacted, full re-read", prefix=prefix,
+                         revision=revision)
+                next_revision = revision + 1
+                yield Resync(revision, tuple(kvs))
+            except (*TRANSIENT, etcd_errors.WatchTimeoutError, etcd_errors.ClientError) as exc:
+                failures += 1
+                await self._rotate(generation, exc)
+                await asyncio.sleep(min(1.0, 0.02 * 2 ** failures))
+            else:
+                # The stream ended without error: the connection was closed under us.
+                await asyncio.sleep(0.02)
+
+
+def _compare(client: aetcd.Client, c: Compare) -> Any:
+    key = c.key.encode()
+    target = {"create": client.transactions.create, "mod": client.transactions.mod,
+              "version": client.transactions.version, "value": client.transactions.value}[c.target]
+    base = target(key)
+    value = c.value
+    if c.op == "==":
+        return base == value
+    if c.op == "!=":
+        return base != value
+    if c.op == "<":
+        return base < value
+    return base > value
+
+
+def _operation(client: aetcd.Client, o: Put | Delete | Get) -> Any:
+    if isinstance(o, Put):
+        return client.transactions.put(o.key.encode(), o.value, lease=o.lease)
+    if isinstance(o, Delete):
+        if o.prefix:
+            from aetcd import utils
+
+            return client.transactions.delete(o.key.encode(),
+                                              range_end=utils.prefix_range_end(o.key.encode()))
+        return client.transactions.delete(o.key.encode())
+    return client.transactions.get(o.key.encode())
+
+
+def _wrap_rpc(op: Callable[[aetcd.Client], Awaitable[T]]) -> Callable[[aetcd.Client], Awaitable[T]]:
+    """Map raw gRPC errors of direct stub calls to aetcd's exception types."""
+
+    async def wrapped(client: aetcd.Client) -> T:
+        try:
+            return await op(client)
+        except aetcd.rpc.AioRpcError as exc:
+            etcd_errors._handle_exception(exc)
+            raise  # pragma: no cover - _handle_exception always raises
+
+    return wrapped

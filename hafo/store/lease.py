@@ -1,0 +1,115 @@
+"""A lease kept alive by a loop, with the fencing deadline derived from acknowledged keepalives.
+
+aetcd's ``refresh`` sends a single keepalive; this loop sends one every ``heartbeat`` seconds
+and tracks ``deadline``: send time of the last acknowledged keepalive + granted TTL - margin
+(monotonic clock). Past the deadline the holder must consider itself fenced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from hafo.decisions.fencing import fence_deadline, renewed_deadline
+from hafo.store.client import TRANSIENT, EtcdStore
+
+log = structlog.get_logger("hafo.lease")
+
+Clock = Callable[[], float]
+
+
+class LeaseLost(Exception):
+    """etcd says the lease no longer exists (it expired or was revoked)."""
+
+
+class LeaseKeeper:
+    """Holds one lease: grant or adopt it, keep it alive, expose the fencing deadline."""
+
+    def __init__(self, store: EtcdStore, ttl: int, heartbeat: float, margin: float,
+                 clock: Clock = time.monotonic,
+                 on_renew: Callable[[float], Awaitable[None] | None] | None = None) -> None:
+        self.store = store
+        self.ttl = ttl
+        self.heartbeat = heartbeat
+        self.margin = margin
+        self.clock = clock
+        self.on_renew = on_renew
+        self.lease_id: int | None = None
+        self.granted_ttl = ttl
+        self.deadline = 0.0
+        self.last_ack = 0.0
+        self.lost = asyncio.Event()
+
+    async def grant(self) -> int:
+        """Grant a fresh lease; the deadline starts from the grant's send time."""
+        sent = self.clock()
+        self.lease_id, self.granted_ttl = await self.store.grant_lease(self.ttl)
+        self.deadline = fence_deadline(sent, self.granted_ttl, self.margin)
+        self.last_ack = self.clock()
+        self.lost.clear()
+        await self._notify()
+        return self.lease_id
+
+    async def adopt(self, lease_id: int) -> bool:
+        """Take over an existing lease (agent restart) if it is still alive."""
+        sent = self.clock()
+        try:
+            ttl = await self.store.keepalive(lease_id, timeout=self.heartbeat * 2)
+        except TRANSIENT:
+            return False
+        if ttl <= 0:
+            return False
+        self.lease_id, self.granted_ttl = lease_id, ttl
+        self.deadline = fence_deadline(sent, ttl, self.margin)
+        self.last_ack = self.clock()
+        self.lost.clear()
+        await self._notify()
+        return True
+
+    async def _notify(self) -> None:
+        if self.on_renew is not None:
+            result = self.on_renew(self.deadline)
+            if result is not None:
+                await result
+
+    def valid(self) -> bool:
+        """True while the fencing deadline has not passed."""
+        return self.clock() < self.deadline and not self.lost.is_set()
+
+    async def keepalive_once(self) -> bool:
+        """Send one keepalive; True if acknowledged. Raises LeaseLost if the lease is gone."""
+        assert self.lease_id is not None, "grant() or adopt() first"
+        sent = self.clock()
+        try:
+            ttl = await self.store.keepalive(self.lease_id, timeout=self.heartbeat)
+        except TRANSIENT as exc:
+            log.warning("keepalive failed", error=type(exc).__name__,
+                        fenced_in=round(self.deadline - self.clock(), 2))
+            return False
+        if ttl <= 0:
+            self.lost.set()
+            raise LeaseLost(f"lease {self.lease_id:x} expired")
+        self.granted_ttl = ttl
+        self.deadline = renewed_deadline(self.deadline, sent, ttl, self.margin)
+        self.last_ack = self.clock()
+        await self._notify()
+        return True
+
+    async def run(self) -> None:
+        """Keep the lease alive until cancelled or lost (then LeaseLost is raised)."""
+        while True:
+            started = self.clock()
+            ok = await self.keepalive_once()
+            elapsed = self.clock() - started
+            # After a failure retry sooner, so a moved endpoint is found well before the deadline.
+            period = self.heartbeat if ok else self.heartbeat / 4
+            await asyncio.sleep(max(0.0, period - elapsed))
+
+    async def revoke(self) -> None:
+        """Give the lease up (clean shutdown): its keys disappear at once."""
+        if self.lease_id is not None:
+            await self.store.revoke_lease(self.lease_id)
+            self.lost.set()
