@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import structlog
 
 
-def configure(fmt: str = "auto", level: str = "info", **bound: str) -> None:
-    """Configure structlog once per process; ``bound`` values go on every line."""
+def configure(fmt: str = "auto", level: str | None = None, **bound: str) -> None:
+    """Configure structlog once per process; ``bound`` values go on every line.
+
+    The level defaults to ``$HAFO_LOG_LEVEL``, else info.
+    """
+    level = level or os.environ.get("HAFO_LOG_LEVEL", "info")
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if use_json

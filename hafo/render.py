@@ -19,7 +19,7 @@ def ago(ts: float | None, now: float | None = None) -> str:
     """'3s ago' style age."""
     if ts is None:
         return "-"
-    seconds = max(0.0, (now or time.time()) - ts)
+    seconds = max(0.0, (time.time() if now is None else now) - ts)
     if seconds < 120:
         return f"{seconds:.0f}s ago"
     if seconds < 7200:
@@ -60,8 +60,12 @@ def render_workloads(workloads: list[dict[str, Any]]) -> str:
     return table(["ID", "STATE", "NODE", "EPOCH", "RESTARTS", "GPUS", "CHECKPOINT"], rows)
 
 
+def _clock(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d}"
+
+
 def render_events(events: list[dict[str, Any]]) -> str:
     """``hafo events``."""
-    rows = [[time.strftime("%H:%M:%S", time.localtime(e["ts"])) + f".{int(e['ts'] * 1000) % 1000:03d}",
-             e["kind"], e["workload"], e["node"], e["message"]] for e in events]
+    rows = [[_clock(e["ts"]), e["kind"], e["workload"], e["node"], e["message"]]
+            for e in events]
     return table(["TIME", "KIND", "WORKLOAD", "NODE", "MESSAGE"], rows)

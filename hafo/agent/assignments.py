@@ -7,8 +7,7 @@ import asyncio
 import structlog
 
 from hafo.model.cluster import Assignment, Submission
-from hafo.store import EtcdStore, Keys, Resync, WatchEvent
-from hafo.store import codec
+from hafo.store import EtcdStore, Keys, Resync, WatchEvent, codec
 
 log = structlog.get_logger("hafo.agent")
 

@@ -26,8 +26,8 @@ from hafo.store import (
     Keys,
     LeaseKeeper,
     LeaseLost,
+    codec,
 )
-from hafo.store import codec
 
 log = structlog.get_logger("hafo.agent")
 
@@ -182,7 +182,8 @@ class Agent:
                                     by_index.get(i, str(i)) for i in assignment.gpus])
         await self._report(self.supervisor.states(), desired)
 
-    async def _report(self, states: dict[InstanceKey, Any], desired: dict[InstanceKey, Any]) -> None:
+    async def _report(self, states: dict[InstanceKey, Any],
+                      desired: dict[InstanceKey, Any]) -> None:
         if not self.registered.is_set() or self.keeper.lease_id is None:
             return
         newest = newest_per_workload(states)

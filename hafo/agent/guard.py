@@ -88,7 +88,7 @@ class Guard:
                 self.proc = subprocess.Popen(
                     self.launch["argv"], env=self.launch["env"], cwd=self.launch.get("cwd"),
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    start_new_session=True, preexec_fn=_die_with_parent)  # noqa: PLW1509
+                    start_new_session=True, preexec_fn=_die_with_parent)
             except OSError as exc:
                 self.write(state="exited", exit_code=127, finished_at=time.time(),
                            reason=f"could not start: {exc}")

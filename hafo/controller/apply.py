@@ -8,8 +8,7 @@ import structlog
 
 from hafo.decisions.reconcile import Action, Plan
 from hafo.model.cluster import Event
-from hafo.store import Compare, Delete, Election, EventLog, Keys, Put
-from hafo.store import codec
+from hafo.store import Compare, Delete, Election, EventLog, Keys, Put, codec
 
 log = structlog.get_logger("hafo.controller")
 

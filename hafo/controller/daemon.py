@@ -15,8 +15,8 @@ from typing import Any
 
 import structlog
 
-from hafo.decisions.reconcile import reconcile
 from hafo.controller.apply import apply_plan
+from hafo.decisions.reconcile import reconcile
 from hafo.model.cluster import ClusterSnapshot, Event
 from hafo.model.config import Config
 from hafo.store import (

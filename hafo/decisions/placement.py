@@ -51,7 +51,8 @@ class Unplaceable:
     reason: str
 
 
-def capacity_from(snapshot: ClusterSnapshot, releasing: Iterable[str] = ()) -> dict[str, NodeCapacity]:
+def capacity_from(snapshot: ClusterSnapshot,
+                  releasing: Iterable[str] = ()) -> dict[str, NodeCapacity]:
     """Free capacity of every ready node; ``releasing`` workloads' GPUs count as free."""
     released = set(releasing)
     capacity: dict[str, NodeCapacity] = {}

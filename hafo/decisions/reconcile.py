@@ -131,7 +131,9 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
                                   _revision(need.previous), new, need.event))
             continue
         previous = need.previous
-        if previous is not None and previous.phase == "pending" and previous.reason == result.reason:
+        unchanged = previous is not None and previous.phase == "pending" \
+            and previous.reason == result.reason
+        if unchanged:
             continue  # already pending for the same reason: nothing to write
         pending = Assignment(workload=wid, phase="pending", node=None, restarts=need.restarts,
                              restart_times=need.restart_times, reason=result.reason,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import structlog
 
 from hafo.model.cluster import Gpu
@@ -55,10 +57,8 @@ class NvmlGpus:
 
     def close(self) -> None:
         """Shut NVML down."""
-        try:
+        with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
-        except self._nvml.NVMLError:  # pragma: no cover
-            pass
 
 
 def _text(value: bytes | str) -> str:

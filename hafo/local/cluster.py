@@ -25,8 +25,7 @@ from hafo.local.etcd import EtcdCluster
 from hafo.local.procs import descendants, free_port, kill_pid, pid_alive, spawn, stop_process
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.spec import WorkloadSpec, parse_spec
-from hafo.store import EtcdStore, Keys, read_snapshot
-from hafo.store import intents
+from hafo.store import EtcdStore, Keys, intents, read_snapshot
 
 
 @dataclass
@@ -250,11 +249,14 @@ class LocalCluster:
             await asyncio.sleep(interval)
 
     async def wait_ready(self, timeout: float = 30.0) -> ClusterSnapshot:
-        """Until a leader is elected and every powered node is ready."""
+        """Until every running controller serves, a leader is elected and every powered node
+        is ready."""
         names = [n for n, h in self.node_handles.items() if h.powered()]
+        controllers = {n for n, h in self.controller_handles.items() if h.running()}
         return await self.wait_for(
-            lambda s: s.leader is not None and all(s.node_state(n) == "ready" for n in names),
-            timeout, what="leader and ready nodes")
+            lambda s: s.leader is not None and controllers <= set(s.controllers)
+            and all(s.node_state(n) == "ready" for n in names),
+            timeout, what="controllers, leader and ready nodes")
 
     async def submit(self, spec: WorkloadSpec | dict[str, Any]) -> str:
         """Submit a workload; returns its id."""

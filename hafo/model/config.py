@@ -103,10 +103,10 @@ def parse_endpoints(value: Any, field_name: str) -> tuple[str, ...]:
         raise ValidationError(field_name, "must be a non-empty list of URLs like "
                               "http://127.0.0.1:2379")
     for i, url in enumerate(value):
-        if not isinstance(url, str) or not ENDPOINT_RE.match(url):
+        if not isinstance(url, str) or not ENDPOINT_RE.fullmatch(url):
             raise ValidationError(f"{field_name}[{i}]",
                                   f"must look like http://HOST:PORT, got {url!r}")
-        port = int(ENDPOINT_RE.match(url).group(3))  # type: ignore[union-attr]
+        port = int(ENDPOINT_RE.fullmatch(url).group(3))  # type: ignore[union-attr]
         if not 0 < port < 65536:
             raise ValidationError(f"{field_name}[{i}]", f"port out of range in {url!r}")
     return tuple(value)
@@ -142,7 +142,7 @@ def _parse_api(raw: Any) -> ApiConfig:
     reject_unknown(data, {"listen", "token_file"}, "api")
     listen = get_str(data, "listen", "api", "127.0.0.1:8600")
     assert listen is not None
-    match = LISTEN_RE.match(listen)
+    match = LISTEN_RE.fullmatch(listen)
     if not match or not 0 <= int(match.group(2)) < 65536:
         raise ValidationError("api.listen", f"must be HOST:PORT, got {listen!r}")
     return ApiConfig(listen=listen, token_file=get_str(data, "token_file", "api"))
@@ -171,7 +171,7 @@ def _parse_node(raw: Any) -> NodeConfig:
     reject_unknown(data, {"name", "labels", "state_dir", "gpus"}, "node")
     name = get_str(data, "name", "node", required=True)
     assert name is not None
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$", name):
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", name):
         raise ValidationError("node.name", "must be letters, digits, '.', '_' or '-'")
     mode, simulate = _parse_gpus(data.get("gpus"))
     return NodeConfig(name=name, labels=get_str_map(data, "labels", "node"),
@@ -185,8 +185,11 @@ def parse_config(raw: Any, role: str) -> Config:
     reject_unknown(data, {"cluster", "etcd", "timing", "api", "node", "checkpoint",
                           "controller", "log"}, "")
     cluster = get_str(data, "cluster", "", "default") or "default"
-    if not re.match(r"^[a-z0-9][a-z0-9-]{0,62}$", cluster):
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", cluster):
         raise ValidationError("cluster", "must be lowercase letters, digits and '-'")
+    etcd = _parse_etcd(data.get("etcd"))
+    timing = _parse_timing(data.get("timing"))
+    api = _parse_api(data.get("api"))
     node = None
     if role == "agent":
         if "node" not in data:
@@ -206,9 +209,9 @@ def parse_config(raw: Any, role: str) -> Config:
         raise ValidationError("log.format", "must be auto, json or console")
     return Config(
         cluster=cluster,
-        etcd=_parse_etcd(data.get("etcd")),
-        timing=_parse_timing(data.get("timing")),
-        api=_parse_api(data.get("api")),
+        etcd=etcd,
+        timing=timing,
+        api=api,
         node=node,
         checkpoint_root=get_str(checkpoint, "root", "checkpoint",
                                 "/var/lib/hafo/checkpoints") or "",

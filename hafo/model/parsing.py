@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,6 +66,8 @@ def get_number(data: Mapping[str, Any], key: str, field: str, default: float,
         value = default
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValidationError(where, f"must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValidationError(where, f"must be a finite number, got {value!r}")
     if minimum is not None:
         if exclusive_minimum and value <= minimum:
             raise ValidationError(where, f"must be > {minimum}, got {value}")

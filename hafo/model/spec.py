@@ -118,7 +118,7 @@ def parse_spec(raw: Any, field_prefix: str = "spec") -> WorkloadSpec:
     reject_unknown(data, _SPEC_FIELDS, field_prefix)
     name = get_str(data, "name", field_prefix, required=True)
     assert name is not None
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise ValidationError(f"{field_prefix}.name",
                               "must be lowercase letters, digits and '-', 1-52 characters")
     restart_raw = as_mapping(data.get("restart") or {}, f"{field_prefix}.restart")

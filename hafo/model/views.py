@@ -102,8 +102,8 @@ def node_view(snapshot: ClusterSnapshot, name: str) -> dict[str, Any]:
 
 def status_view(snapshot: ClusterSnapshot) -> dict[str, Any]:
     """``{"leader", "controllers", "nodes": {state: n}, "workloads": {state: n}}``."""
-    node_counts = Counter(snapshot.node_state(n) for n in snapshot.nodes)
-    wl_counts = Counter(workload_state(snapshot, w) for w in snapshot.workloads)
+    node_counts: Counter[str] = Counter(snapshot.node_state(n) for n in snapshot.nodes)
+    wl_counts: Counter[str] = Counter(workload_state(snapshot, w) for w in snapshot.workloads)
     return {
         "leader": snapshot.leader,
         "controllers": list(snapshot.controllers),

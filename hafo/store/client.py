@@ -179,7 +179,7 @@ class EtcdStore:
             with contextlib.suppress(Exception, asyncio.TimeoutError):
                 await asyncio.wait_for(client.close(), 2.0)
         finally:
-            self._closing.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self._closing.discard(asyncio.current_task())  # type: ignore[arg-type,unused-ignore]
 
     async def call(self, op: Callable[[aetcd.Client], Awaitable[T]],
                    budget: float | None = None) -> T:
@@ -312,11 +312,14 @@ class EtcdStore:
                 await asyncio.sleep(min(1.0, 0.05 * 2 ** failures))
                 log.debug("watch reconnect failed", error=repr(exc))
                 continue
+            watch = None
             try:
                 watch = await client.watch_prefix(prefix.encode(), start_revision=next_revision)
+                log.debug("watch created", prefix=prefix, start_revision=next_revision)
                 failures = 0
                 async for event in watch:
                     kv = _kv(event.kv)
+                    log.debug("watch event", key=kv.key, revision=kv.mod_revision)
                     next_revision = kv.mod_revision + 1
                     kind: Literal["put", "delete"] = "put" if event.kind == "PUT" else "delete"
                     yield WatchEvent(kind, kv)
@@ -333,6 +336,11 @@ class EtcdStore:
             else:
                 # The stream ended without error: the connection was closed under us.
                 await asyncio.sleep(0.02)
+            finally:
+                if watch is not None and not self._closed:
+                    # The consumer stopped (or we reconnect): free the server-side watch.
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(watch.cancel())
 
 
 def _compare(client: aetcd.Client, c: Compare) -> Any:

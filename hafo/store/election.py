@@ -7,7 +7,6 @@ key; the winner's fencing token is the key's create_revision, compared by every 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
 import structlog

@@ -28,7 +28,8 @@ def _log_retry(state: RetryCallState) -> None:
     log.debug("etcd call retry", attempt=state.attempt_number, error=repr(exc))
 
 
-async def with_store_retry(call: Callable[[], Awaitable[T]], retry_on: tuple[type[BaseException], ...],
+async def with_store_retry(call: Callable[[], Awaitable[T]],
+                           retry_on: tuple[type[BaseException], ...],
                            budget: float = 10.0, attempts: int = 12) -> T:
     """Retry ``call`` on transient etcd errors: jittered exponential, at most ``budget`` s."""
     retrying = AsyncRetrying(

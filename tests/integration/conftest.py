@@ -1,0 +1,97 @@
+"""Fixtures that start real etcd servers and real local clusters, and always clean up by pid."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from hafo.local.cluster import LocalCluster
+from hafo.local.etcd import EtcdCluster
+from hafo.local.procs import pid_alive
+from hafo.store import EtcdStore, Keys
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """One single-member etcd for the whole session; tests isolate by cluster name."""
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"), size=1)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def etcd3(tmp_path: Path) -> Iterator[EtcdCluster]:
+    """A 3-member etcd cluster of this test alone (members may be killed)."""
+    cluster = EtcdCluster(tmp_path / "etcd3", size=3)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def keys() -> Keys:
+    """A cluster name no other test uses."""
+    return Keys(f"t{uuid.uuid4().hex[:10]}")
+
+
+@pytest.fixture
+async def store(etcd_server: EtcdCluster) -> AsyncIterator[EtcdStore]:
+    """A store client on the session etcd."""
+    client = EtcdStore(etcd_server.endpoints)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+class ClusterFactory:
+    """Starts local clusters and guarantees they are stopped, leaving no process behind."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.clusters: list[LocalCluster] = []
+
+    async def start(self, **kwargs: object) -> LocalCluster:
+        cluster = LocalCluster(base_dir=self.base / f"c{len(self.clusters)}", **kwargs)  # type: ignore[arg-type]
+        self.clusters.append(cluster)
+        cluster.start()
+        await cluster.wait_ready(45)
+        return cluster
+
+    async def close(self) -> None:
+        leftovers: list[int] = []
+        for cluster in self.clusters:
+            await cluster.close_store()
+            all_pids = [p for n in cluster.node_handles for p in cluster.node_pids(n)]
+            cluster.stop()
+            leftovers += [p for p in all_pids if pid_alive(p)] + cluster.leftover_pids()
+        assert not leftovers, f"processes left running: {leftovers}"
+
+
+@pytest.fixture
+async def local_cluster(tmp_path: Path) -> AsyncIterator[ClusterFactory]:
+    """Factory for local clusters (etcd, controllers, agents) torn down after the test."""
+    factory = ClusterFactory(tmp_path)
+    try:
+        yield factory
+    finally:
+        await factory.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Integration tests carry the 'slow' marker."""
+    for item in items:
+        if "integration" in str(item.fspath):
+            item.add_marker(pytest.mark.slow)
+
+
+os.environ.setdefault("PYTHONUNBUFFERED", "1")

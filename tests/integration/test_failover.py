@@ -1,0 +1,139 @@
+"""Failures of real processes on a local cluster: power loss, agent death, leader death,
+workload exits. Timings are checked against the lease TTL with the issue's bound (TTL + 2 s)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from hafo.local.cluster import demo_workload_spec
+from hafo.local.procs import pid_alive
+from hafo.store import WatchEvent
+
+from .conftest import ClusterFactory
+from .helpers import assert_never_two_copies, running, view
+
+pytestmark = pytest.mark.timeout(90)
+TTL = 3
+BOUND = TTL + 2.0
+
+
+async def test_node_power_loss_moves_workload_within_ttl_plus_2(
+        local_cluster: ClusterFactory) -> None:
+    cluster = await local_cluster.start(nodes=3, controllers=2)
+    wid = await cluster.submit(demo_workload_spec())
+    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    victim = view(snapshot, wid)["node"]
+    old_pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    await asyncio.sleep(0.5)
+    killed_at = time.time()
+    pids = cluster.power_off(victim)
+    assert not any(pid_alive(p) for p in pids)
+    snapshot = await cluster.wait_for(running(wid, not_on=victim), 15, what="failover")
+    status = snapshot.current_status(wid)
+    assert status is not None and status.started_at is not None
+    assert status.started_at - killed_at < BOUND
+    assert status.pid != old_pid
+    assert view(snapshot, wid)["epoch"] > 0
+    assert_never_two_copies(cluster, wid)
+
+
+async def test_agent_killed_alone_its_guard_kills_the_workload_before_lease_expiry(
+        local_cluster: ClusterFactory) -> None:
+    cluster = await local_cluster.start(nodes=2, controllers=1)
+    wid = await cluster.submit(demo_workload_spec())
+    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    victim = view(snapshot, wid)["node"]
+    workload_pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    assert workload_pid and pid_alive(workload_pid)
+    expired: list[float] = []
+
+    async def watch_liveness() -> None:
+        async for event in cluster.store.watch_prefix(cluster.keys.alive(victim),
+                                                      snapshot.revision + 1):
+            if isinstance(event, WatchEvent) and event.kind == "delete":
+                expired.append(time.monotonic())
+                return
+
+    watcher = asyncio.create_task(watch_liveness())
+    await asyncio.sleep(0.2)
+    cluster.kill_agent(victim)
+    died_at = None
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (died_at is None or not expired):
+        if died_at is None and not pid_alive(workload_pid):
+            died_at = time.monotonic()
+        await asyncio.sleep(0.005)
+    watcher.cancel()
+    assert died_at is not None, "the guard never killed the workload"
+    assert expired, "the lease never expired"
+    assert died_at < expired[0], "workload must be dead before the lease expires"
+    await cluster.wait_for(running(wid, not_on=victim), 15, what="failover")
+    assert_never_two_copies(cluster, wid)
+
+
+async def test_leader_killed_standby_takes_over_and_fails_work_over(
+        local_cluster: ClusterFactory) -> None:
+    cluster = await local_cluster.start(nodes=2, controllers=2)
+    wid = await cluster.submit(demo_workload_spec())
+    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    leader = snapshot.leader
+    assert leader is not None
+    victim = view(snapshot, wid)["node"]
+    killed_at = time.time()
+    cluster.kill_controller(leader)
+    cluster.power_off(victim)
+    snapshot = await cluster.wait_for(
+        lambda s: s.leader not in (None, leader) and running(wid, not_on=victim)(s), 15,
+        what="new leader and failover")
+    status = snapshot.current_status(wid)
+    assert status is not None and status.started_at is not None
+    assert status.started_at - killed_at < BOUND + 0.5
+    assert_never_two_copies(cluster, wid)
+
+
+async def test_leader_loss_alone_is_answered_within_ttl_plus_2(
+        local_cluster: ClusterFactory) -> None:
+    cluster = await local_cluster.start(nodes=1, controllers=2)
+    leader = (await cluster.snapshot()).leader
+    assert leader is not None
+    killed_at = time.monotonic()
+    cluster.kill_controller(leader)
+    await cluster.wait_for(lambda s: s.leader not in (None, leader), 15, what="new leader")
+    assert time.monotonic() - killed_at < BOUND
+    wid = await cluster.submit(demo_workload_spec(gpus=0))
+    await cluster.wait_for(running(wid), 15, what="new leader places new work")
+
+
+async def test_failed_workload_restarts_in_place_and_resumes(
+        local_cluster: ClusterFactory) -> None:
+    cluster = await local_cluster.start(nodes=2, controllers=1)
+    wid = await cluster.submit(demo_workload_spec(fail_at=15, every=5, steps=40))
+    snapshot = await cluster.wait_for(lambda s: view(s, wid)["restarts"] == 1
+                                      and view(s, wid)["state"] == "running", 30,
+                                      what="restart")
+    first_node = next(ln for ln in cluster.progress_log(wid) if ln.get("event") == "start")["node"]
+    assert view(snapshot, wid)["node"] == first_node, "restarted in place"
+    await cluster.wait_for(lambda s: view(s, wid)["state"] == "completed", 30,
+                           what="completion")
+    starts = [ln for ln in cluster.progress_log(wid) if ln.get("event") == "start"]
+    assert [s["resumed_from"] for s in starts] == [0, 15]
+    assert_never_two_copies(cluster, wid)
+
+
+async def test_deleted_workload_is_stopped(local_cluster: ClusterFactory) -> None:
+    from hafo.store import intents
+
+    cluster = await local_cluster.start(nodes=1, controllers=1)
+    wid = await cluster.submit(demo_workload_spec(gpus=2))
+    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    await intents.delete(cluster.store, cluster.keys, wid)
+    await cluster.wait_for(lambda s: wid not in s.assignments and not any(
+        w == wid for w, _ in s.statuses), 15, what="forgotten")
+    deadline = time.monotonic() + 10
+    while pid_alive(pid) and time.monotonic() < deadline:  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)
+    assert not pid_alive(pid)  # type: ignore[arg-type]

@@ -1,0 +1,109 @@
+"""The guard, as a real process over a real workload process: fencing, stop, parent death."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hafo.agent.fencefile import write_deadline
+from hafo.agent.instances import read_guard_state, write_json_atomic
+from hafo.local.procs import kill_pid, pid_alive, wait_until
+
+pytestmark = pytest.mark.timeout(30)
+
+SLEEPER = [sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"]
+
+
+def start_guard(tmp_path: Path, deadline_in: float, argv: list[str] | None = None,
+                grace: float = 5.0) -> tuple[subprocess.Popen[bytes], Path]:
+    state_dir = tmp_path / "state"
+    path = state_dir / "instances" / "w.7"
+    path.mkdir(parents=True)
+    write_deadline(state_dir, time.monotonic() + deadline_in)
+    write_json_atomic(path / "launch.json", {
+        "workload": "w", "epoch": 7, "node": "n", "argv": argv or SLEEPER,
+        "env": dict(os.environ), "cwd": str(tmp_path), "grace": grace,
+        "fence_file": str(state_dir / "fence")})
+    guard = subprocess.Popen([sys.executable, "-m", "hafo", "guard", str(path)],
+                             start_new_session=True)
+    return guard, path
+
+
+def running_pid(path: Path) -> int:
+    assert wait_until(lambda: (s := read_guard_state(path)) is not None and s.pid, 10)
+    state = read_guard_state(path)
+    assert state is not None and state.pid
+    return state.pid
+
+
+def test_guard_kills_workload_when_deadline_passes(tmp_path: Path) -> None:
+    guard, path = start_guard(tmp_path, deadline_in=2.0)
+    try:
+        pid = running_pid(path)
+        deadline = time.monotonic() + 2.0 - 0.05
+        assert pid_alive(pid)
+        assert wait_until(lambda: not pid_alive(pid), 5, interval=0.01)
+        died = time.monotonic()
+        assert died < deadline + 2.0 and died >= deadline - 2.0
+        assert guard.wait(5) == 0
+        state = read_guard_state(path)
+        assert state is not None and state.state == "exited"
+        assert "fenced" in state.reason
+    finally:
+        kill_pid(guard.pid)
+        guard.wait(5)
+
+
+def test_renewed_deadline_keeps_workload_alive(tmp_path: Path) -> None:
+    guard, path = start_guard(tmp_path, deadline_in=1.0)
+    try:
+        pid = running_pid(path)
+        for _ in range(10):
+            write_deadline(tmp_path / "state", time.monotonic() + 1.0)
+            time.sleep(0.2)
+        assert pid_alive(pid), "renewals must keep the workload running"
+    finally:
+        kill_pid(guard.pid)
+        guard.wait(5)
+        assert wait_until(lambda: not pid_alive(pid), 5)
+
+
+def test_guard_refuses_to_start_past_deadline(tmp_path: Path) -> None:
+    guard, path = start_guard(tmp_path, deadline_in=-1.0)
+    assert guard.wait(10) == 0
+    state = read_guard_state(path)
+    assert state is not None and state.state == "exited" and state.pid is None
+    assert "fenced before start" in state.reason
+
+
+def test_sigterm_stops_workload_and_records_exit(tmp_path: Path) -> None:
+    guard, path = start_guard(tmp_path, deadline_in=60)
+    pid = running_pid(path)
+    os.kill(guard.pid, signal.SIGTERM)
+    assert guard.wait(10) == 0
+    assert not pid_alive(pid)
+    state = read_guard_state(path)
+    assert state is not None and state.state == "exited" and state.exit_code == -signal.SIGTERM
+
+
+def test_workload_exit_code_is_recorded(tmp_path: Path) -> None:
+    guard, path = start_guard(tmp_path, 60, [sys.executable, "-c", "raise SystemExit(7)"])
+    assert guard.wait(10) == 0
+    state = read_guard_state(path)
+    assert state is not None and state.exit_code == 7
+    assert json.loads((path / "launch.json").read_text())["epoch"] == 7
+
+
+def test_killed_guard_takes_its_workload_along(tmp_path: Path) -> None:
+    guard, path = start_guard(tmp_path, deadline_in=60)
+    pid = running_pid(path)
+    guard.kill()
+    guard.wait(5)
+    assert wait_until(lambda: not pid_alive(pid), 5), "PR_SET_PDEATHSIG must kill the workload"

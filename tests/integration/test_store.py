@@ -1,0 +1,151 @@
+"""The store against a real etcd: endpoints failover, resumable watches, leases, fenced txns."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from hafo.local.etcd import EtcdCluster
+from hafo.store import (
+    Compare,
+    Election,
+    EtcdStore,
+    Keys,
+    LeaseKeeper,
+    LeaseLost,
+    NotLeader,
+    Put,
+    Resync,
+    WatchEvent,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_put_get_txn_roundtrip(store: EtcdStore, keys: Keys) -> None:
+    key = keys.workload("w1")
+    rev = await store.put(key, b"v1")
+    kv = await store.get(key)
+    assert kv is not None and kv.value == b"v1" and kv.mod_revision == rev
+    result = await store.txn([Compare(key, "mod", "==", rev)], [Put(key, b"v2")])
+    assert result.succeeded and result.revision > rev
+    stale = await store.txn([Compare(key, "mod", "==", rev)], [Put(key, b"v3")])
+    assert not stale.succeeded
+    assert (await store.get(key)).value == b"v2"  # type: ignore[union-attr]
+    revision, kvs = await store.get_prefix(keys.state)
+    assert [k.key for k in kvs] == [key] and revision >= result.revision
+
+
+async def test_first_endpoint_dead_uses_the_next(etcd_server: EtcdCluster, keys: Keys) -> None:
+    from hafo.local.procs import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    client = EtcdStore([dead, *etcd_server.endpoints])
+    try:
+        await client.put(keys.node("n"), b"x")
+        assert client.endpoint.endswith(str(etcd_server.members[0].client_port))
+    finally:
+        await client.close()
+
+
+async def test_lease_expiry_deletes_bound_keys(store: EtcdStore, keys: Keys) -> None:
+    keeper = LeaseKeeper(store, ttl=2, heartbeat=0.5, margin=0.3)
+    lease = await keeper.grant()
+    await store.put(keys.alive("n1"), b"{}", lease=lease)
+    assert await keeper.keepalive_once()
+    assert keeper.valid()
+    started = time.monotonic()
+    while await store.get(keys.alive("n1")) is not None:
+        assert time.monotonic() - started < 6, "lease never expired"
+        await asyncio.sleep(0.1)
+    elapsed = time.monotonic() - started
+    assert elapsed >= 1.0  # not before the TTL (2 s from the last keepalive)
+    with pytest.raises(LeaseLost):
+        await keeper.keepalive_once()
+
+
+async def test_fencing_deadline_precedes_lease_expiry(store: EtcdStore, keys: Keys) -> None:
+    keeper = LeaseKeeper(store, ttl=2, heartbeat=0.5, margin=0.3)
+    lease = await keeper.grant()
+    await keeper.keepalive_once()
+    await store.put(keys.alive("n1"), b"{}", lease=lease)
+    deadline = keeper.deadline
+    while await store.get(keys.alive("n1")) is not None:
+        await asyncio.sleep(0.02)
+    expired_at = time.monotonic()
+    assert deadline < expired_at, "the fencing deadline must come before the expiry"
+
+
+async def test_election_handover_and_deposed_leader_cannot_write(store: EtcdStore,
+                                                                 keys: Keys) -> None:
+    a_lease, _ = await store.grant_lease(2)
+    b_lease, _ = await store.grant_lease(10)
+    a = Election(store, keys.leader, "a")
+    b = Election(store, keys.leader, "b")
+    token_a = await a.campaign(a_lease)
+    assert token_a > 0
+    b_task = asyncio.create_task(b.campaign(b_lease))
+    await asyncio.sleep(0.3)
+    assert not b_task.done(), "b must stand by while a leads"
+    started = time.monotonic()
+    token_b = await asyncio.wait_for(b_task, 6)  # a's lease expires: b takes over
+    assert time.monotonic() - started < 4.5
+    assert token_b > token_a
+    with pytest.raises(NotLeader):
+        await a.fenced([], [Put(keys.workload("x"), b"from deposed a")])
+    assert await store.get(keys.workload("x")) is None
+    result = await b.fenced([], [Put(keys.workload("x"), b"from b")])
+    assert result.succeeded
+    await store.revoke_lease(b_lease)
+
+
+async def test_watch_resumes_across_member_death_without_loss_or_duplicates(
+        etcd3: EtcdCluster, keys: Keys) -> None:
+    client = EtcdStore(etcd3.endpoints)
+    writer = EtcdStore(list(reversed(etcd3.endpoints)))
+    seen: list[int] = []
+    try:
+        start = await client.revision() + 1
+
+        async def watch() -> None:
+            async for event in client.watch_prefix(keys.state, start):
+                assert isinstance(event, WatchEvent)
+                seen.append(int(event.kv.value))
+
+        task = asyncio.create_task(watch())
+        for i in range(20):
+            await writer.put(keys.workload(f"w{i % 3}"), str(i).encode())
+        watched_port = client.endpoint.rsplit(":", 1)[1]
+        victim = next(i for i, m in enumerate(etcd3.members)
+                      if str(m.client_port) == watched_port)
+        etcd3.kill_member(victim)
+        for i in range(20, 40):
+            await writer.put(keys.workload(f"w{i % 3}"), str(i).encode())
+        deadline = time.monotonic() + 15
+        while len(seen) < 40 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        task.cancel()
+        assert seen == list(range(40)), "every event once, in order"
+        assert not client.endpoint.endswith(watched_port)
+    finally:
+        await client.close()
+        await writer.close()
+
+
+async def test_watch_from_compacted_revision_resyncs(store: EtcdStore, keys: Keys) -> None:
+    first = await store.put(keys.workload("a"), b"1")
+    await store.put(keys.workload("a"), b"2")
+    latest = await store.put(keys.workload("b"), b"3")
+    await store.call(lambda c: c.compact(latest))
+    events: list[object] = []
+
+    async def watch() -> None:
+        async for event in store.watch_prefix(keys.state, first):
+            events.append(event)
+            return
+
+    await asyncio.wait_for(watch(), 5)
+    assert isinstance(events[0], Resync)
+    assert sorted(kv.key for kv in events[0].kvs) == [keys.workload("a"), keys.workload("b")]

@@ -1,0 +1,212 @@
+"""Table-driven validation of daemon configs (DESIGN.md part B, 'Config')."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hafo.model.config import Config, SimulatedGpus, TimingConfig, parse_config
+from hafo.model.errors import ValidationError
+
+GOOD = "http://127.0.0.1:2379"
+AGENT: dict[str, Any] = {"node": {"name": "node-a"}}
+CONTROLLER: dict[str, Any] = {"controller": {"name": "ctl-1"}}
+CONTRACT_EXAMPLE: dict[str, Any] = {
+    "cluster": "default",
+    "etcd": {"endpoints": [GOOD]},
+    "timing": {"lease_ttl": 3, "heartbeat": 1},
+    "api": {"listen": "127.0.0.1:8600", "token_file": None},
+    "node": {"name": "node-a", "labels": {"rack": "r1"}, "state_dir": "/var/lib/hafo",
+             "gpus": "auto"},
+    "checkpoint": {"root": "/mnt/shared/hafo"},
+}
+
+
+def expect_error(raw: Any, role: str, field: str) -> ValidationError:
+    with pytest.raises(ValidationError) as info:
+        parse_config(raw, role)
+    assert info.value.field == field, str(info.value)
+    return info.value
+
+
+@pytest.mark.parametrize("raw", [None, {}], ids=["none", "empty"])
+def test_client_defaults(raw: Any) -> None:
+    config = parse_config(raw, "client")
+    assert config == Config()
+    assert config.cluster == "default"
+    assert config.etcd.endpoints == (GOOD,)
+    assert config.timing == TimingConfig(lease_ttl=3, heartbeat=1.0, fence_margin=0.5)
+    assert (config.api.listen, config.api.host, config.api.port) == ("127.0.0.1:8600",
+                                                                     "127.0.0.1", 8600)
+    assert config.node is None and config.controller_name is None
+
+
+def test_contract_example_for_agent() -> None:
+    config = parse_config(CONTRACT_EXAMPLE, "agent")
+    assert config.node is not None
+    assert config.node.name == "node-a"
+    assert dict(config.node.labels) == {"rack": "r1"}
+    assert (config.node.gpus, config.node.simulate) == ("auto", None)
+    assert config.checkpoint_root == "/mnt/shared/hafo"
+    assert config.api.token_file is None
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ([GOOD], (GOOD,)),
+    (GOOD, (GOOD,)),
+    ("http://a:2379,http://b:2379", ("http://a:2379", "http://b:2379")),
+    (" http://a:2379 , http://b:2379 ,", ("http://a:2379", "http://b:2379")),
+    (["https://etcd-1.example:2379/", "http://[::1]:22379"],
+     ("https://etcd-1.example:2379/", "http://[::1]:22379")),
+])
+def test_endpoints_parse(value: Any, expected: tuple[str, ...]) -> None:
+    assert parse_config({"etcd": {"endpoints": value}}, "client").etcd.endpoints == expected
+
+
+@pytest.mark.parametrize(("value", "field"), [
+    ([], "etcd.endpoints"),
+    ("", "etcd.endpoints"),
+    (" , ", "etcd.endpoints"),
+    (2379, "etcd.endpoints"),
+    ("127.0.0.1:2379", "etcd.endpoints[0]"),
+    ([GOOD, "127.0.0.1:2379"], "etcd.endpoints[1]"),
+    ([GOOD, "http://h:99999"], "etcd.endpoints[1]"),
+    ([GOOD, "http://h:0"], "etcd.endpoints[1]"),
+    ([GOOD, 2379], "etcd.endpoints[1]"),
+    ([GOOD, "http://h"], "etcd.endpoints[1]"),
+    (f"{GOOD},ftp://b:2379", "etcd.endpoints[1]"),
+])
+def test_bad_endpoints_name_the_item(value: Any, field: str) -> None:
+    expect_error({"etcd": {"endpoints": value}}, "client", field)
+
+
+def test_etcd_tls_fields() -> None:
+    etcd = parse_config({"etcd": {"ca": "/ca.pem", "cert": "/c.pem", "key": "/k.pem"}},
+                        "client").etcd
+    assert (etcd.ca, etcd.cert, etcd.key) == ("/ca.pem", "/c.pem", "/k.pem")
+
+
+@pytest.mark.parametrize(("timing", "expected"), [
+    ({}, TimingConfig(3, 1.0, 0.5)),
+    ({"lease_ttl": 3, "heartbeat": 1.5}, TimingConfig(3, 1.5, 0.5)),
+    ({"lease_ttl": 10, "heartbeat": 5}, TimingConfig(10, 5.0, 0.5)),
+    ({"lease_ttl": 2, "heartbeat": 0.5, "fence_margin": 1.25}, TimingConfig(2, 0.5, 1.25)),
+])
+def test_timing_valid(timing: dict[str, Any], expected: TimingConfig) -> None:
+    assert parse_config({"timing": timing}, "client").timing == expected
+
+
+@pytest.mark.parametrize(("timing", "field"), [
+    pytest.param({"lease_ttl": 3, "heartbeat": 1.6}, "timing.heartbeat", id="hb-over-half"),
+    pytest.param({"lease_ttl": 4, "heartbeat": 2.5}, "timing.heartbeat", id="hb-over-half-4"),
+    pytest.param({"heartbeat": 0}, "timing.heartbeat", id="hb-zero"),
+    pytest.param({"heartbeat": True}, "timing.heartbeat", id="hb-bool"),
+    pytest.param({"heartbeat": float("nan")}, "timing.heartbeat", id="hb-nan"),
+    pytest.param({"lease_ttl": 1}, "timing.lease_ttl", id="ttl-too-small"),
+    pytest.param({"lease_ttl": 2.5}, "timing.lease_ttl", id="ttl-float"),
+    pytest.param({"lease_ttl": 3, "heartbeat": 1, "fence_margin": 2}, "timing.fence_margin",
+                 id="margin-too-big"),
+    pytest.param({"fence_margin": 0}, "timing.fence_margin", id="margin-zero"),
+    pytest.param({"jitter": 0.1}, "timing.jitter", id="unknown-timing-key"),
+])
+def test_bad_timing(timing: dict[str, Any], field: str) -> None:
+    expect_error({"timing": timing}, "client", field)
+
+
+@pytest.mark.parametrize(("raw", "role", "field"), [
+    pytest.param({}, "agent", "node", id="agent-without-node"),
+    pytest.param({"node": None}, "agent", "node", id="agent-node-null"),
+    pytest.param({"node": {}}, "agent", "node.name", id="agent-without-node-name"),
+    pytest.param({"node": {"name": "bad name"}}, "agent", "node.name", id="node-name-space"),
+    pytest.param({}, "controller", "controller.name", id="controller-without-section"),
+    pytest.param({"controller": {}}, "controller", "controller.name", id="controller-no-name"),
+    pytest.param({"controller": {"name": ""}}, "controller", "controller.name",
+                 id="controller-empty-name"),
+])
+def test_role_requirements(raw: dict[str, Any], role: str, field: str) -> None:
+    expect_error(raw, role, field)
+
+
+def test_roles_accept_what_they_need() -> None:
+    assert parse_config(AGENT, "agent").node is not None
+    assert parse_config(AGENT, "agent").controller_name is None
+    assert parse_config(CONTROLLER, "controller").controller_name == "ctl-1"
+    assert parse_config(CONTROLLER, "controller").node is None
+    assert parse_config({}, "client").node is None
+
+
+@pytest.mark.parametrize(("gpus", "mode", "simulate"), [
+    (None, "auto", None),
+    ("auto", "auto", None),
+    ("none", "none", None),
+    ({"simulate": None}, "simulate", SimulatedGpus()),
+    ({"simulate": {}}, "simulate", SimulatedGpus()),
+    ({"simulate": {"count": 2, "model": "Sim GPU", "memory_mib": 1024,
+                   "faults_file": "/tmp/f.json"}},
+     "simulate", SimulatedGpus(count=2, model="Sim GPU", memory_mib=1024,
+                               faults_file="/tmp/f.json")),
+])
+def test_gpus_modes(gpus: Any, mode: str, simulate: SimulatedGpus | None) -> None:
+    node: dict[str, Any] = {"name": "node-a"}
+    if gpus is not None:
+        node["gpus"] = gpus
+    config = parse_config({"node": node}, "agent")
+    assert config.node is not None
+    assert (config.node.gpus, config.node.simulate) == (mode, simulate)
+
+
+@pytest.mark.parametrize(("gpus", "field"), [
+    ("all", "node.gpus"),
+    (4, "node.gpus"),
+    ({"simulate": {}, "extra": 1}, "node.gpus"),
+    ({"simulate": {"count": -1}}, "node.gpus.simulate.count"),
+    ({"simulate": {"count": 65}}, "node.gpus.simulate.count"),
+    ({"simulate": {"memory_mib": 0}}, "node.gpus.simulate.memory_mib"),
+    ({"simulate": {"bogus": 1}}, "node.gpus.simulate.bogus"),
+    ({"simulate": [1]}, "node.gpus.simulate"),
+])
+def test_bad_gpus(gpus: Any, field: str) -> None:
+    expect_error({"node": {"name": "node-a", "gpus": gpus}}, "agent", field)
+
+
+@pytest.mark.parametrize(("raw", "role", "field"), [
+    ({"bogus": 1}, "client", "bogus"),
+    ({"etcd": {"endpoint": GOOD}}, "client", "etcd.endpoint"),
+    ({"api": {"port": 1}}, "client", "api.port"),
+    ({"node": {"name": "n", "gpu": "auto"}}, "agent", "node.gpu"),
+    ({"checkpoint": {"path": "/x"}}, "client", "checkpoint.path"),
+    ({"controller": {"name": "c", "id": 1}}, "controller", "controller.id"),
+    ({"log": {"level": "debug"}}, "client", "log.level"),
+])
+def test_unknown_keys_are_rejected_by_name(raw: dict[str, Any], role: str, field: str) -> None:
+    expect_error(raw, role, field)
+
+
+@pytest.mark.parametrize(("listen", "host", "port"), [
+    ("127.0.0.1:8600", "127.0.0.1", 8600),
+    ("0.0.0.0:0", "0.0.0.0", 0),
+    ("localhost:80", "localhost", 80),
+    ("[::1]:8600", "::1", 8600),
+])
+def test_api_listen_valid(listen: str, host: str, port: int) -> None:
+    api = parse_config({"api": {"listen": listen}}, "client").api
+    assert (api.listen, api.host, api.port) == (listen, host, port)
+
+
+@pytest.mark.parametrize("listen", ["8600", "host:", ":8600", "host:70000", "host:port", "",
+                                    8600, "a:b:8600"])
+def test_api_listen_invalid(listen: Any) -> None:
+    expect_error({"api": {"listen": listen}}, "client", "api.listen")
+
+
+@pytest.mark.parametrize(("raw", "field"), [
+    pytest.param({"cluster": "Prod_1"}, "cluster", id="cluster-bad"),
+    pytest.param({"cluster": 3}, "cluster", id="cluster-int"),
+    pytest.param({"cluster": "prod\n"}, "cluster", id="cluster-trailing-newline"),
+    pytest.param({"log": {"format": "xml"}}, "log.format", id="log-format"),
+    pytest.param({"etcd": "http://x:1"}, "etcd", id="etcd-not-mapping"),
+    pytest.param(["cluster"], "config", id="config-not-mapping"),
+])
+def test_other_bad_values(raw: Any, field: str) -> None:
+    expect_error(raw, "client", field)
