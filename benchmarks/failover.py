@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hafo.local.cluster import LocalCluster, demo_workload_spec
+from hafo.logs import configure
 from hafo.model.views import workload_view
 from hafo.store import WatchEvent, read_events
 
@@ -102,6 +103,7 @@ async def main(trials: int) -> int:
 
 
 if __name__ == "__main__":
+    configure("console", level="warning")
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=10)
     sys.exit(asyncio.run(main(parser.parse_args().trials)))

@@ -251,6 +251,10 @@ def dispatch(args: argparse.Namespace) -> int:
         from hafo.agent import guard
 
         return guard.main([args.instance_dir])
+    if args.command not in ("agent", "controller"):
+        from hafo import logs
+
+        logs.configure("console", level=os.environ.get("HAFO_LOG_LEVEL", "warning"))
     if args.command == "demo":
         from hafo.demo import run_demo
 

@@ -78,9 +78,10 @@ def _matching_gpus(spec: WorkloadSpec, free: list[Gpu]) -> list[Gpu]:
             and (spec.gpu_memory_mib is None or g.memory_mib >= spec.gpu_memory_mib)]
 
 
-def _filter(request: PlacementRequest, cap: NodeCapacity, now: float) -> str | None:
+def _filter(request: PlacementRequest, cap: NodeCapacity, now: float,
+            honour_cooldown: bool = True) -> str | None:
     """None if the node fits, else the reason it does not."""
-    if request.avoid.get(cap.name, 0.0) > now:
+    if honour_cooldown and request.avoid.get(cap.name, 0.0) > now:
         return "cooling down after a failure"
     for key, value in request.spec.node_selector.items():
         if cap.labels.get(key) != value:
@@ -95,20 +96,32 @@ def _score(request: PlacementRequest, cap: NodeCapacity) -> tuple[int, int, int,
     return (preferred, cap.allocated_gpus, cap.workloads, cap.name)
 
 
-def place_one(request: PlacementRequest, capacity: Mapping[str, NodeCapacity],
-              now: float) -> Placed | Unplaceable:
-    """Choose a node for one request without changing ``capacity``."""
-    if not capacity:
-        return Unplaceable("no ready nodes")
-    reasons: dict[str, int] = {}
+def _best(request: PlacementRequest, capacity: Mapping[str, NodeCapacity], now: float,
+          honour_cooldown: bool, reasons: dict[str, int]) -> NodeCapacity | None:
     best: NodeCapacity | None = None
     for cap in capacity.values():
-        why = _filter(request, cap, now)
+        why = _filter(request, cap, now, honour_cooldown)
         if why is not None:
             reasons[why] = reasons.get(why, 0) + 1
             continue
         if best is None or _score(request, cap) < _score(request, best):
             best = cap
+    return best
+
+
+def place_one(request: PlacementRequest, capacity: Mapping[str, NodeCapacity],
+              now: float) -> Placed | Unplaceable:
+    """Choose a node for one request without changing ``capacity``.
+
+    The failure cool-down is soft: a node that recently failed this workload is used only
+    when no other node fits, because running somewhere beats waiting.
+    """
+    if not capacity:
+        return Unplaceable("no ready nodes")
+    reasons: dict[str, int] = {}
+    best = _best(request, capacity, now, True, reasons)
+    if best is None:
+        best = _best(request, capacity, now, False, {})
     if best is None:
         summary = ", ".join(f"{n} node(s): {why}" for why, n in sorted(reasons.items()))
         return Unplaceable(f"no node fits ({summary})")

@@ -12,6 +12,7 @@ import pytest
 from hafo.local.cluster import LocalCluster
 from hafo.local.etcd import EtcdCluster
 from hafo.local.procs import pid_alive
+from hafo.logs import configure
 from hafo.store import EtcdStore, Keys
 
 
@@ -95,3 +96,4 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
+configure("console", level="warning")

@@ -110,6 +110,11 @@ def test_filters(nodes: list[NodeRecord], kwargs: dict[str, Any], extra: dict[st
     assert choose(make_snapshot(nodes, **extra), request(**kwargs)) == expected
 
 
+def test_cooldown_is_soft_when_nothing_else_fits() -> None:
+    snapshot = loaded({"a": [], "b": [1]})
+    assert choose(snapshot, request(avoid={"a": NOW + 5, "b": NOW + 5}), NOW) == "a"
+
+
 @pytest.mark.parametrize(("until", "now", "expected"), [
     (NOW + 5, NOW, "b"),      # cooling down: avoided
     (NOW, NOW, "a"),          # expires exactly now: no longer avoided
@@ -149,7 +154,7 @@ def test_place_one_takes_lowest_free_healthy_indices_and_does_not_mutate() -> No
     pytest.param(make_snapshot([make_node("a")], down=["a"]), request(), ["no ready nodes"],
                  id="all-down"),
     pytest.param(
-        make_snapshot([make_node("a"), make_node("b", labels={"rack": "r9"}),
+        make_snapshot([make_node("a"), make_node("b", 1, labels={"rack": "r9"}),
                        make_node("c", 1, labels={"rack": "r9"})]),
         request(gpus=2, node_selector={"rack": "r9"}, avoid={"b": NOW + 1}),
         ["no node fits (", "1 node(s): cooling down after a failure",
