@@ -281,6 +281,16 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"hafo: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
         return 1
+    except Exception as exc:
+        from hafo.store import TRANSIENT, StoreError
+
+        if isinstance(exc, TRANSIENT):
+            print("hafo: cannot reach etcd (check etcd.endpoints / --etcd)", file=sys.stderr)
+            return EXIT_UNAVAILABLE
+        if isinstance(exc, StoreError):
+            print(f"hafo: {exc}", file=sys.stderr)
+            return 1
+        raise
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,7 +8,6 @@ at once), and prints the timeline: killed, detected, running again, steps lost.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from typing import Any
 
@@ -29,8 +28,14 @@ def overlapping_lifetimes(lines: list[dict[str, Any]]) -> list[tuple[int, int]]:
     for line in lines:
         first, last = spans.get(line["epoch"], (line["t"], line["t"]))
         spans[line["epoch"]] = (min(first, line["t"]), max(last, line["t"]))
-    ordered = sorted(spans.items(), key=lambda item: item[1][0])
-    return [(a[0], b[0]) for a, b in itertools.pairwise(ordered) if b[1][0] < a[1][1]]
+    overlaps: list[tuple[int, int]] = []
+    latest: tuple[int, float] | None = None  # the epoch that lives longest so far
+    for epoch, (start, end) in sorted(spans.items(), key=lambda item: item[1][0]):
+        if latest is not None and start < latest[1]:
+            overlaps.append((latest[0], epoch))
+        if latest is None or end > latest[1]:
+            latest = (epoch, end)
+    return overlaps
 
 
 async def _demo(cluster: LocalCluster) -> int:

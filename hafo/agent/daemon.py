@@ -157,6 +157,8 @@ class Agent:
             except TRANSIENT as exc:
                 log.warning("supervise cycle: etcd unavailable", node=self.name,
                             error=type(exc).__name__)
+            except Exception:  # one bad cycle (disk full, a bad spec) must not stop the agent
+                log.exception("supervise cycle failed", node=self.name)
 
     async def supervise_once(self) -> None:
         """One pass: stop what is not wanted, start what is, report what runs."""

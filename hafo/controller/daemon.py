@@ -29,10 +29,12 @@ from hafo.store import (
     LeaseKeeper,
     LeaseLost,
     NotLeader,
+    StoreError,
     read_events,
 )
 
 log = structlog.get_logger("hafo.controller")
+RECOVERABLE: tuple[type[BaseException], ...] = (*TRANSIENT, StoreError)
 
 TICK = 1.0  # time-based decisions (restart windows, cool-downs) are re-evaluated this often
 
@@ -99,15 +101,19 @@ class Controller:
     async def _lead(self) -> None:
         """Campaign; while leader run reconcile cycles; on losing leadership, campaign again."""
         while True:
-            assert self.keeper.lease_id is not None
-            await self.election.campaign(self.keeper.lease_id)
-            self.is_leader = True
-            await self.events.append(Event(ts=time.time(), kind="leader-elected",
-                                           message=f"controller {self.name} is leader"))
             try:
+                await self.election.campaign(lambda: self.keeper.lease_id
+                                             if self.keeper.valid() else None)
+                self.is_leader = True
+                await self.events.append(Event(ts=time.time(), kind="leader-elected",
+                                               message=f"controller {self.name} is leader"))
                 await self._reconcile_loop()
             except NotLeader:
                 log.warning("leadership lost", controller=self.name)
+            except RECOVERABLE as exc:
+                log.warning("election or reconcile interrupted", controller=self.name,
+                            error=repr(exc))
+                await asyncio.sleep(self.config.timing.heartbeat / 2)
             finally:
                 self.is_leader = False
 

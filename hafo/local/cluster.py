@@ -192,6 +192,12 @@ class LocalCluster:
             kill_pid(pid, signal.SIGKILL)
         return pid
 
+    def restart_agent(self, name: str) -> None:
+        """Start the node's agent again after it died (its nodeinit respawns it)."""
+        handle = self.node_handles[name]
+        if handle.init is not None:
+            kill_pid(handle.init.pid, signal.SIGUSR1)
+
     def kill_controller(self, name: str) -> None:
         """SIGKILL a controller."""
         handle = self.controller_handles[name]

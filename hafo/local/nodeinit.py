@@ -3,7 +3,8 @@
 Every process of the node (agent, guards, workloads, and orphans of any of them) stays a
 descendant of this process, so the local cluster can cut a node's power by freezing and
 killing exactly that tree, by pid. If the agent exits, the node stays powered (its guards keep
-running) until this process is told to stop. Standard library only.
+running) until this process is told to stop; SIGUSR1 starts the agent again if it is not
+running (as systemd's Restart= would). Standard library only.
 """
 
 from __future__ import annotations
@@ -31,11 +32,23 @@ def main(argv: list[str]) -> int:
         nonlocal stop
         stop = True
 
+    restart = False
+
+    def on_usr1(_sig: int, _frame: object) -> None:
+        nonlocal restart
+        restart = True
+
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    signal.signal(signal.SIGUSR1, on_usr1)
     child = subprocess.Popen(argv)
     pidfile.write_text(f"{child.pid}\n")
     while not stop:
+        if restart:
+            restart = False
+            if child.poll() is not None:
+                child = subprocess.Popen(argv)
+                pidfile.write_text(f"{child.pid}\n")
         with contextlib.suppress(ChildProcessError):
             while True:
                 pid, _ = os.waitpid(-1, os.WNOHANG)

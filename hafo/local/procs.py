@@ -11,6 +11,11 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from hafo.agent.supervisor import pid_alive
+
+__all__ = ["descendants", "free_port", "kill_pid", "pid_alive", "spawn", "stop_process",
+           "wait_until"]
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on ``host`` right now."""
@@ -27,21 +32,6 @@ def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = N
         return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=dict(env) if env else None,
                                 cwd=cwd, start_new_session=True)
-
-
-def pid_alive(pid: int) -> bool:
-    """True if ``pid`` exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover - exists, not ours
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def kill_pid(pid: int, sig: int = signal.SIGKILL) -> None:

@@ -9,6 +9,7 @@ from hafo.store.client import (
     Get,
     Put,
     Resync,
+    StoreError,
     TxnResult,
     WatchEvent,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "NotLeader",
     "Put",
     "Resync",
+    "StoreError",
     "StoreUnavailable",
     "TxnResult",
     "WatchEvent",

@@ -32,6 +32,10 @@ TRANSIENT: tuple[type[BaseException], ...] = (
 )
 
 
+class StoreError(Exception):
+    """etcd refused a request for a reason other than availability (a bug or bad state)."""
+
+
 @dataclass(frozen=True)
 class KV:
     """One key-value pair as read from etcd."""
@@ -192,6 +196,8 @@ class EtcdStore:
             except TRANSIENT as exc:
                 await self._rotate(generation, exc)
                 raise
+            except etcd_errors.ClientError as exc:
+                raise StoreError(f"etcd refused the request: {exc}") from exc
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
@@ -223,6 +229,23 @@ class EtcdStore:
         """Read every key under ``prefix``; returns (revision, kvs)."""
         result = await self.call(lambda c: c.get_prefix(prefix.encode()))
         return result.header.revision, [_kv(kv) for kv in result]
+
+    async def get_newest(self, prefix: str, limit: int) -> list[KV]:
+        """The ``limit`` keys under ``prefix`` that sort last (newest for time-ordered keys),
+        returned in ascending key order. Only those are transferred."""
+
+        async def op(client: aetcd.Client) -> list[KV]:
+            from aetcd import utils
+
+            request = aetcd.rpc.RangeRequest(
+                key=prefix.encode(), range_end=utils.prefix_range_end(prefix.encode()),
+                limit=limit, sort_order=aetcd.rpc.RangeRequest.DESCEND,
+                sort_target=aetcd.rpc.RangeRequest.KEY)
+            response = await client.kvstub.Range(request, timeout=self.timeout,
+                                                 metadata=client.metadata)
+            return [_kv(kv) for kv in reversed(response.kvs)]
+
+        return await self.call(_wrap_rpc(op))
 
     async def revision(self) -> int:
         """The store's current revision."""

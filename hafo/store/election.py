@@ -7,7 +7,8 @@ key; the winner's fencing token is the key's create_revision, compared by every 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Callable, Sequence
 
 import structlog
 
@@ -44,9 +45,17 @@ class Election:
             return True, result.revision, self.name
         return False, result.revision, current.value.decode() if current else None
 
-    async def campaign(self, lease_id: int) -> int:
-        """Block until this candidate is leader; returns the fencing token."""
+    async def campaign(self, lease: Callable[[], int | None]) -> int:
+        """Block until this candidate is leader; returns the fencing token.
+
+        ``lease`` gives the candidate's current lease id at each attempt (a lost lease is
+        replaced by its keeper while we stand by).
+        """
         while True:
+            lease_id = lease()
+            if lease_id is None:
+                await asyncio.sleep(0.1)
+                continue
             won, revision, leader = await self.try_acquire(lease_id)
             if won:
                 assert self.token is not None

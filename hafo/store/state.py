@@ -16,6 +16,7 @@ import structlog
 from hafo.model.cluster import (
     Assignment,
     ClusterSnapshot,
+    Event,
     InstanceStatus,
     Liveness,
     NodeRecord,
@@ -152,11 +153,14 @@ async def read_snapshot(store: EtcdStore, keys: Keys) -> ClusterSnapshot:
     return cache.snapshot()
 
 
-async def read_events(store: EtcdStore, keys: Keys, limit: int = 100) -> list:  # type: ignore[type-arg]
-    """The newest ``limit`` events, oldest first."""
-    _revision, kvs = await store.get_prefix(keys.events)
+async def read_events(store: EtcdStore, keys: Keys, limit: int = 100) -> list[Event]:
+    """The newest ``limit`` events (all when 0), oldest first."""
+    if limit:
+        kvs = await store.get_newest(keys.events, limit)
+    else:
+        _revision, kvs = await store.get_prefix(keys.events)
     events = []
-    for kv in kvs[-limit:] if limit else kvs:
+    for kv in kvs:
         try:
             events.append(codec.decode_event(kv.value))
         except (ValueError, KeyError, TypeError):

@@ -137,3 +137,24 @@ async def test_deleted_workload_is_stopped(local_cluster: ClusterFactory) -> Non
     while pid_alive(pid) and time.monotonic() < deadline:  # type: ignore[arg-type]
         await asyncio.sleep(0.05)
     assert not pid_alive(pid)  # type: ignore[arg-type]
+
+
+async def test_agent_restarted_before_lease_expiry_readopts_its_workload(
+        local_cluster: ClusterFactory) -> None:
+    cluster = await local_cluster.start(nodes=2, controllers=1)
+    wid = await cluster.submit(demo_workload_spec())
+    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    node, epoch = view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]
+    pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    old_agent = cluster.kill_agent(node)
+    cluster.restart_agent(node)
+    deadline = time.monotonic() + 10
+    while cluster.node_handles[node].agent_pid() in (None, old_agent):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(TTL + 1.0)  # past the old fencing deadline and the lease TTL
+    snapshot = await cluster.snapshot()
+    assert view(snapshot, wid)["node"] == node and view(snapshot, wid)["epoch"] == epoch
+    assert view(snapshot, wid)["state"] == "running"
+    assert snapshot.current_status(wid).pid == pid and pid_alive(pid)  # type: ignore[union-attr,arg-type]
+    assert view(snapshot, wid)["restarts"] == 0

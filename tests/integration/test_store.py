@@ -84,9 +84,9 @@ async def test_election_handover_and_deposed_leader_cannot_write(store: EtcdStor
     b_lease, _ = await store.grant_lease(10)
     a = Election(store, keys.leader, "a")
     b = Election(store, keys.leader, "b")
-    token_a = await a.campaign(a_lease)
+    token_a = await a.campaign(lambda: a_lease)
     assert token_a > 0
-    b_task = asyncio.create_task(b.campaign(b_lease))
+    b_task = asyncio.create_task(b.campaign(lambda: b_lease))
     await asyncio.sleep(0.3)
     assert not b_task.done(), "b must stand by while a leads"
     started = time.monotonic()
@@ -149,3 +149,15 @@ async def test_watch_from_compacted_revision_resyncs(store: EtcdStore, keys: Key
     await asyncio.wait_for(watch(), 5)
     assert isinstance(events[0], Resync)
     assert sorted(kv.key for kv in events[0].kvs) == [keys.workload("a"), keys.workload("b")]
+
+
+async def test_newest_events_only_are_read(store: EtcdStore, keys: Keys) -> None:
+    from hafo.model.cluster import Event
+    from hafo.store import EventLog, read_events
+
+    log = EventLog(store, keys, retention=3600)
+    for i in range(12):
+        await log.append(Event(ts=1000.0 + i, kind="k", message=f"m{i}"))
+    newest = await read_events(store, keys, 5)
+    assert [e.message for e in newest] == [f"m{i}" for i in range(7, 12)]
+    assert len(await read_events(store, keys, 0)) == 12
