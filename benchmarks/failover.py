@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hafo.local.cluster import LocalCluster, demo_workload_spec
 from hafo.logs import configure
 from hafo.model.views import workload_view
-from hafo.store import WatchEvent, read_events
+from hafo.store import read_events
 
 
 def pct(values: list[float], q: float) -> float:
@@ -36,16 +36,7 @@ def pct(values: list[float], q: float) -> float:
 async def trial(cluster: LocalCluster, wid: str) -> dict[str, float]:
     snapshot = await cluster.snapshot()
     victim = workload_view(snapshot, wid)["node"]
-    expired: list[float] = []
-
-    async def watch() -> None:
-        async for event in cluster.store.watch_prefix(cluster.keys.alive(victim),
-                                                      snapshot.revision + 1):
-            if isinstance(event, WatchEvent) and event.kind == "delete":
-                expired.append(time.time())
-                return
-
-    watcher = asyncio.create_task(watch())
+    expiry = cluster.watch_expiry(victim, snapshot.revision + 1)
     await asyncio.sleep(0.3)
     killed = time.time()
     cluster.power_off(victim)
@@ -55,7 +46,7 @@ async def trial(cluster: LocalCluster, wid: str) -> dict[str, float]:
         return v["state"] == "running" and v["node"] not in (None, victim)
 
     snapshot = await cluster.wait_for(moved, 30, interval=0.02, what="failover")
-    await asyncio.wait_for(watcher, 10)
+    expired_at = await asyncio.wait_for(expiry, 10)
     status = snapshot.current_status(wid)
     assert status is not None and status.started_at is not None
     events = await read_events(cluster.store, cluster.keys, 500)
@@ -63,7 +54,7 @@ async def trial(cluster: LocalCluster, wid: str) -> dict[str, float]:
     cluster.start_node(victim)
     await cluster.wait_ready(30)
     await asyncio.sleep(1.0)
-    return {"expiry": expired[0] - killed, "detected": detected - killed,
+    return {"expiry": expired_at - killed, "detected": detected - killed,
             "running": status.started_at - killed}
 
 

@@ -28,6 +28,7 @@ from hafo.store import (
     LeaseLost,
     codec,
 )
+from hafo.tasks import run_all
 
 log = structlog.get_logger("hafo.agent")
 
@@ -221,17 +222,8 @@ class Agent:
         await self.start()
         if ready is not None:
             ready.set()
-        tasks = [asyncio.create_task(coro, name=name) for name, coro in (
-            ("lease", self._keep_lease()), ("assignments", self.assignments.follow()),
-            ("supervise", self._supervise_loop()), ("health", self._health_loop()))]
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                task.result()
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await run_all(lease=self._keep_lease(), assignments=self.assignments.follow(),
+                      supervise=self._supervise_loop(), health=self._health_loop())
 
     async def close(self) -> None:
         """Release the etcd connection and the GPU backend (the lease is kept: guards and

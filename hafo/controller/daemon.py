@@ -32,6 +32,7 @@ from hafo.store import (
     StoreError,
     read_events,
 )
+from hafo.tasks import run_all
 
 log = structlog.get_logger("hafo.controller")
 RECOVERABLE: tuple[type[BaseException], ...] = (*TRANSIENT, StoreError)
@@ -79,9 +80,6 @@ class Controller:
         return await read_events(self.store, self.keys, limit)
 
     # -- loops --------------------------------------------------------------------------
-
-    async def _follow(self) -> None:
-        await self.cache.follow()
 
     async def _keep_lease(self) -> None:
         while True:
@@ -146,16 +144,7 @@ class Controller:
         self.connected = True
         if ready is not None:
             ready.set()
-        tasks = [asyncio.create_task(c, name=n) for n, c in (
-            ("lease", self._keep_lease()), ("follow", self._follow()), ("lead", self._lead()))]
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                task.result()
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await run_all(lease=self._keep_lease(), follow=self.cache.follow(), lead=self._lead())
 
     async def close(self) -> None:
         """Resign leadership and release the lease (clean shutdown)."""

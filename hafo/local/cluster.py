@@ -22,10 +22,18 @@ from typing import Any
 import yaml
 
 from hafo.local.etcd import EtcdCluster
-from hafo.local.procs import descendants, free_port, kill_pid, pid_alive, spawn, stop_process
+from hafo.local.procs import (
+    descendants,
+    free_port,
+    kill_pid,
+    pid_alive,
+    spawn,
+    stop_process,
+    wait_until,
+)
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.spec import WorkloadSpec, parse_spec
-from hafo.store import EtcdStore, Keys, intents, read_snapshot
+from hafo.store import EtcdStore, Keys, WatchEvent, intents, read_snapshot
 
 
 @dataclass
@@ -183,6 +191,7 @@ class LocalCluster:
             kill_pid(pid, signal.SIGKILL)
         if handle.init is not None:
             handle.init.wait(5)
+        wait_until(lambda: not any(pid_alive(p) for p in frozen), 5.0, interval=0.005)
         return sorted(frozen)
 
     def kill_agent(self, name: str) -> int | None:
@@ -253,6 +262,18 @@ class LocalCluster:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
             await asyncio.sleep(interval)
+
+    def watch_expiry(self, node: str, from_revision: int) -> asyncio.Task[float]:
+        """A task that resolves to the wall-clock time etcd deletes ``node``'s liveness key
+        (its lease expired), watching from ``from_revision``."""
+
+        async def watch() -> float:
+            async for event in self.store.watch_prefix(self.keys.alive(node), from_revision):
+                if isinstance(event, WatchEvent) and event.kind == "delete":
+                    return time.time()
+            raise RuntimeError("watch ended")  # pragma: no cover - watches do not end
+
+        return asyncio.create_task(watch())
 
     async def wait_ready(self, timeout: float = 30.0) -> ClusterSnapshot:
         """Until every running controller serves, a leader is elected and every powered node

@@ -10,7 +10,6 @@ import pytest
 
 from hafo.local.cluster import demo_workload_spec
 from hafo.local.procs import pid_alive
-from hafo.store import WatchEvent
 
 from .conftest import ClusterFactory
 from .helpers import assert_never_two_copies, running, view
@@ -48,28 +47,18 @@ async def test_agent_killed_alone_its_guard_kills_the_workload_before_lease_expi
     victim = view(snapshot, wid)["node"]
     workload_pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
     assert workload_pid and pid_alive(workload_pid)
-    expired: list[float] = []
-
-    async def watch_liveness() -> None:
-        async for event in cluster.store.watch_prefix(cluster.keys.alive(victim),
-                                                      snapshot.revision + 1):
-            if isinstance(event, WatchEvent) and event.kind == "delete":
-                expired.append(time.monotonic())
-                return
-
-    watcher = asyncio.create_task(watch_liveness())
+    expiry = cluster.watch_expiry(victim, snapshot.revision + 1)
     await asyncio.sleep(0.2)
     cluster.kill_agent(victim)
     died_at = None
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (died_at is None or not expired):
+    while time.monotonic() < deadline and (died_at is None or not expiry.done()):
         if died_at is None and not pid_alive(workload_pid):
-            died_at = time.monotonic()
+            died_at = time.time()
         await asyncio.sleep(0.005)
-    watcher.cancel()
     assert died_at is not None, "the guard never killed the workload"
-    assert expired, "the lease never expired"
-    assert died_at < expired[0], "workload must be dead before the lease expires"
+    assert expiry.done(), "the lease never expired"
+    assert died_at < expiry.result(), "workload must be dead before the lease expires"
     await cluster.wait_for(running(wid, not_on=victim), 15, what="failover")
     assert_never_two_copies(cluster, wid)
 
