@@ -47,6 +47,7 @@ class NodeHandle:
     faults_file: Path
     log_path: Path
     init: subprocess.Popen[bytes] | None = None
+    proxy: subprocess.Popen[bytes] | None = None
 
     @property
     def pidfile(self) -> Path:
@@ -94,6 +95,7 @@ class LocalCluster:
     heartbeat: float = 1.0
     cluster: str = "default"
     keep: bool = False
+    partitionable: bool = False
     node_handles: dict[str, NodeHandle] = field(default_factory=dict)
     controller_handles: dict[str, ControllerHandle] = field(default_factory=dict)
 
@@ -107,8 +109,8 @@ class LocalCluster:
 
     # -- configuration --------------------------------------------------------------------
 
-    def _common(self) -> dict[str, Any]:
-        return {"cluster": self.cluster, "etcd": {"endpoints": self.etcd.endpoints},
+    def _common(self, endpoints: list[str] | None = None) -> dict[str, Any]:
+        return {"cluster": self.cluster, "etcd": {"endpoints": endpoints or self.etcd.endpoints},
                 "timing": {"lease_ttl": self.lease_ttl, "heartbeat": self.heartbeat},
                 "checkpoint": {"root": str(self.checkpoint_root)}, "log": {"format": "json"}}
 
@@ -123,8 +125,15 @@ class LocalCluster:
                             state_dir=node_dir / "state", api_port=free_port(),
                             faults_file=node_dir / "faults.json",
                             log_path=self.base / "logs" / f"{name}.log")
+        endpoints = None
+        if self.partitionable:  # the node reaches etcd only through its own proxy
+            routes = [(free_port(), m.client_port) for m in self.etcd.members]
+            endpoints = [f"http://127.0.0.1:{listen}" for listen, _ in routes]
+            handle.proxy = spawn([sys.executable, "-m", "hafo.local.proxy",
+                                  *[f"{a}:{b}" for a, b in routes]],
+                                 self.base / "logs" / f"{name}.proxy.log")
         self._write_config(handle.config_path, {
-            **self._common(), "api": {"listen": f"127.0.0.1:{handle.api_port}"},
+            **self._common(endpoints), "api": {"listen": f"127.0.0.1:{handle.api_port}"},
             "node": {"name": name, "labels": labels or {"zone": "local"},
                      "state_dir": str(handle.state_dir),
                      "gpus": {"simulate": {"count": self.gpus_per_node,
@@ -201,6 +210,43 @@ class LocalCluster:
             kill_pid(pid, signal.SIGKILL)
         return pid
 
+    def freeze_agent(self, name: str) -> int | None:
+        """SIGSTOP the agent alone (a hung daemon); its guards keep watching the deadline."""
+        pid = self.node_handles[name].agent_pid()
+        if pid is not None:
+            kill_pid(pid, signal.SIGSTOP)
+        return pid
+
+    def thaw_agent(self, name: str) -> None:
+        """SIGCONT a frozen agent."""
+        pid = self.node_handles[name].agent_pid()
+        if pid is not None:
+            kill_pid(pid, signal.SIGCONT)
+
+    def partition(self, name: str) -> None:
+        """Cut the node off from etcd (needs ``partitionable``)."""
+        proxy = self.node_handles[name].proxy
+        assert proxy is not None, "LocalCluster(partitionable=True) is needed"
+        kill_pid(proxy.pid, signal.SIGUSR1)
+
+    def heal(self, name: str) -> None:
+        """Reconnect a partitioned node."""
+        proxy = self.node_handles[name].proxy
+        assert proxy is not None, "LocalCluster(partitionable=True) is needed"
+        kill_pid(proxy.pid, signal.SIGUSR2)
+
+    def freeze_controller(self, name: str) -> None:
+        """SIGSTOP a controller."""
+        proc = self.controller_handles[name].proc
+        if proc is not None:
+            kill_pid(proc.pid, signal.SIGSTOP)
+
+    def thaw_controller(self, name: str) -> None:
+        """SIGCONT a controller."""
+        proc = self.controller_handles[name].proc
+        if proc is not None:
+            kill_pid(proc.pid, signal.SIGCONT)
+
     def restart_agent(self, name: str) -> None:
         """Start the node's agent again after it died (its nodeinit respawns it)."""
         handle = self.node_handles[name]
@@ -220,7 +266,11 @@ class LocalCluster:
             self.power_off(name)
         for handle in self.controller_handles.values():
             if handle.proc is not None:
+                kill_pid(handle.proc.pid, signal.SIGCONT)
                 stop_process(handle.proc, grace=3.0)
+        for node in self.node_handles.values():
+            if node.proxy is not None:
+                stop_process(node.proxy, grace=2.0)
         self.etcd.stop()
         if self._own_dir and not self.keep:
             shutil.rmtree(self.base, ignore_errors=True)
@@ -230,6 +280,7 @@ class LocalCluster:
         pids = [m.proc.pid for m in self.etcd.members if m.proc is not None]
         pids += [h.proc.pid for h in self.controller_handles.values() if h.proc is not None]
         pids += [h.init.pid for h in self.node_handles.values() if h.init is not None]
+        pids += [h.proxy.pid for h in self.node_handles.values() if h.proxy is not None]
         return [p for p in pids if pid_alive(p)]
 
     # -- state ------------------------------------------------------------------------------
@@ -274,6 +325,23 @@ class LocalCluster:
             raise RuntimeError("watch ended")  # pragma: no cover - watches do not end
 
         return asyncio.create_task(watch())
+
+    async def etcd_leader_index(self) -> int | None:
+        """Index (in ``etcd.members``) of the raft leader, as the members report it."""
+        ids: dict[int, int] = {}
+        leaders: set[int] = set()
+        for index, member in enumerate(self.etcd.members):
+            if not member.running():
+                continue
+            view = await self.store.member_view("127.0.0.1", member.client_port, 1.0)
+            if view is not None:
+                ids[view[0]] = index
+                if view[1]:
+                    leaders.add(view[1])
+        for leader in leaders:
+            if leader in ids:
+                return ids[leader]
+        return None
 
     async def wait_ready(self, timeout: float = 30.0) -> ClusterSnapshot:
         """Until every running controller serves, a leader is elected and every powered node

@@ -305,6 +305,40 @@ class EtcdStore:
             await self._rotate(generation, exc)
             raise
 
+    async def member_view(self, host: str, port: int,
+                           timeout: float) -> tuple[int, int, int] | None:
+        """(member id, leader id as that member sees it (0: none), cluster size), or None."""
+        client = aetcd.Client(host=host, port=port, timeout=max(1, int(timeout + 0.999)),
+                              username=self._username, password=self._password)
+        try:
+            await asyncio.wait_for(client.connect(), timeout)
+            status = await asyncio.wait_for(
+                client.maintenancestub.Status(aetcd.rpc.StatusRequest(),
+                                              timeout=timeout, metadata=client.metadata),
+                timeout)
+            members = await asyncio.wait_for(
+                client.clusterstub.MemberList(aetcd.rpc.MemberListRequest(), timeout=timeout,
+                                              metadata=client.metadata), timeout)
+            return (int(status.header.member_id), int(status.leader), len(members.members))
+        except (TimeoutError, aetcd.rpc.AioRpcError, etcd_errors.ClientError, OSError):
+            return None
+        finally:
+            await self._close_quietly(client)
+
+    async def leaderless_majority(self, timeout: float = 0.5) -> bool:
+        """True if a majority of the etcd cluster's members say, right now, that they have no
+        raft leader. Without a leader no lease can expire, and a new leader extends every
+        lease by its full TTL, so a lease holder may extend its fencing deadline from before
+        this call."""
+        views = await asyncio.gather(*(self.member_view(h, p, timeout)
+                                       for h, p in self.endpoints))
+        answered = [v for v in views if v is not None]
+        if not answered:
+            return False
+        size = max(v[2] for v in answered)
+        leaderless = {member for member, leader, _ in answered if leader == 0}
+        return len(leaderless) > size // 2
+
     async def lease_ttl(self, lease_id: int) -> int:
         """Remaining TTL of a lease (<= 0 when it no longer exists)."""
         info = await self.call(lambda c: c.get_lease_info(lease_id, keys=False))

@@ -79,12 +79,12 @@ class LeaseKeeper:
         """True while the fencing deadline has not passed."""
         return self.clock() < self.deadline and not self.lost.is_set()
 
-    async def keepalive_once(self) -> bool:
+    async def keepalive_once(self, timeout: float | None = None) -> bool:
         """Send one keepalive; True if acknowledged. Raises LeaseLost if the lease is gone."""
         assert self.lease_id is not None, "grant() or adopt() first"
         sent = self.clock()
         try:
-            ttl = await self.store.keepalive(self.lease_id, timeout=self.heartbeat)
+            ttl = await self.store.keepalive(self.lease_id, timeout=timeout or self.heartbeat)
         except TRANSIENT as exc:
             log.warning("keepalive failed", error=type(exc).__name__,
                         fenced_in=round(self.deadline - self.clock(), 2))
@@ -98,14 +98,43 @@ class LeaseKeeper:
         await self._notify()
         return True
 
+    async def _extend_if_leaderless(self, timeout: float) -> None:
+        """During an etcd leader election no lease can expire, and the new leader extends
+        every lease by its TTL: if a majority of members confirm they have no leader, the
+        deadline may move to (send time of that check + TTL - margin)."""
+        sent = self.clock()
+        if await self.store.leaderless_majority(timeout=timeout) and not self.lost.is_set():
+            before = self.deadline
+            self.deadline = renewed_deadline(self.deadline, sent, self.granted_ttl, self.margin)
+            if self.deadline > before:
+                log.info("etcd has no leader: leases cannot expire, deadline extended",
+                         fenced_in=round(self.deadline - self.clock(), 2))
+                await self._notify()
+
     async def run(self) -> None:
-        """Keep the lease alive until cancelled or lost (then LeaseLost is raised)."""
+        """Keep the lease alive until cancelled or lost (then LeaseLost is raised).
+
+        A keepalive goes out every ``heartbeat``. After a failure the keeper retries at once
+        with a shorter timeout, and at the same time asks the etcd members whether they have
+        a raft leader (see ``_extend_if_leaderless``), so an etcd leader election does not
+        fence healthy work.
+        """
+        ok = True
         while True:
             started = self.clock()
-            ok = await self.keepalive_once()
+            if ok:
+                ok = await self.keepalive_once()
+            else:
+                retry = min(0.5, self.heartbeat / 2)
+                result, extended = await asyncio.gather(
+                    self.keepalive_once(retry), self._extend_if_leaderless(retry),
+                    return_exceptions=True)
+                for outcome in (result, extended):
+                    if isinstance(outcome, BaseException):
+                        raise outcome
+                ok = bool(result)
             elapsed = self.clock() - started
-            # After a failure retry sooner, so a moved endpoint is found well before the deadline.
-            period = self.heartbeat if ok else self.heartbeat / 4
+            period = self.heartbeat if ok else 0.1
             await asyncio.sleep(max(0.0, period - elapsed))
 
     async def revoke(self) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from hafo.local.cluster import demo_workload_spec
 from hafo.local.procs import pid_alive
+from hafo.store import read_events
 
 from .conftest import ClusterFactory
 from .helpers import assert_never_two_copies, running, view
@@ -147,3 +148,27 @@ async def test_agent_restarted_before_lease_expiry_readopts_its_workload(
     assert view(snapshot, wid)["state"] == "running"
     assert snapshot.current_status(wid).pid == pid and pid_alive(pid)  # type: ignore[union-attr,arg-type]
     assert view(snapshot, wid)["restarts"] == 0
+
+
+@pytest.mark.parametrize("which", ["raft-leader", "follower"])
+async def test_etcd_member_crash_causes_no_failover(local_cluster: ClusterFactory,
+                                                    which: str) -> None:
+    cluster = await local_cluster.start(nodes=2, controllers=2, etcd_members=3)
+    wid = await cluster.submit(demo_workload_spec())
+    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    before = view(snapshot, wid)
+    pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    leader = await cluster.etcd_leader_index()
+    assert leader is not None
+    victim = leader if which == "raft-leader" else (leader + 1) % 3
+    await cluster.close_store()  # the test's own client must not sit on the victim
+    cluster.etcd.kill_member(victim)
+    await asyncio.sleep(TTL * 2 + 1)
+    snapshot = await cluster.wait_for(lambda s: s.leader is not None and len(s.alive) == 2, 10,
+                                      what="cluster still whole")
+    after = view(snapshot, wid)
+    assert (after["node"], after["epoch"], after["restarts"]) == \
+        (before["node"], before["epoch"], 0), "no failover, no restart"
+    assert snapshot.current_status(wid).pid == pid and pid_alive(pid)  # type: ignore[union-attr,arg-type]
+    events = [e.kind for e in await read_events(cluster.store, cluster.keys, 100)]
+    assert "failover" not in events and "node-reregistered" not in events

@@ -1,0 +1,1 @@
+"""Chaos suite: seeded real faults against a local cluster, with invariants checked."""

@@ -1,0 +1,37 @@
+"""``python -m hafo.chaos --seed 1 --faults 100``: the chaos suite (see hafo.chaos.runner)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from hafo.chaos.runner import run_chaos
+from hafo.logs import configure
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run, print the per-fault table, exit 1 on any violation."""
+    parser = argparse.ArgumentParser(prog="python -m hafo.chaos", description=__doc__)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--faults", type=int, default=18)
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--workloads", type=int, default=4)
+    parser.add_argument("--keep", metavar="DIR", help="run in DIR and keep every log")
+    args = parser.parse_args(argv)
+    configure("console", level="warning")
+    report = asyncio.run(run_chaos(args.seed, args.faults, nodes=args.nodes,
+                                   workloads=args.workloads,
+                                   base_dir=Path(args.keep) if args.keep else None,
+                                   keep=bool(args.keep)))
+    print(report.table())
+    for overlap in report.overlaps:
+        print(f"overlap: {overlap}")
+    for sighting in report.concurrent[:20]:
+        print(f"concurrent: {sighting}")
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

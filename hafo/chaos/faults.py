@@ -1,0 +1,117 @@
+"""The faults a chaos run injects, each with its own way back to a whole cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from random import Random
+from typing import Any
+
+from hafo.local.cluster import LocalCluster
+from hafo.local.procs import kill_pid, pid_alive
+
+FAULT_KINDS = (
+    "node-power-loss", "agent-crash", "agent-restart", "agent-freeze", "agent-partition",
+    "leader-crash", "leader-freeze", "etcd-member-crash", "workload-crash",
+)
+
+
+@dataclass
+class Fault:
+    """One injected fault: what, where, and how to undo it once the cluster recovered."""
+
+    kind: str
+    target: str
+    disruptive: bool
+    undo: Callable[[], Awaitable[None]] | None = None
+    hitless: dict[str, tuple[int, int]] = field(default_factory=dict)  # wid -> (epoch, pid)
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+async def _noop() -> None:
+    return None
+
+
+async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float) -> Fault:
+    """Inject one fault of ``kind`` on a target chosen by ``rng``."""
+    snapshot = await cluster.snapshot()
+    running = {w: s for (w, n), s in snapshot.statuses.items()
+               if s.state == "running" and snapshot.current_status(w) == s}
+    busy_nodes = sorted({s.node for s in running.values()}) or sorted(cluster.node_handles)
+    node = rng.choice(busy_nodes)
+
+    if kind == "node-power-loss":
+        cluster.power_off(node)
+
+        async def power_on() -> None:
+            cluster.start_node(node)
+        return Fault(kind, node, True, power_on)
+    if kind == "agent-crash":
+        cluster.kill_agent(node)
+
+        async def restart() -> None:
+            cluster.restart_agent(node)
+        return Fault(kind, node, True, restart)
+    if kind == "agent-restart":
+        hitless = {w: (s.epoch, s.pid or 0) for w, s in running.items() if s.node == node}
+        cluster.kill_agent(node)
+        await asyncio.sleep(rng.uniform(0.1, 1.0))
+        cluster.restart_agent(node)
+        return Fault(kind, node, False, None, hitless)
+    if kind == "agent-freeze":
+        cluster.freeze_agent(node)
+        await asyncio.sleep(outage)
+        cluster.thaw_agent(node)
+        return Fault(kind, node, True, _noop)
+    if kind == "agent-partition":
+        cluster.partition(node)
+        await asyncio.sleep(outage)
+        cluster.heal(node)
+        return Fault(kind, node, True, _noop)
+    if kind in ("leader-crash", "leader-freeze"):
+        ctl = snapshot.leader or rng.choice(sorted(cluster.controller_handles))
+        if kind == "leader-crash":
+            cluster.kill_controller(ctl)
+
+            async def start() -> None:
+                cluster.start_controller(ctl)
+            return Fault(kind, ctl, False, start)
+        cluster.freeze_controller(ctl)
+        await asyncio.sleep(outage)
+        cluster.thaw_controller(ctl)
+        return Fault(kind, ctl, False, _noop)
+    if kind == "etcd-member-crash":
+        index = rng.randrange(len(cluster.etcd.members))
+        raft_leader = await cluster.etcd_leader_index()
+        if rng.random() < 0.5 and raft_leader is not None:
+            index = raft_leader  # the raft leader half of the time
+        await cluster.close_store()
+        cluster.etcd.kill_member(index)
+        await asyncio.sleep(rng.uniform(1.0, outage))
+
+        async def restart_member() -> None:
+            cluster.etcd.restart_member(index)
+            await asyncio.to_thread(cluster.etcd.wait_ready, 20.0)
+        return Fault(kind, cluster.etcd.members[index].name, False, restart_member,
+                     details={"raft_leader": index == raft_leader})
+    if kind == "workload-crash":
+        if not running:
+            return Fault(kind, "-", False, None)
+        wid = rng.choice(sorted(running))
+        pid = running[wid].pid
+        if pid and pid_alive(pid):
+            kill_pid(pid, signal.SIGKILL)
+        return Fault(kind, wid, True, None, details={"pid": pid})
+    raise ValueError(f"unknown fault kind {kind!r}")
+
+
+def hitless_violations(fault: Fault, statuses: dict[str, tuple[int, int]]) -> list[str]:
+    """For an agent restart: every workload must still run with the same epoch and pid."""
+    broken = []
+    for wid, before in fault.hitless.items():
+        after = statuses.get(wid)
+        if after != before or not pid_alive(before[1]):
+            broken.append(f"{wid}: {before} -> {after}")
+    return broken

@@ -1,0 +1,196 @@
+"""A seeded series of real faults against a local cluster, with the invariants checked."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from random import Random
+from typing import Any
+
+from hafo.chaos.faults import FAULT_KINDS, Fault, hitless_violations, inject
+from hafo.chaos.invariants import Overlap, overlaps_from_log, percentile
+from hafo.local.cluster import LocalCluster, demo_workload_spec
+from hafo.local.procs import pid_alive
+from hafo.model.cluster import ClusterSnapshot
+from hafo.model.views import workload_view
+
+
+@dataclass
+class FaultResult:
+    """What one fault did."""
+
+    kind: str
+    target: str
+    recovery: float | None
+    violations: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ChaosReport:
+    """Everything a run found."""
+
+    seed: int
+    results: list[FaultResult]
+    overlaps: list[Overlap]
+    concurrent: list[str]
+    not_running: list[str]
+    duration: float
+
+    @property
+    def ok(self) -> bool:
+        """No invariant broken."""
+        return not (self.overlaps or self.concurrent or self.not_running
+                    or any(r.violations or r.recovery is None for r in self.results))
+
+    def table(self) -> str:
+        """Per fault kind: count, recovery p50/max, violations."""
+        rows = [f"{'fault':18s} {'count':>5s} {'recovery p50':>12s} {'max':>7s} "
+                f"{'violations':>10s}"]
+        for kind in FAULT_KINDS:
+            mine = [r for r in self.results if r.kind == kind]
+            if not mine:
+                continue
+            times = [r.recovery for r in mine if r.recovery is not None]
+            bad = sum(len(r.violations) + (r.recovery is None) for r in mine)
+            rows.append(f"{kind:18s} {len(mine):5d} {percentile(times, .5):11.2f}s "
+                        f"{max(times, default=0):6.2f}s {bad:10d}")
+        rows.append(f"{len(self.results)} faults in {self.duration:.0f}s, seed {self.seed}: "
+                    f"{len(self.overlaps)} logged overlaps, {len(self.concurrent)} "
+                    f"concurrent-pid sightings, {len(self.not_running)} workloads not running "
+                    f"at the end -> {'OK' if self.ok else 'VIOLATIONS'}")
+        return "\n".join(rows)
+
+
+class PidSampler:
+    """Every 50 ms, counts the live processes of each workload (pids from its progress log)."""
+
+    def __init__(self, cluster: LocalCluster, workloads: list[str]) -> None:
+        self.cluster = cluster
+        self.workloads = workloads
+        self.offsets: dict[str, int] = {}
+        self.pids: dict[str, set[int]] = {w: set() for w in workloads}
+        self.sightings: list[str] = []
+
+    def _read_new(self, wid: str) -> None:
+        path = self.cluster.checkpoint_root / wid / "progress.jsonl"
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(self.offsets.get(wid, 0))
+                data = fh.read()
+        except OSError:
+            return
+        complete = data[:data.rfind(b"\n") + 1]
+        self.offsets[wid] = self.offsets.get(wid, 0) + len(complete)
+        for line in complete.splitlines():
+            try:
+                self.pids[wid].add(int(json.loads(line)["pid"]))
+            except (ValueError, KeyError):
+                continue
+
+    def sample(self) -> None:
+        """One look at every workload."""
+        for wid in self.workloads:
+            self._read_new(wid)
+            alive = sorted(p for p in self.pids[wid] if pid_alive(p))
+            self.pids[wid] = set(alive) | {p for p in self.pids[wid] if p in alive}
+            if len(alive) > 1:
+                self.sightings.append(f"{time.time():.3f} {wid}: pids {alive} alive together")
+
+    async def run(self) -> None:
+        """Sample until cancelled."""
+        while True:
+            self.sample()
+            await asyncio.sleep(0.05)
+
+
+def all_running(workloads: list[str]) -> Callable[[ClusterSnapshot], bool]:
+    """Predicate: every workload runs."""
+    return lambda s: all(workload_view(s, w)["state"] == "running" for w in workloads)
+
+
+async def _wait_recovered(cluster: LocalCluster, fault: Fault, before: ClusterSnapshot,
+                          workloads: list[str], timeout: float) -> None:
+    affected = [w for w in workloads
+                if (fault.kind == "workload-crash" and w == fault.target)
+                or (fault.kind != "workload-crash" and workload_view(before, w)["node"]
+                    == fault.target)] if fault.disruptive else []
+    epochs = {w: workload_view(before, w)["epoch"] for w in affected}
+
+    def recovered(s: ClusterSnapshot) -> bool:
+        if fault.kind == "leader-crash" and s.leader in (None, fault.target):
+            return False
+        if s.leader is None:
+            return False
+        return all_running(workloads)(s) and all(
+            workload_view(s, w)["epoch"] != epochs[w] for w in affected)
+
+    await cluster.wait_for(recovered, timeout, interval=0.05, what=f"recovery from {fault.kind}")
+
+
+async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int = 2,
+                    workloads: int = 4, base_dir: Path | None = None, keep: bool = False,
+                    say: Callable[[str], Any] = print) -> ChaosReport:
+    """Start a cluster, inject ``faults`` seeded faults, check the invariants, tear down."""
+    rng = Random(seed)
+    cluster = LocalCluster(base_dir=base_dir, nodes=nodes, controllers=controllers,
+                           etcd_members=3, partitionable=True, keep=keep)
+    outage = cluster.lease_ttl + 2.0
+    started = time.monotonic()
+    results: list[FaultResult] = []
+    cluster.start()
+    sampler_task: asyncio.Task[None] | None = None
+    try:
+        await cluster.wait_ready(60)
+        ids = []
+        for i in range(workloads):
+            spec = demo_workload_spec(name=f"chaos-{i}", interval=0.02, every=10)
+            spec["restart"] = {"max_restarts": 100000, "window": 60}
+            ids.append(await cluster.submit(spec))
+        await cluster.wait_for(all_running(ids), 60, what="workloads running")
+        sampler = PidSampler(cluster, ids)
+        sampler_task = asyncio.create_task(sampler.run())
+        kinds = list(FAULT_KINDS)
+        for n in range(faults):
+            if n % len(kinds) == 0:
+                rng.shuffle(kinds)  # every kind once per round, in a seeded order
+            kind = kinds[n % len(kinds)]
+            before = await cluster.snapshot()
+            t0 = time.monotonic()
+            fault = await inject(kind, cluster, rng, outage)
+            result = FaultResult(kind, fault.target, None)
+            try:
+                await _wait_recovered(cluster, fault, before, ids, 60)
+                result.recovery = time.monotonic() - t0
+            except TimeoutError as exc:
+                result.violations.append(str(exc))
+            if fault.hitless:
+                await asyncio.sleep(cluster.lease_ttl + 1.0)
+                snap = await cluster.snapshot()
+                now = {w: (s.epoch, s.pid or 0) for w in fault.hitless
+                       if (s := snap.current_status(w)) is not None}
+                result.violations += hitless_violations(fault, now)
+            if fault.undo is not None:
+                await fault.undo()
+            await cluster.wait_ready(60)
+            await cluster.wait_for(all_running(ids), 60, what="all running after undo")
+            results.append(result)
+            say(f"[{n + 1:3d}/{faults}] {kind:18s} {fault.target:12s} recovered in "
+                + (f"{result.recovery:5.2f}s" if result.recovery is not None else "  never")
+                + (f"  VIOLATIONS: {result.violations}" if result.violations else ""))
+        final = await cluster.wait_for(all_running(ids), 60, what="all running at the end")
+        sampler.sample()
+        lines = [line for w in ids for line in cluster.progress_log(w)]
+        return ChaosReport(seed=seed, results=results, overlaps=overlaps_from_log(lines),
+                           concurrent=sampler.sightings,
+                           not_running=[w for w in ids
+                                        if workload_view(final, w)["state"] != "running"],
+                           duration=time.monotonic() - started)
+    finally:
+        if sampler_task is not None:
+            sampler_task.cancel()
+        await cluster.close_store()
+        cluster.stop()
