@@ -12,6 +12,7 @@ from typing import Any
 import structlog
 
 from hafo.agent.assignments import NodeAssignments
+from hafo.agent.failsafe import AgentFailsafe
 from hafo.agent.fencefile import write_deadline
 from hafo.agent.instances import InstanceKey
 from hafo.agent.supervisor import Supervisor, newest_per_workload, reap_children
@@ -51,8 +52,11 @@ class Agent:
                                password=config.etcd.password)
         self.gpus = gpus if gpus is not None else backend_for(config.node)
         timing = config.timing
+        self.failsafe = AgentFailsafe(self.name, self.store, self.keys, timing.failsafe_max,
+                                      last_contact=lambda: self.keeper.last_ack)
         self.keeper = LeaseKeeper(self.store, timing.lease_ttl, timing.heartbeat,
-                                  timing.fence_margin, on_renew=self._publish_deadline)
+                                  timing.fence_margin, on_renew=self._publish_deadline,
+                                  failsafe=self.failsafe.confirm)
         self.assignments = NodeAssignments(self.store, self.keys, self.name)
         self.supervisor = Supervisor(self.name, self.state_dir, Path(config.checkpoint_root))
         self.events = EventLog(self.store, self.keys)
@@ -92,11 +96,12 @@ class Agent:
         """This node's inventory and health."""
         return NodeRecord(name=self.name, labels=dict(self.node.labels),
                           gpus=tuple(self.inventory), healthy=True, reason="",
-                          api=self.api_address)
+                          api=self.api_address, failsafe_seen=self.failsafe.current.version)
 
     async def register(self) -> None:
         """Publish inventory and the lease-bound liveness key."""
         self.inventory = await asyncio.to_thread(self.gpus.inventory)
+        await self.failsafe.refresh()
         await self.store.put(self.keys.node(self.name), codec.encode(self.node_record().to_dict()))
         assert self.keeper.lease_id is not None
         alive = Liveness(node=self.name, lease=self.keeper.lease_id, since=time.time())
@@ -140,13 +145,16 @@ class Agent:
             except Exception as exc:  # a broken backend must not stop the agent
                 log.warning("GPU inventory failed", node=self.name, error=str(exc))
                 continue
-            if inventory != self.inventory:
+            failsafe_changed = await self.failsafe.refresh()
+            inventory_changed = inventory != self.inventory
+            if inventory_changed or failsafe_changed:
                 self.inventory = inventory
                 with contextlib.suppress(*TRANSIENT):
                     await self.store.put(self.keys.node(self.name),
                                          codec.encode(self.node_record().to_dict()))
-                log.info("inventory changed", node=self.name,
-                         unhealthy=[g.index for g in inventory if not g.healthy])
+                if inventory_changed:
+                    log.info("inventory changed", node=self.name,
+                             unhealthy=[g.index for g in inventory if not g.healthy])
 
     async def _supervise_loop(self) -> None:
         while True:

@@ -35,6 +35,10 @@ class ControllerSource(Protocol):
         """The newest events."""
         ...
 
+    async def failsafe_probe(self) -> str:
+        """'available' or 'unavailable': can this controller reach etcd right now."""
+        ...
+
 
 def error(status: int, message: str) -> web.Response:
     """The contract's error body."""
@@ -60,6 +64,13 @@ def make_controller_app(source: ControllerSource) -> web.Application:
         if source.leading():
             return web.json_response({"leader": source.name})
         return error(503, f"{source.name} is not the leader")
+
+    @routes.get("/v1/failsafe")
+    async def failsafe(_request: web.Request) -> web.Response:
+        # An agent that cannot reach etcd asks every controller; "unavailable" is a promise
+        # to make no failover decision for TTL + margin (see hafo.decisions.failsafe).
+        return web.json_response({"controller": source.name,
+                                  "etcd": await source.failsafe_probe()})
 
     @routes.get("/v1/status")
     async def status(_request: web.Request) -> web.Response:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 from pathlib import Path
 
-from hafo.chaos.runner import run_chaos
+from hafo.chaos.runner import ChaosReport, run_chaos
 from hafo.logs import configure
 
 
@@ -21,10 +22,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", metavar="DIR", help="run in DIR and keep every log")
     args = parser.parse_args(argv)
     configure("console", level="warning")
-    report = asyncio.run(run_chaos(args.seed, args.faults, nodes=args.nodes,
-                                   workloads=args.workloads,
-                                   base_dir=Path(args.keep) if args.keep else None,
-                                   keep=bool(args.keep)))
+
+    async def run() -> ChaosReport:
+        task = asyncio.ensure_future(run_chaos(
+            args.seed, args.faults, nodes=args.nodes, workloads=args.workloads,
+            base_dir=Path(args.keep) if args.keep else None, keep=bool(args.keep)))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # tear the cluster down, by pid
+            loop.add_signal_handler(sig, task.cancel)
+        return await task
+
+    try:
+        report = asyncio.run(run())
+    except asyncio.CancelledError:
+        print("interrupted; cluster stopped", file=sys.stderr)
+        return 130
     print(report.table())
     for overlap in report.overlaps:
         print(f"overlap: {overlap}")

@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 
 from hafo.controller.apply import apply_plan
+from hafo.controller.failsafe import ControllerFailsafe
 from hafo.decisions.reconcile import reconcile
 from hafo.model.cluster import ClusterSnapshot, Event
 from hafo.model.config import Config
@@ -30,6 +31,7 @@ from hafo.store import (
     LeaseLost,
     NotLeader,
     StoreError,
+    codec,
     read_events,
 )
 from hafo.tasks import run_all
@@ -56,6 +58,8 @@ class Controller:
         self.election = Election(self.store, self.keys.leader, self.name)
         self.cache = ClusterCache(self.store, self.keys)
         self.events = EventLog(self.store, self.keys)
+        self.failsafe = ControllerFailsafe(self.name, self.store, self.keys, timing.lease_ttl,
+                                           timing.fence_margin, timing.failsafe_max)
         self.clock = clock
         self.is_leader = False
         self.connected = False
@@ -92,14 +96,34 @@ class Controller:
                 await self.keeper.grant()
                 await self._announce()
 
+    @property
+    def api_url(self) -> str:
+        """Where agents reach this controller's API (for failsafe questions)."""
+        return f"http://{self.config.api.listen}"
+
+    async def failsafe_probe(self) -> str:
+        """For ``GET /v1/failsafe``: 'available' or 'unavailable' (see ControllerFailsafe)."""
+        return await self.failsafe.probe()
+
     async def _announce(self) -> None:
         assert self.keeper.lease_id is not None
-        await self.store.put(self.keys.controller(self.name), b"{}", lease=self.keeper.lease_id)
+        await self.store.put(self.keys.controller(self.name),
+                             codec.encode({"api": self.api_url}), lease=self.keeper.lease_id)
+
+    async def _until_eligible(self) -> None:
+        """Failsafe rule 3: lead only once no agent can be relying on a set without us."""
+        logged = False
+        while not self.failsafe.may_lead(self.cache.snapshot()):
+            if not logged:
+                log.info("not yet eligible to lead (failsafe set)", controller=self.name)
+                logged = True
+            await asyncio.sleep(0.5)
 
     async def _lead(self) -> None:
         """Campaign; while leader run reconcile cycles; on losing leadership, campaign again."""
         while True:
             try:
+                await self._until_eligible()
                 await self.election.campaign(lambda: self.keeper.lease_id
                                              if self.keeper.valid() else None)
                 self.is_leader = True
@@ -124,8 +148,13 @@ class Controller:
             if self.cache.revision >= written:
                 snapshot = self.cache.snapshot()
                 self.cache.changed.clear()
-                plan = reconcile(snapshot, self.clock())
+                plan = reconcile(snapshot, self.clock(),
+                                 allow_failover=self.failsafe.failover_allowed())
                 self.cycles += 1
+                try:
+                    await self.failsafe.maintain_set(self.election, snapshot)
+                except TRANSIENT as exc:
+                    log.warning("failsafe set not updated", error=type(exc).__name__)
                 if plan:
                     try:
                         written = max(written, await apply_plan(self.election, self.keys,

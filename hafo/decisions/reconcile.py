@@ -61,8 +61,8 @@ def _revision(assignment: Assignment | None) -> int:
     return assignment.epoch if assignment is not None else 0
 
 
-def _assess(snapshot: ClusterSnapshot, wid: str, now: float,
-            cooldown: float) -> Action | _Need | None:
+def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
+            allow_failover: bool) -> Action | _Need | None:
     """Decide for one workload, except the placement itself."""
     submission = snapshot.workloads[wid]
     spec = submission.spec
@@ -78,6 +78,8 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float,
     node_state = snapshot.node_state(node)
     avoid = {n: t for n, t in current.avoid.items() if t > now}
     if node_state in ("down", "unhealthy"):
+        if not allow_failover:
+            return None  # failsafe: an agent may still run it on our word; decide later
         avoid[node] = now + cooldown
         return _Need(PlacementRequest(wid, spec, submission.submitted_at, avoid), current,
                      current.restarts, current.restart_times, "failover",
@@ -102,8 +104,12 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float,
 
 
 def reconcile(snapshot: ClusterSnapshot, now: float,
-              cooldown: float = FAILED_NODE_COOLDOWN) -> Plan:
-    """Compute the plan for one reconcile cycle. ``now`` is wall-clock seconds."""
+              cooldown: float = FAILED_NODE_COOLDOWN, allow_failover: bool = True) -> Plan:
+    """Compute the plan for one reconcile cycle. ``now`` is wall-clock seconds.
+
+    With ``allow_failover`` False (a controller that told an agent "etcd is unavailable to me"
+    within TTL + margin: failsafe mode), work on down or unhealthy nodes is left where it is.
+    """
     actions: list[Action] = []
     for wid, assignment in sorted(snapshot.assignments.items()):
         if wid not in snapshot.workloads:
@@ -111,7 +117,7 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
                                   "deleted"))
     needs: list[_Need] = []
     for wid in sorted(snapshot.workloads):
-        outcome = _assess(snapshot, wid, now, cooldown)
+        outcome = _assess(snapshot, wid, now, cooldown, allow_failover)
         if isinstance(outcome, Action):
             actions.append(outcome)
         elif isinstance(outcome, _Need):

@@ -350,8 +350,10 @@ class LocalCluster:
         controllers = {n for n, h in self.controller_handles.items() if h.running()}
         return await self.wait_for(
             lambda s: s.leader is not None and controllers <= set(s.controllers)
-            and all(s.node_state(n) == "ready" for n in names),
-            timeout, what="controllers, leader and ready nodes")
+            and controllers <= set(s.failsafe.members)
+            and all(s.node_state(n) == "ready" for n in names)
+            and all(s.nodes[n].failsafe_seen >= s.failsafe.version for n in names),
+            timeout, what="controllers, leader, failsafe set and ready nodes")
 
     async def submit(self, spec: WorkloadSpec | dict[str, Any]) -> str:
         """Submit a workload; returns its id."""

@@ -50,12 +50,13 @@ class NodeRecord:
     healthy: bool = True
     reason: str = ""
     api: str = ""
+    failsafe_seen: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
         return {"name": self.name, "labels": dict(self.labels),
                 "gpus": [g.to_dict() for g in self.gpus], "healthy": self.healthy,
-                "reason": self.reason, "api": self.api}
+                "reason": self.reason, "api": self.api, "failsafe_seen": self.failsafe_seen}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> NodeRecord:
@@ -63,7 +64,8 @@ class NodeRecord:
         return NodeRecord(name=str(d["name"]), labels=dict(d.get("labels") or {}),
                           gpus=tuple(Gpu.from_dict(g) for g in d.get("gpus") or ()),
                           healthy=bool(d.get("healthy", True)), reason=str(d.get("reason", "")),
-                          api=str(d.get("api", "")))
+                          api=str(d.get("api", "")),
+                          failsafe_seen=int(d.get("failsafe_seen", 0)))
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,31 @@ class Submission:
 
 
 @dataclass(frozen=True)
+class FailsafeSet:
+    """The controllers agents must all hear from; ``version`` grows with every change."""
+
+    version: int = 0
+    members: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"version": self.version, "members": {k: dict(v) for k, v in
+                                                     self.members.items()}}
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any] | None) -> FailsafeSet:
+        """Inverse of ``to_dict`` (None -> the empty set, version 0)."""
+        if not data:
+            return FailsafeSet()
+        return FailsafeSet(int(data.get("version", 0)),
+                           {str(k): dict(v) for k, v in (data.get("members") or {}).items()})
+
+    def apis(self) -> dict[str, str]:
+        """name -> API base URL."""
+        return {name: str(m.get("api", "")) for name, m in self.members.items()}
+
+
+@dataclass(frozen=True)
 class ClusterSnapshot:
     """Everything a decision needs, read at one etcd revision."""
 
@@ -216,6 +243,8 @@ class ClusterSnapshot:
     statuses: Mapping[tuple[str, str], InstanceStatus]
     leader: str | None = None
     controllers: tuple[str, ...] = ()
+    controller_apis: Mapping[str, str] = field(default_factory=dict)
+    failsafe: FailsafeSet = FailsafeSet()
 
     def node_state(self, name: str) -> NodeState:
         """Derived node state: down > unhealthy > cordoned > ready."""

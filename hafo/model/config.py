@@ -40,6 +40,7 @@ class TimingConfig:
     lease_ttl: int = 3
     heartbeat: float = 1.0
     fence_margin: float = 0.5
+    failsafe_max: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ def _parse_etcd(raw: Any) -> EtcdConfig:
 
 def _parse_timing(raw: Any) -> TimingConfig:
     data = as_mapping(raw or {}, "timing")
-    reject_unknown(data, {"lease_ttl", "heartbeat", "fence_margin"}, "timing")
+    reject_unknown(data, {"lease_ttl", "heartbeat", "fence_margin", "failsafe_max"}, "timing")
     ttl = get_int(data, "lease_ttl", "timing", 3, minimum=2, maximum=3600)
     heartbeat = get_number(data, "heartbeat", "timing", 1.0, minimum=0, exclusive_minimum=True)
     margin = get_number(data, "fence_margin", "timing", 0.5, minimum=0, exclusive_minimum=True)
@@ -134,7 +135,9 @@ def _parse_timing(raw: Any) -> TimingConfig:
     if margin + heartbeat >= ttl:
         raise ValidationError("timing.fence_margin",
                               "fence_margin + heartbeat must be below lease_ttl")
-    return TimingConfig(lease_ttl=ttl, heartbeat=heartbeat, fence_margin=margin)
+    failsafe_max = get_number(data, "failsafe_max", "timing", 300.0, minimum=0)
+    return TimingConfig(lease_ttl=ttl, heartbeat=heartbeat, fence_margin=margin,
+                        failsafe_max=failsafe_max)
 
 
 def _parse_api(raw: Any) -> ApiConfig:

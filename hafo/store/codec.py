@@ -8,6 +8,7 @@ from typing import Any
 from hafo.model.cluster import (
     Assignment,
     Event,
+    FailsafeSet,
     InstanceStatus,
     Liveness,
     NodeRecord,
@@ -57,6 +58,17 @@ def decode_liveness(value: bytes) -> Liveness:
 def decode_status(value: bytes) -> InstanceStatus:
     """An agent's instance report."""
     return InstanceStatus.from_dict(decode(value))
+
+
+def decode_controller(value: bytes) -> str:
+    """A controller's registration: its API base URL ('' if unknown)."""
+    data = decode(value) if value else {}
+    return str(data.get("api", "")) if isinstance(data, dict) else ""
+
+
+def decode_failsafe(value: bytes) -> FailsafeSet:
+    """The failsafe set."""
+    return FailsafeSet.from_dict(decode(value))
 
 
 def decode_event(value: bytes) -> Event:

@@ -33,6 +33,12 @@ class Keys:
         """The leader key: value is the controller's name, bound to its lease."""
         return f"{self.state}leader"
 
+    @property
+    def failsafe(self) -> str:
+        """The failsafe set: controllers every agent must hear from to keep work without
+        etcd (written by the leader)."""
+        return f"{self.state}failsafe"
+
     def node(self, name: str) -> str:
         """A node's inventory and health (no lease: outlives the agent)."""
         return f"{self.state}nodes/{name}"

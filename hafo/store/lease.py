@@ -30,8 +30,10 @@ class LeaseKeeper:
 
     def __init__(self, store: EtcdStore, ttl: int, heartbeat: float, margin: float,
                  clock: Clock = time.monotonic,
-                 on_renew: Callable[[float], Awaitable[None] | None] | None = None) -> None:
+                 on_renew: Callable[[float], Awaitable[None] | None] | None = None,
+                 failsafe: Callable[[float], Awaitable[bool]] | None = None) -> None:
         self.store = store
+        self.failsafe = failsafe
         self.ttl = ttl
         self.heartbeat = heartbeat
         self.margin = margin
@@ -98,18 +100,31 @@ class LeaseKeeper:
         await self._notify()
         return True
 
-    async def _extend_if_leaderless(self, timeout: float) -> None:
-        """During an etcd leader election no lease can expire, and the new leader extends
-        every lease by its TTL: if a majority of members confirm they have no leader, the
-        deadline may move to (send time of that check + TTL - margin)."""
+    async def _extend_if(self, confirm: Callable[[float], Awaitable[bool]], timeout: float,
+                         why: str) -> None:
+        """If ``confirm`` proves that the lease cannot expire (or that nobody can act on its
+        expiry) for TTL from before the check, move the deadline to (send time of the check
+        + TTL - margin)."""
         sent = self.clock()
-        if await self.store.leaderless_majority(timeout=timeout) and not self.lost.is_set():
+        if await confirm(timeout) and not self.lost.is_set():
             before = self.deadline
             self.deadline = renewed_deadline(self.deadline, sent, self.granted_ttl, self.margin)
             if self.deadline > before:
-                log.info("etcd has no leader: leases cannot expire, deadline extended",
+                log.debug(f"deadline extended: {why}",
                          fenced_in=round(self.deadline - self.clock(), 2))
                 await self._notify()
+
+    async def _extend_if_leaderless(self, timeout: float) -> None:
+        """During an etcd leader election no lease can expire, and the new leader extends
+        every lease by its TTL: a majority of members saying they have no leader is proof."""
+        await self._extend_if(lambda t: self.store.leaderless_majority(timeout=t), timeout,
+                              "etcd has no leader, leases cannot expire")
+
+    async def _extend_if_failsafe(self, timeout: float) -> None:
+        """The failsafe hook (every controller says etcd is unavailable to it too)."""
+        if self.failsafe is not None:
+            await self._extend_if(self.failsafe, timeout,
+                                  "failsafe: every controller reports etcd unavailable")
 
     async def run(self) -> None:
         """Keep the lease alive until cancelled or lost (then LeaseLost is raised).
@@ -126,10 +141,10 @@ class LeaseKeeper:
                 ok = await self.keepalive_once()
             else:
                 retry = min(0.5, self.heartbeat / 2)
-                result, extended = await asyncio.gather(
+                result, *extended = await asyncio.gather(
                     self.keepalive_once(retry), self._extend_if_leaderless(retry),
-                    return_exceptions=True)
-                for outcome in (result, extended):
+                    self._extend_if_failsafe(retry), return_exceptions=True)
+                for outcome in (result, *extended):
                     if isinstance(outcome, BaseException):
                         raise outcome
                 ok = bool(result)

@@ -17,6 +17,7 @@ from hafo.model.cluster import (
     Assignment,
     ClusterSnapshot,
     Event,
+    FailsafeSet,
     InstanceStatus,
     Liveness,
     NodeRecord,
@@ -43,7 +44,8 @@ class ClusterCache:
         self.assignments: dict[str, Assignment] = {}
         self.statuses: dict[tuple[str, str], InstanceStatus] = {}
         self.leader: str | None = None
-        self.controllers: set[str] = set()
+        self.controllers: dict[str, str] = {}
+        self.failsafe = FailsafeSet()
         self.changed = asyncio.Event()
 
     def _clear(self) -> None:
@@ -55,6 +57,7 @@ class ClusterCache:
         self.statuses.clear()
         self.leader = None
         self.controllers.clear()
+        self.failsafe = FailsafeSet()
 
     async def load(self) -> int:
         """Read the whole state prefix; returns its revision."""
@@ -110,10 +113,9 @@ class ClusterCache:
             _set(self.statuses, (workload, node),
                  None if deleted else codec.decode_status(value))
         elif kind == "controllers":
-            if deleted:
-                self.controllers.discard(name)
-            else:
-                self.controllers.add(name)
+            _set(self.controllers, name, None if deleted else codec.decode_controller(value))
+        elif kind == "failsafe":
+            self.failsafe = FailsafeSet() if deleted else codec.decode_failsafe(value)
 
     def snapshot(self) -> ClusterSnapshot:
         """A frozen copy for decisions and views."""
@@ -127,6 +129,8 @@ class ClusterCache:
             statuses=MappingProxyType(dict(self.statuses)),
             leader=self.leader,
             controllers=tuple(sorted(self.controllers)),
+            controller_apis=MappingProxyType(dict(self.controllers)),
+            failsafe=self.failsafe,
         )
 
     async def follow(self, on_change: Callable[[], Awaitable[None] | None] | None = None) -> None:

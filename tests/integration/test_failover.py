@@ -172,3 +172,94 @@ async def test_etcd_member_crash_causes_no_failover(local_cluster: ClusterFactor
     assert snapshot.current_status(wid).pid == pid and pid_alive(pid)  # type: ignore[union-attr,arg-type]
     events = [e.kind for e in await read_events(cluster.store, cluster.keys, 100)]
     assert "failover" not in events and "node-reregistered" not in events
+
+
+@pytest.mark.parametrize("fault", ["freeze", "partition"])
+async def test_frozen_or_cut_off_agent_is_fenced_then_rejoins_cleanly(
+        local_cluster: ClusterFactory, fault: str) -> None:
+    cluster = await local_cluster.start(nodes=2, controllers=1, partitionable=True)
+    wid = await cluster.submit(demo_workload_spec())
+    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    victim, epoch = view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]
+    old_lease = snapshot.alive[victim].lease
+    pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    if fault == "freeze":
+        cluster.freeze_agent(victim)
+    else:
+        cluster.partition(victim)
+    snapshot = await cluster.wait_for(running(wid, not_on=victim), 15, what="failover")
+    assert not pid_alive(pid)  # type: ignore[arg-type]
+    await asyncio.sleep(1.0)
+    if fault == "freeze":
+        cluster.thaw_agent(victim)
+    else:
+        cluster.heal(victim)
+    snapshot = await cluster.wait_for(
+        lambda s: s.node_state(victim) == "ready" and s.alive[victim].lease != old_lease, 15,
+        what="re-registered with a new lease")
+    await asyncio.sleep(2.0)
+    snapshot = await cluster.snapshot()
+    assert view(snapshot, wid)["node"] != victim and view(snapshot, wid)["epoch"] > epoch
+    assert snapshot.statuses.get((wid, victim)) is None, "stale instance must not come back"
+    starts = [ln for ln in cluster.progress_log(wid) if ln.get("event") == "start"]
+    assert [s["epoch"] for s in starts] == [epoch, view(snapshot, wid)["epoch"]]
+    assert_never_two_copies(cluster, wid)
+    other = await cluster.submit(demo_workload_spec(name="after", gpus=4))
+    snapshot = await cluster.wait_for(running(other), 20, what="rejoined node takes work")
+    assert view(snapshot, other)["node"] == victim  # the only node with 4 free GPUs
+
+
+async def test_deposed_leader_frozen_then_resumed_writes_nothing(
+        local_cluster: ClusterFactory) -> None:
+    cluster = await local_cluster.start(nodes=1, controllers=2)
+    old = (await cluster.snapshot()).leader
+    assert old is not None
+    cluster.freeze_controller(old)
+    await cluster.wait_for(lambda s: s.leader not in (None, old), 15, what="new leader")
+    await asyncio.sleep(1.0)
+    cluster.thaw_controller(old)
+    wid = await cluster.submit(demo_workload_spec(gpus=0))
+    await cluster.wait_for(running(wid), 15, what="placed by the new leader")
+    await asyncio.sleep(2.0)
+    events = await read_events(cluster.store, cluster.keys, 0)
+    assert sum(1 for e in events if e.kind == "placed" and e.workload == wid) == 1
+    log = cluster.controller_handles[old].log_path.read_text()
+    assert "leadership lost" in log or "standing by" in log.split("became leader")[-1]
+
+
+async def test_all_of_etcd_down_past_the_ttl_kills_nothing_failsafe(
+        local_cluster: ClusterFactory) -> None:
+    cluster = await local_cluster.start(nodes=2, controllers=2, etcd_members=3)
+    wid = await cluster.submit(demo_workload_spec())
+    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    before = view(snapshot, wid)
+    pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    await cluster.close_store()
+    for index in range(3):
+        cluster.etcd.kill_member(index)
+    await asyncio.sleep(TTL * 3)  # well past the TTL and every fencing deadline
+    assert pid_alive(pid), "failsafe: the workload must survive an etcd outage"  # type: ignore[arg-type]
+    for index in range(3):
+        cluster.etcd.restart_member(index)
+    await asyncio.to_thread(cluster.etcd.wait_ready, 30.0)
+    await asyncio.sleep(TTL + 2)  # past every controller's failsafe hold
+    snapshot = await cluster.wait_for(lambda s: s.leader is not None and len(s.alive) == 2, 20,
+                                      what="cluster whole again")
+    after = view(snapshot, wid)
+    assert (after["node"], after["epoch"], after["restarts"]) == \
+        (before["node"], before["epoch"], 0), "no failover, no restart"
+    assert snapshot.current_status(wid).pid == pid and pid_alive(pid)  # type: ignore[union-attr,arg-type]
+
+
+async def test_failsafe_does_not_cover_an_agent_cut_off_alone(
+        local_cluster: ClusterFactory) -> None:
+    cluster = await local_cluster.start(nodes=2, controllers=2, partitionable=True)
+    wid = await cluster.submit(demo_workload_spec())
+    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    victim = view(snapshot, wid)["node"]
+    pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    cluster.partition(victim)  # controllers still reach etcd: they say so, no failsafe
+    await cluster.wait_for(running(wid, not_on=victim), 15, what="failover")
+    assert not pid_alive(pid)  # type: ignore[arg-type]
+    cluster.heal(victim)
+    assert_never_two_copies(cluster, wid)

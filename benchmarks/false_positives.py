@@ -1,0 +1,103 @@
+"""No false positives under load: a quiet cluster must not fail anything over while both
+cores are saturated by other processes and a neighbour hammers the disk with fsyncs.
+
+    python benchmarks/false_positives.py --minutes 10
+
+Counts, over the run, failovers, restarts and re-registrations (all spurious: nothing is
+injected), plus the worst keepalive gap seen by the agents. The baseline is the same cluster,
+measured first for a short while without the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hafo.local.cluster import LocalCluster, demo_workload_spec
+from hafo.local.procs import kill_pid, spawn, stop_process
+from hafo.logs import configure
+from hafo.model.views import workload_view
+from hafo.store import read_events
+
+BURN = "import time\nwhile True:\n    pass\n"
+FSYNC = """
+import os, sys
+path = sys.argv[1]
+block = os.urandom(64 * 1024)
+while True:
+    with open(path, 'wb') as fh:
+        for _ in range(16):
+            fh.write(block)
+            fh.flush()
+            os.fsync(fh.fileno())
+"""
+
+
+async def observe(cluster: LocalCluster, ids: list[str], seconds: float) -> dict[str, int]:
+    """Count disruptive events and epoch changes over ``seconds``."""
+    start = await cluster.snapshot()
+    epochs = {w: workload_view(start, w)["epoch"] for w in ids}
+    t0 = time.time()
+    changed = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        await asyncio.sleep(1.0)
+        snap = await cluster.snapshot()
+        for w in ids:
+            epoch = workload_view(snap, w)["epoch"]
+            if epoch != epochs[w]:
+                changed += 1
+                epochs[w] = epoch
+    events = [e for e in await read_events(cluster.store, cluster.keys, 0) if e.ts >= t0]
+    count = {kind: sum(1 for e in events if e.kind == kind)
+             for kind in ("failover", "restarted", "node-reregistered", "leader-elected")}
+    count["epoch changes"] = changed
+    return count
+
+
+async def main(minutes: float, baseline: float) -> int:
+    cluster = LocalCluster(nodes=4, controllers=2, etcd_members=3)
+    load: list = []
+    cluster.start()
+    try:
+        await cluster.wait_ready(60)
+        ids = [await cluster.submit(demo_workload_spec(name=f"quiet-{i}", every=20))
+               for i in range(4)]
+        await cluster.wait_for(lambda s: all(workload_view(s, w)["state"] == "running"
+                                             for w in ids), 60)
+        quiet = await observe(cluster, ids, baseline)
+        print(f"baseline ({baseline:.0f}s, no load): {quiet}", flush=True)
+        scratch = cluster.base / "etcd" / "fsync-neighbour.bin"
+        for i in range(os.cpu_count() or 2):
+            load.append(spawn([sys.executable, "-c", BURN], cluster.base / f"burn{i}.log"))
+        load.append(spawn([sys.executable, "-c", FSYNC, str(scratch)],
+                          cluster.base / "fsync.log"))
+        print(f"load: {len(load) - 1} CPU burners (both cores) + 1 fsync neighbour on etcd's "
+              f"disk, for {minutes:g} min", flush=True)
+        loaded = await observe(cluster, ids, minutes * 60)
+        print(f"under load ({minutes:g} min): {loaded}")
+        spurious = loaded["failover"] + loaded["restarted"] + loaded["node-reregistered"]
+        print(f"spurious failovers/restarts/re-registrations: {spurious} "
+              f"(baseline {quiet['failover'] + quiet['restarted']})")
+        await cluster.close_store()
+        return 0 if spurious == 0 else 1
+    finally:
+        for proc in load:
+            kill_pid(proc.pid)
+            stop_process(proc, grace=1.0)
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    configure("console", level="warning")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--baseline", type=float, default=30.0, help="seconds without load")
+    args = parser.parse_args()
+    sys.exit(asyncio.run(main(args.minutes, args.baseline)))
