@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 from hafo.local.cluster import LocalCluster, demo_workload_spec
+from hafo.local.progress import overlaps
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.views import workload_view
 from hafo.store import read_events
@@ -20,22 +20,6 @@ from hafo.store import read_events
 def say(text: str) -> None:
     """Print a demo line at once."""
     print(text, flush=True)
-
-
-def overlapping_lifetimes(lines: list[dict[str, Any]]) -> list[tuple[int, int]]:
-    """Pairs of epochs whose logged lifetimes overlap (must be empty)."""
-    spans: dict[int, tuple[float, float]] = {}
-    for line in lines:
-        first, last = spans.get(line["epoch"], (line["t"], line["t"]))
-        spans[line["epoch"]] = (min(first, line["t"]), max(last, line["t"]))
-    overlaps: list[tuple[int, int]] = []
-    latest: tuple[int, float] | None = None  # the epoch that lives longest so far
-    for epoch, (start, end) in sorted(spans.items(), key=lambda item: item[1][0]):
-        if latest is not None and start < latest[1]:
-            overlaps.append((latest[0], epoch))
-        if latest is None or end > latest[1]:
-            latest = (epoch, end)
-    return overlaps
 
 
 async def _demo(cluster: LocalCluster) -> int:
@@ -87,16 +71,16 @@ async def _demo(cluster: LocalCluster) -> int:
         say(f"  +{detected.ts - killed_at:.2f}s  controller: {detected.message}")
     say(f"  +{running_at - killed_at:.2f}s  running again on {view['node']} "
         f"(epoch {view['epoch']}), resumed from checkpoint step {resumed_from}")
-    overlaps = overlapping_lifetimes(lines)
+    found = overlaps(lines)
     lost = max(0, last_before - resumed_from)
     say(f"summary: recovered in {running_at - killed_at:.2f}s with a {cluster.lease_ttl}s lease "
         f"TTL; {lost} step(s) lost (checkpoint every 10); "
-        + ("never two copies at once" if not overlaps else f"OVERLAP between epochs {overlaps}"))
+        + ("never two copies at once" if not found else f"OVERLAP: {found}"))
     await asyncio.sleep(1.0)
     final = workload_view(await cluster.snapshot(), wid)
     say(f"  {wid} now {final['state']} on {final['node']}, "
         f"checkpoint step {(final['checkpoint'] or {}).get('step')}")
-    return 0 if not overlaps else 1
+    return 0 if not found else 1
 
 
 def run_demo(keep: bool = False) -> int:

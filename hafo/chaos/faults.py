@@ -27,15 +27,13 @@ class Fault:
     disruptive: bool
     undo: Callable[[], Awaitable[None]] | None = None
     hitless: dict[str, tuple[int, int]] = field(default_factory=dict)  # wid -> (epoch, pid)
+    hold: float = 0.0  # the fault lasts this long from injection before ``undo``
     details: dict[str, Any] = field(default_factory=dict)
 
 
-async def _noop() -> None:
-    return None
-
-
 async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float) -> Fault:
-    """Inject one fault of ``kind`` on a target chosen by ``rng``."""
+    """Inject one fault of ``kind`` on a target chosen by ``rng``; lasting faults (freezes,
+    partitions, a dead etcd member) are undone by the caller after ``hold`` seconds."""
     snapshot = await cluster.snapshot()
     running = {w: s for (w, n), s in snapshot.statuses.items()
                if s.state == "running" and snapshot.current_status(w) == s}
@@ -62,14 +60,16 @@ async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float) -
         return Fault(kind, node, False, None, hitless)
     if kind == "agent-freeze":
         cluster.freeze_agent(node)
-        await asyncio.sleep(outage)
-        cluster.thaw_agent(node)
-        return Fault(kind, node, True, _noop)
+
+        async def thaw() -> None:
+            cluster.thaw_agent(node)
+        return Fault(kind, node, True, thaw, hold=outage)
     if kind == "agent-partition":
         cluster.partition(node)
-        await asyncio.sleep(outage)
-        cluster.heal(node)
-        return Fault(kind, node, True, _noop)
+
+        async def heal() -> None:
+            cluster.heal(node)
+        return Fault(kind, node, True, heal, hold=outage)
     if kind in ("leader-crash", "leader-freeze"):
         ctl = snapshot.leader or rng.choice(sorted(cluster.controller_handles))
         if kind == "leader-crash":
@@ -79,9 +79,10 @@ async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float) -
                 cluster.start_controller(ctl)
             return Fault(kind, ctl, False, start)
         cluster.freeze_controller(ctl)
-        await asyncio.sleep(outage)
-        cluster.thaw_controller(ctl)
-        return Fault(kind, ctl, False, _noop)
+
+        async def thaw_controller() -> None:
+            cluster.thaw_controller(ctl)
+        return Fault(kind, ctl, False, thaw_controller, hold=outage)
     if kind == "etcd-member-crash":
         index = rng.randrange(len(cluster.etcd.members))
         raft_leader = await cluster.etcd_leader_index()
@@ -89,13 +90,12 @@ async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float) -
             index = raft_leader  # the raft leader half of the time
         await cluster.close_store()
         cluster.etcd.kill_member(index)
-        await asyncio.sleep(rng.uniform(1.0, outage))
 
         async def restart_member() -> None:
             cluster.etcd.restart_member(index)
             await asyncio.to_thread(cluster.etcd.wait_ready, 20.0)
         return Fault(kind, cluster.etcd.members[index].name, False, restart_member,
-                     details={"raft_leader": index == raft_leader})
+                     hold=rng.uniform(1.0, outage), details={"raft_leader": index == raft_leader})
     if kind == "workload-crash":
         if not running:
             return Fault(kind, "-", False, None)

@@ -12,9 +12,10 @@ from random import Random
 from typing import Any
 
 from hafo.chaos.faults import FAULT_KINDS, Fault, hitless_violations, inject
-from hafo.chaos.invariants import Overlap, overlaps_from_log, percentile
+from hafo.chaos.invariants import percentile
 from hafo.local.cluster import LocalCluster, demo_workload_spec
 from hafo.local.procs import pid_alive
+from hafo.local.progress import Overlap, overlaps
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.views import workload_view
 
@@ -121,7 +122,7 @@ async def _wait_recovered(cluster: LocalCluster, fault: Fault, before: ClusterSn
     epochs = {w: workload_view(before, w)["epoch"] for w in affected}
 
     def recovered(s: ClusterSnapshot) -> bool:
-        if fault.kind == "leader-crash" and s.leader in (None, fault.target):
+        if fault.kind in ("leader-crash", "leader-freeze") and s.leader in (None, fault.target):
             return False
         if s.leader is None:
             return False
@@ -167,6 +168,7 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
                 result.recovery = time.monotonic() - t0
             except TimeoutError as exc:
                 result.violations.append(str(exc))
+            await asyncio.sleep(max(0.0, t0 + fault.hold - time.monotonic()))
             if fault.hitless:
                 await asyncio.sleep(cluster.lease_ttl + 1.0)
                 snap = await cluster.snapshot()
@@ -184,7 +186,7 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
         final = await cluster.wait_for(all_running(ids), 60, what="all running at the end")
         sampler.sample()
         lines = [line for w in ids for line in cluster.progress_log(w)]
-        return ChaosReport(seed=seed, results=results, overlaps=overlaps_from_log(lines),
+        return ChaosReport(seed=seed, results=results, overlaps=overlaps(lines),
                            concurrent=sampler.sightings,
                            not_running=[w for w in ids
                                         if workload_view(final, w)["state"] != "running"],

@@ -8,7 +8,6 @@ here and stopped here by pid; each node runs under its own ``nodeinit`` (a child
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import signal
 import subprocess
@@ -31,6 +30,7 @@ from hafo.local.procs import (
     stop_process,
     wait_until,
 )
+from hafo.local.progress import read_progress
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.spec import WorkloadSpec, parse_spec
 from hafo.store import EtcdStore, Keys, WatchEvent, intents, read_snapshot
@@ -361,18 +361,8 @@ class LocalCluster:
         return (await intents.submit(self.store, self.keys, parsed)).id
 
     def progress_log(self, workload: str) -> list[dict[str, Any]]:
-        """Lines the demo workload wrote (see ``hafo.local.workload``)."""
-        path = self.checkpoint_root / workload / "progress.jsonl"
-        if not path.exists():
-            return []
-        lines = []
-        for line in path.read_text().splitlines():
-            try:
-                lines.append(json.loads(line))
-            except ValueError:
-                continue  # a line cut by a kill
-        return lines
-
+        """Lines the built-in workload wrote (see ``hafo.local.progress``)."""
+        return read_progress(self.checkpoint_root / workload / "progress.jsonl")
 
 def demo_workload_spec(name: str = "train-demo", steps: int = 0, interval: float = 0.05,
                        every: int = 10, gpus: int = 1, fail_at: int = 0) -> dict[str, Any]:

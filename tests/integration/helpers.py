@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hafo.demo import overlapping_lifetimes
 from hafo.local.cluster import LocalCluster
+from hafo.local.progress import overlaps
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.views import workload_view
 
@@ -25,5 +25,5 @@ def running(wid: str, not_on: str | None = None) -> Any:
 
 def assert_never_two_copies(cluster: LocalCluster, wid: str) -> None:
     """Logged lifetimes of the workload's epochs never overlap."""
-    overlaps = overlapping_lifetimes(cluster.progress_log(wid))
-    assert not overlaps, f"epochs alive at the same time: {overlaps}"
+    found = overlaps(cluster.progress_log(wid))
+    assert not found, f"epochs alive at the same time: {found}"

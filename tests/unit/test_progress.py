@@ -1,4 +1,4 @@
-"""The chaos suite's invariant checks (pure)."""
+"""The overlap check on progress logs and the chaos report's statistics (pure)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from hafo.chaos.invariants import Overlap, overlaps_from_log, percentile
+from hafo.chaos.invariants import percentile
+from hafo.local.progress import Overlap, overlaps
 
 
 def line(workload: str, epoch: int, t: float) -> dict[str, Any]:
@@ -23,8 +24,8 @@ def line(workload: str, epoch: int, t: float) -> dict[str, Any]:
     pytest.param([line("a", 1, 0), line("a", 1, 10), line("a", 2, 1), line("a", 3, 5)],
                  [Overlap("a", (1, 2), 9), Overlap("a", (1, 3), 5)], id="long-zombie"),
 ])
-def test_overlaps_from_log(lines: list[dict[str, Any]], expected: list[Overlap]) -> None:
-    assert overlaps_from_log(lines) == expected
+def test_overlaps(lines: list[dict[str, Any]], expected: list[Overlap]) -> None:
+    assert overlaps(lines) == expected
 
 
 @pytest.mark.parametrize(("values", "q", "expected"), [
