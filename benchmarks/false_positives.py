@@ -3,9 +3,9 @@ cores are saturated by other processes and a neighbour hammers the disk with fsy
 
     python benchmarks/false_positives.py --minutes 10
 
-Counts, over the run, failovers, restarts and re-registrations (all spurious: nothing is
-injected), plus the worst keepalive gap seen by the agents. The baseline is the same cluster,
-measured first for a short while without the load.
+Counts, over the run, failovers, restarts, re-registrations and epoch changes (all spurious:
+nothing is injected). The baseline is the same cluster, measured first for a short while
+without the load.
 """
 
 from __future__ import annotations
