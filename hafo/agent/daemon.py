@@ -17,6 +17,7 @@ from hafo.agent.fencefile import write_deadline
 from hafo.agent.instances import InstanceKey
 from hafo.agent.supervisor import Supervisor, newest_per_workload, reap_children
 from hafo.decisions.fencing import can_start
+from hafo.decisions.instances import plan_instances
 from hafo.gpu import GpuBackend, backend_for
 from hafo.model.cluster import Event, Gpu, InstanceStatus, Liveness, NodeRecord
 from hafo.model.config import Config
@@ -174,16 +175,17 @@ class Agent:
         reap_children()
         states = self.supervisor.states()
         desired = {InstanceKey(w, a.epoch): a for w, a in self.assignments.placed.items()}
-        for key, state in states.items():
-            if key not in desired and state.state != "exited":
-                self.supervisor.stop(key, state, "no longer assigned to this node")
-        running_workloads = {k.workload for k, s in states.items() if s.state != "exited"}
-        for key, assignment in desired.items():
-            if key in states or key.workload in running_workloads:
-                continue
-            if not self.registered.is_set() or not can_start(
-                    self.keeper.clock(), self.keeper.deadline, START_HEADROOM):
-                continue
+        may_start = self.registered.is_set() and can_start(
+            self.keeper.clock(), self.keeper.deadline, START_HEADROOM)
+        plan = plan_instances([(k.workload, k.epoch) for k in desired],
+                              {(k.workload, k.epoch): s.state != "exited"
+                               for k, s in states.items()}, may_start)
+        for workload, epoch in plan.stop:
+            key = InstanceKey(workload, epoch)
+            self.supervisor.stop(key, states[key], "no longer assigned to this node")
+        for workload, epoch in plan.start:
+            key = InstanceKey(workload, epoch)
+            assignment = desired[key]
             submission = await self.assignments.spec(key.workload)
             if submission is None:
                 continue

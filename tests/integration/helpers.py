@@ -27,3 +27,14 @@ def assert_never_two_copies(cluster: LocalCluster, wid: str) -> None:
     """Logged lifetimes of the workload's epochs never overlap."""
     found = overlaps(cluster.progress_log(wid))
     assert not found, f"epochs alive at the same time: {found}"
+
+
+async def start_with_workload(factory: Any, **kwargs: Any) -> tuple[LocalCluster, str,
+                                                                   ClusterSnapshot]:
+    """A started local cluster running one built-in workload: (cluster, id, snapshot)."""
+    from hafo.local.cluster import demo_workload_spec
+
+    cluster = await factory.start(**kwargs)
+    wid = await cluster.submit(demo_workload_spec())
+    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    return cluster, wid, snapshot

@@ -13,7 +13,7 @@ from hafo.local.procs import pid_alive
 from hafo.store import read_events
 
 from .conftest import ClusterFactory
-from .helpers import assert_never_two_copies, running, view
+from .helpers import assert_never_two_copies, running, start_with_workload, view
 
 pytestmark = pytest.mark.timeout(90)
 TTL = 3
@@ -22,9 +22,7 @@ BOUND = TTL + 2.0
 
 async def test_node_power_loss_moves_workload_within_ttl_plus_2(
         local_cluster: ClusterFactory) -> None:
-    cluster = await local_cluster.start(nodes=3, controllers=2)
-    wid = await cluster.submit(demo_workload_spec())
-    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    cluster, wid, snapshot = await start_with_workload(local_cluster, nodes=3, controllers=2)
     victim = view(snapshot, wid)["node"]
     old_pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
     await asyncio.sleep(0.5)
@@ -42,9 +40,7 @@ async def test_node_power_loss_moves_workload_within_ttl_plus_2(
 
 async def test_agent_killed_alone_its_guard_kills_the_workload_before_lease_expiry(
         local_cluster: ClusterFactory) -> None:
-    cluster = await local_cluster.start(nodes=2, controllers=1)
-    wid = await cluster.submit(demo_workload_spec())
-    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    cluster, wid, snapshot = await start_with_workload(local_cluster, nodes=2, controllers=1)
     victim = view(snapshot, wid)["node"]
     workload_pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
     assert workload_pid and pid_alive(workload_pid)
@@ -66,9 +62,7 @@ async def test_agent_killed_alone_its_guard_kills_the_workload_before_lease_expi
 
 async def test_leader_killed_standby_takes_over_and_fails_work_over(
         local_cluster: ClusterFactory) -> None:
-    cluster = await local_cluster.start(nodes=2, controllers=2)
-    wid = await cluster.submit(demo_workload_spec())
-    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    cluster, wid, snapshot = await start_with_workload(local_cluster, nodes=2, controllers=2)
     leader = snapshot.leader
     assert leader is not None
     victim = view(snapshot, wid)["node"]
@@ -131,9 +125,7 @@ async def test_deleted_workload_is_stopped(local_cluster: ClusterFactory) -> Non
 
 async def test_agent_restarted_before_lease_expiry_readopts_its_workload(
         local_cluster: ClusterFactory) -> None:
-    cluster = await local_cluster.start(nodes=2, controllers=1)
-    wid = await cluster.submit(demo_workload_spec())
-    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    cluster, wid, snapshot = await start_with_workload(local_cluster, nodes=2, controllers=1)
     node, epoch = view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]
     pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
     old_agent = cluster.kill_agent(node)
@@ -153,9 +145,8 @@ async def test_agent_restarted_before_lease_expiry_readopts_its_workload(
 @pytest.mark.parametrize("which", ["raft-leader", "follower"])
 async def test_etcd_member_crash_causes_no_failover(local_cluster: ClusterFactory,
                                                     which: str) -> None:
-    cluster = await local_cluster.start(nodes=2, controllers=2, etcd_members=3)
-    wid = await cluster.submit(demo_workload_spec())
-    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    cluster, wid, snapshot = await start_with_workload(
+        local_cluster, nodes=2, controllers=2, etcd_members=3)
     before = view(snapshot, wid)
     pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
     leader = await cluster.etcd_leader_index()
@@ -177,9 +168,8 @@ async def test_etcd_member_crash_causes_no_failover(local_cluster: ClusterFactor
 @pytest.mark.parametrize("fault", ["freeze", "partition"])
 async def test_frozen_or_cut_off_agent_is_fenced_then_rejoins_cleanly(
         local_cluster: ClusterFactory, fault: str) -> None:
-    cluster = await local_cluster.start(nodes=2, controllers=1, partitionable=True)
-    wid = await cluster.submit(demo_workload_spec())
-    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    cluster, wid, snapshot = await start_with_workload(
+        local_cluster, nodes=2, controllers=1, partitionable=True)
     victim, epoch = view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]
     old_lease = snapshot.alive[victim].lease
     pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
@@ -229,9 +219,8 @@ async def test_deposed_leader_frozen_then_resumed_writes_nothing(
 
 async def test_all_of_etcd_down_past_the_ttl_kills_nothing_failsafe(
         local_cluster: ClusterFactory) -> None:
-    cluster = await local_cluster.start(nodes=2, controllers=2, etcd_members=3)
-    wid = await cluster.submit(demo_workload_spec())
-    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    cluster, wid, snapshot = await start_with_workload(
+        local_cluster, nodes=2, controllers=2, etcd_members=3)
     before = view(snapshot, wid)
     pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
     await cluster.close_store()
@@ -253,9 +242,8 @@ async def test_all_of_etcd_down_past_the_ttl_kills_nothing_failsafe(
 
 async def test_failsafe_does_not_cover_an_agent_cut_off_alone(
         local_cluster: ClusterFactory) -> None:
-    cluster = await local_cluster.start(nodes=2, controllers=2, partitionable=True)
-    wid = await cluster.submit(demo_workload_spec())
-    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    cluster, wid, snapshot = await start_with_workload(
+        local_cluster, nodes=2, controllers=2, partitionable=True)
     victim = view(snapshot, wid)["node"]
     pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
     cluster.partition(victim)  # controllers still reach etcd: they say so, no failsafe
