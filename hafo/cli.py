@@ -96,6 +96,13 @@ def build_parser() -> Parser:
     p = sub.add_parser("delete", help="stop and forget a workload")
     p.add_argument("workload")
     _store_args(p)
+    p = sub.add_parser("drain", help="cordon a node and move its work off (with checkpoints)")
+    p.add_argument("node")
+    _store_args(p)
+    p = sub.add_parser("migrate", help="planned move of a workload, with a fresh checkpoint")
+    p.add_argument("workload")
+    p.add_argument("--to", metavar="NODE", help="the node to move it to (default: any other)")
+    _store_args(p)
     for name, text in (("cordon", "allow no new work on a node"),
                        ("uncordon", "allow work on a node again")):
         p = sub.add_parser(name, help=text)
@@ -191,6 +198,14 @@ async def _cmd_change(args: argparse.Namespace) -> int:
             if args.command == "delete":
                 await intents.delete(store, keys, args.workload)
                 print(f"deleted {args.workload}")
+            elif args.command == "migrate":
+                await intents.migrate(store, keys, args.workload, args.to)
+                print(f"moving {args.workload}" + (f" to {args.to}" if args.to else "")
+                      + " (checkpoint, stop, resume); see `hafo events`")
+            elif args.command == "drain":
+                moved = await intents.drain(store, keys, args.node)
+                print(f"drained {args.node}: cordoned, moving {len(moved)} workload(s)"
+                      + (f": {', '.join(moved)}" if moved else ""))
             else:
                 await intents.set_cordon(store, keys, args.node, args.command == "cordon")
                 print(f"{args.command}ed {args.node}")
@@ -263,6 +278,7 @@ def dispatch(args: argparse.Namespace) -> int:
         "agent": _cmd_agent, "controller": _cmd_controller, "submit": _cmd_submit,
         "status": _cmd_read, "nodes": _cmd_read, "workloads": _cmd_read, "events": _cmd_read,
         "delete": _cmd_change, "cordon": _cmd_change, "uncordon": _cmd_change,
+        "drain": _cmd_change, "migrate": _cmd_change,
     }
     return _run(handlers[args.command](args))
 

@@ -5,8 +5,10 @@ The guard starts the workload in its own session, then polls every 50 ms:
 - the node's fencing deadline passed without renewal (the agent is dead, frozen or cut off
   from etcd): SIGKILL the workload's process group at once, before the lease can expire and
   the workload be assigned elsewhere;
-- SIGTERM (the agent stops the instance): SIGTERM the workload, SIGKILL after its grace;
-- SIGUSR1 (a planned move wants a checkpoint): forwarded to the workload.
+- SIGTERM (the agent stops the instance): SIGUSR1 to the workload (the checkpoint SDK turns it
+  into ``should_checkpoint()``), wait up to the spec's ``stop_grace`` for a new checkpoint of
+  this epoch, then SIGTERM, and SIGKILL 10 s later: a planned move loses no work;
+- SIGUSR1: forwarded to the workload.
 The workload also gets PR_SET_PDEATHSIG=SIGKILL, so it dies with a killed guard.
 Imports are kept light: a guard starts in well under a second.
 """
@@ -26,10 +28,23 @@ from typing import Any
 
 from hafo.agent.fencefile import read_deadline
 from hafo.agent.instances import write_json_atomic
+from hafo.checkpoint.format import list_checkpoints
 from hafo.decisions.fencing import must_kill
 
 POLL = 0.05
+TERM_GRACE = 10.0  # after SIGTERM, before SIGKILL
 PR_SET_PDEATHSIG = 1
+
+
+def catches(pid: int, sig: int) -> bool:
+    """True if process ``pid`` has a handler installed for ``sig`` (from /proc's SigCgt)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -96,13 +111,27 @@ class Guard:
         self.write(state="running", pid=self.proc.pid, started_at=time.time())
         return self._supervise()
 
+    def _newest_checkpoint(self) -> tuple[int, int]:
+        root = self.launch["env"].get("HAFO_CHECKPOINT_DIR")
+        refs = list_checkpoints(Path(root)) if root else []
+        return (refs[0].epoch, refs[0].step) if refs else (0, -1)
+
     def _supervise(self) -> int:
+        """Watch the workload. A stop asks for a checkpoint first (SIGUSR1), waits up to the
+        grace period for a new commit of this epoch, then SIGTERM, then SIGKILL."""
         assert self.proc is not None
-        stop_at: float | None = None
+        checkpoint_by: float | None = None  # waiting for the stop checkpoint until then
+        baseline = (0, -1)
+        term_by: float | None = None  # SIGTERM sent; SIGKILL at this time
         killed = False
         while True:
             code = self.proc.poll()
             if code is not None:
+                if checkpoint_by is not None:  # it exited while we waited for its checkpoint
+                    newest = self._newest_checkpoint()
+                    if newest > baseline and newest[0] == int(self.launch["epoch"]):
+                        self.state.update(stop_checkpoint=newest[1],
+                                          reason=f"stopped after checkpoint step {newest[1]}")
                 reason = self.state["reason"] or f"exited with code {code}"
                 self._signal_group(signal.SIGKILL)  # leftovers of the workload's session
                 self.write(state="exited", exit_code=code, finished_at=time.time(),
@@ -113,11 +142,26 @@ class Guard:
                 self._signal_group(signal.SIGKILL)
                 killed = True
                 self.state["reason"] = "fenced: lease deadline passed without renewal"
-            elif self.stop_requested and stop_at is None:
-                self._signal_group(signal.SIGTERM)
-                stop_at = now + self.grace
-                self.write(state="stopping", reason="stopped by the agent")
-            elif stop_at is not None and now >= stop_at and not killed:
+            elif self.stop_requested and checkpoint_by is None and term_by is None:
+                if catches(self.proc.pid, signal.SIGUSR1):  # the checkpoint SDK listens
+                    baseline = self._newest_checkpoint()
+                    os.kill(self.proc.pid, signal.SIGUSR1)
+                    checkpoint_by = now + self.grace
+                    self.write(state="stopping", reason="stopping: checkpoint requested")
+                else:  # SIGUSR1 would kill it: a plain SIGTERM
+                    self._signal_group(signal.SIGTERM)
+                    term_by = now + max(self.grace, 1.0)
+                    self.write(state="stopping", reason="stopped by the agent")
+            elif checkpoint_by is not None:
+                newest = self._newest_checkpoint()
+                committed = newest > baseline and newest[0] == int(self.launch["epoch"])
+                if committed or now >= checkpoint_by:
+                    self._signal_group(signal.SIGTERM)
+                    term_by, checkpoint_by = now + TERM_GRACE, None
+                    self.write(stop_checkpoint=newest[1] if committed else None,
+                               reason=f"stopped after checkpoint step {newest[1]}" if committed
+                               else "stopped: no checkpoint within stop_grace")
+            elif term_by is not None and now >= term_by and not killed:
                 self._signal_group(signal.SIGKILL)
                 killed = True
             time.sleep(POLL)

@@ -24,10 +24,14 @@ def _torch() -> Any:
 def flatten(state: Any, blobs: list[bytes]) -> Any:
     """Encode ``state`` as a JSON tree; non-JSON leaves go to ``blobs`` (host copies)."""
     if isinstance(state, dict):
-        for key in state:
-            if not isinstance(key, str):
-                raise TypeError(f"checkpoint state keys must be strings, got {key!r}")
-        return {"d": {k: flatten(v, blobs) for k, v in state.items()}}
+        if all(isinstance(k, str) for k in state):
+            return {"d": {k: flatten(v, blobs) for k, v in state.items()}}
+        if all(isinstance(k, int) and not isinstance(k, bool) for k in state):
+            # e.g. torch optimizers' state_dict()["state"], keyed by parameter index
+            return {"di": [[k, flatten(v, blobs)] for k, v in state.items()]}
+        bad = next(k for k in state if not isinstance(k, str))
+        raise TypeError(f"checkpoint state keys must be all strings or all integers, "
+                        f"got {bad!r}")
     if isinstance(state, list | tuple):
         return {"l": [flatten(v, blobs) for v in state], "t": isinstance(state, tuple)}
     if state is None or isinstance(state, bool | int | float | str):
@@ -55,6 +59,8 @@ def unflatten(tree: Any, blobs: list[bytes]) -> Any:
     """Inverse of ``flatten`` (tensors come back on the CPU)."""
     if "d" in tree:
         return {k: unflatten(v, blobs) for k, v in tree["d"].items()}
+    if "di" in tree:
+        return {int(k): unflatten(v, blobs) for k, v in tree["di"]}
     if "l" in tree:
         items = [unflatten(v, blobs) for v in tree["l"]]
         return tuple(items) if tree.get("t") else items

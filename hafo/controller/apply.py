@@ -26,7 +26,11 @@ async def apply_action(election: Election, keys: Keys, events: EventLog,
     event = Event(ts=time.time(), kind=action.event, workload=action.workload, node=node,
                   message=action.why)
     ops: list[Put | Delete] = [await events.put_op(event)]
-    if action.assignment is None:
+    if action.clear_move:
+        ops.append(Delete(keys.move(action.workload)))
+    if action.kind == "refuse-move":
+        guard = Compare(keys.move(action.workload), "version", ">", 0)
+    elif action.assignment is None:
         ops.append(Delete(key))
     else:
         ops.append(Put(key, codec.encode(action.assignment.to_dict())))

@@ -23,6 +23,7 @@ class PlacementRequest:
     submitted_at: float
     avoid: Mapping[str, float] = field(default_factory=dict)
     prefer: str | None = None
+    only: str | None = None
 
 
 @dataclass
@@ -63,7 +64,7 @@ def capacity_from(snapshot: ClusterSnapshot,
                                       free=[g for g in record.gpus if g.healthy],
                                       allocated_gpus=0, workloads=0)
     for wid, assignment in snapshot.assignments.items():
-        if assignment.phase != "placed" or assignment.node not in capacity or wid in released:
+        if not assignment.holds_node or assignment.node not in capacity or wid in released:
             continue
         cap = capacity[assignment.node]
         cap.free = [g for g in cap.free if g.index not in assignment.gpus]
@@ -81,6 +82,8 @@ def _matching_gpus(spec: WorkloadSpec, free: list[Gpu]) -> list[Gpu]:
 def _filter(request: PlacementRequest, cap: NodeCapacity, now: float,
             honour_cooldown: bool = True) -> str | None:
     """None if the node fits, else the reason it does not."""
+    if request.only is not None and cap.name != request.only:
+        return f"not the requested node {request.only}"
     if honour_cooldown and request.avoid.get(cap.name, 0.0) > now:
         return "cooling down after a failure"
     for key, value in request.spec.node_selector.items():

@@ -1,60 +1,25 @@
 """The controller's one decision per cycle: snapshot + now -> Plan. Pure and deterministic.
 
 For every workload it decides one of: place (new instance, new epoch), keep pending (with the
-reason), finish (completed / failed) or forget (deleted by the user). Each action carries the
-revision of the assignment it was decided from, so applying it is a compare-and-swap, and a
-one-line ``why`` for the log.
+reason), finish (completed / failed), forget (deleted by the user), start a planned move
+(checkpoint and stop the instance, see ``hafo.decisions.moves``) or refuse one. Each action
+carries the revision of the assignment it was decided from, so applying it is a
+compare-and-swap, and a one-line ``why`` for the log.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
+from hafo.decisions.moves import moved_off, start_move
 from hafo.decisions.placement import (
     Placed,
     PlacementRequest,
     capacity_from,
     place_batch,
 )
+from hafo.decisions.plan import FAILED_NODE_COOLDOWN, Action, Need, Plan
 from hafo.model.cluster import Assignment, ClusterSnapshot
 
-ActionKind = Literal["place", "pending", "finish", "forget"]
-FAILED_NODE_COOLDOWN = 60.0
-
-
-@dataclass(frozen=True)
-class Action:
-    """One change to one workload's assignment."""
-
-    kind: ActionKind
-    workload: str
-    why: str
-    expected_revision: int
-    assignment: Assignment | None
-    event: str
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Everything decided in one cycle."""
-
-    actions: tuple[Action, ...]
-
-    def __bool__(self) -> bool:
-        return bool(self.actions)
-
-
-@dataclass(frozen=True)
-class _Need:
-    """Why a workload needs a (new) placement, and with which history."""
-
-    request: PlacementRequest
-    previous: Assignment | None
-    restarts: int
-    restart_times: tuple[float, ...]
-    event: str
-    why: str
+__all__ = ["FAILED_NODE_COOLDOWN", "Action", "Plan", "reconcile"]
 
 
 def _revision(assignment: Assignment | None) -> int:
@@ -62,14 +27,19 @@ def _revision(assignment: Assignment | None) -> int:
 
 
 def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
-            allow_failover: bool) -> Action | _Need | None:
+            allow_failover: bool) -> Action | Need | None:
     """Decide for one workload, except the placement itself."""
     submission = snapshot.workloads[wid]
     spec = submission.spec
     current = snapshot.assignments.get(wid)
+    move = snapshot.moves.get(wid)
+    if move is not None:
+        return start_move(snapshot, wid, move, now)
+    if current is not None and current.phase == "moving":
+        return moved_off(snapshot, current, now, cooldown)
     if current is None or current.phase == "pending":
         avoid = dict(current.avoid) if current else {}
-        return _Need(PlacementRequest(wid, spec, submission.submitted_at, avoid), current,
+        return Need(PlacementRequest(wid, spec, submission.submitted_at, avoid), current,
                      current.restarts if current else 0,
                      current.restart_times if current else (), "placed", "new workload")
     if current.phase in ("completed", "failed") or current.node is None:
@@ -81,7 +51,7 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
         if not allow_failover:
             return None  # failsafe: an agent may still run it on our word; decide later
         avoid[node] = now + cooldown
-        return _Need(PlacementRequest(wid, spec, submission.submitted_at, avoid), current,
+        return Need(PlacementRequest(wid, spec, submission.submitted_at, avoid), current,
                      current.restarts, current.restart_times, "failover",
                      f"node {node} is {node_state}")
     status = snapshot.current_status(wid)
@@ -99,7 +69,7 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
                             restart_times=recent, reason=reason)
         return Action("finish", wid, reason, _revision(current), failed, "failed")
     request = PlacementRequest(wid, spec, submission.submitted_at, avoid, prefer=node)
-    return _Need(request, current, current.restarts + 1, (*recent, now), "restarted",
+    return Need(request, current, current.restarts + 1, (*recent, now), "restarted",
                  f"exited with code {status.exit_code} on {node}")
 
 
@@ -115,12 +85,16 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
         if wid not in snapshot.workloads:
             actions.append(Action("forget", wid, "workload deleted", assignment.epoch, None,
                                   "deleted"))
-    needs: list[_Need] = []
+    for wid in sorted(snapshot.moves):
+        if wid not in snapshot.workloads:
+            actions.append(Action("refuse-move", wid, "no such workload", 0, None,
+                                  "move-refused", clear_move=True))
+    needs: list[Need] = []
     for wid in sorted(snapshot.workloads):
         outcome = _assess(snapshot, wid, now, cooldown, allow_failover)
         if isinstance(outcome, Action):
             actions.append(outcome)
-        elif isinstance(outcome, _Need):
+        elif isinstance(outcome, Need):
             needs.append(outcome)
     releasing = [n.request.workload for n in needs]
     capacity = capacity_from(snapshot, releasing)

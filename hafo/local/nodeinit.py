@@ -32,11 +32,11 @@ def main(argv: list[str]) -> int:
         nonlocal stop
         stop = True
 
-    restart = False
+    restart_requested = 0.0
 
     def on_usr1(_sig: int, _frame: object) -> None:
-        nonlocal restart
-        restart = True
+        nonlocal restart_requested
+        restart_requested = time.monotonic()
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
@@ -44,11 +44,14 @@ def main(argv: list[str]) -> int:
     child = subprocess.Popen(argv)
     pidfile.write_text(f"{child.pid}\n")
     while not stop:
-        if restart:
-            restart = False
+        if restart_requested:
+            # A just-killed agent may not be reaped yet: keep asking for up to 2 s.
             if child.poll() is not None:
                 child = subprocess.Popen(argv)
                 pidfile.write_text(f"{child.pid}\n")
+                restart_requested = 0.0
+            elif time.monotonic() - restart_requested > 2.0:
+                restart_requested = 0.0
         with contextlib.suppress(ChildProcessError):
             while True:
                 pid, _ = os.waitpid(-1, os.WNOHANG)

@@ -45,7 +45,12 @@ def main(argv: list[str] | None = None) -> int:
             ck.save({"loss": loss, "failed_once": True}, step=step)
             print(f"failing on purpose at step {step}", flush=True)
             return 3
-        if step % args.every == 0 or ck.should_checkpoint():
+        if ck.should_checkpoint():  # a planned move: checkpoint now, then leave
+            ck.save({"loss": loss, "failed_once": failed_once}, step=step)
+            record(event="preempted", step=step)
+            print(f"step {step}: checkpointed for a planned move, exiting", flush=True)
+            return 0
+        if step % args.every == 0:
             ck.save({"loss": loss, "failed_once": failed_once}, step=step)
             record(event="checkpoint", step=step)
             print(f"step {step} loss {loss:.4f} (checkpointed)", flush=True)

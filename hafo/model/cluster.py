@@ -14,7 +14,7 @@ from hafo.model.spec import WorkloadSpec
 
 NodeState = Literal["ready", "cordoned", "unhealthy", "down"]
 WorkloadState = Literal["pending", "starting", "running", "stopping", "completed", "failed"]
-Phase = Literal["pending", "placed", "completed", "failed"]
+Phase = Literal["pending", "placed", "moving", "completed", "failed"]
 InstanceState = Literal["starting", "running", "stopping", "exited"]
 
 
@@ -103,13 +103,24 @@ class Assignment:
     restart_times: tuple[float, ...] = ()
     reason: str = ""
     avoid: Mapping[str, float] = field(default_factory=dict)
+    stopping: int = 0
+    move_to: str | None = None
+
+    @property
+    def holds_node(self) -> bool:
+        """Placed, or being moved off its node (its instance still runs there)."""
+        return self.phase in ("placed", "moving") and self.node is not None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form (the epoch is not stored: it is the key's revision)."""
+        """JSON form (the epoch is not stored: it is the key's revision).
+
+        Phase ``moving``: a planned move; the instance of epoch ``stopping`` on ``node`` is
+        checkpointed and stopped, then the workload is placed (on ``move_to`` if set).
+        """
         return {"workload": self.workload, "phase": self.phase, "node": self.node,
                 "gpus": list(self.gpus), "restarts": self.restarts,
                 "restart_times": list(self.restart_times), "reason": self.reason,
-                "avoid": dict(self.avoid)}
+                "avoid": dict(self.avoid), "stopping": self.stopping, "move_to": self.move_to}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any], epoch: int) -> Assignment:
@@ -119,7 +130,8 @@ class Assignment:
                           restarts=int(d.get("restarts", 0)),
                           restart_times=tuple(float(t) for t in d.get("restart_times") or ()),
                           reason=str(d.get("reason", "")),
-                          avoid={str(k): float(v) for k, v in (d.get("avoid") or {}).items()})
+                          avoid={str(k): float(v) for k, v in (d.get("avoid") or {}).items()},
+                          stopping=int(d.get("stopping", 0)), move_to=d.get("move_to"))
 
 
 @dataclass(frozen=True)
@@ -231,6 +243,24 @@ class FailsafeSet:
 
 
 @dataclass(frozen=True)
+class MoveRequest:
+    """An operator's request to move a workload (``hafo migrate``, ``hafo drain``)."""
+
+    workload: str
+    to: str | None = None
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"workload": self.workload, "to": self.to, "reason": self.reason}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> MoveRequest:
+        """Inverse of ``to_dict``."""
+        return MoveRequest(str(d["workload"]), d.get("to"), str(d.get("reason", "")))
+
+
+@dataclass(frozen=True)
 class ClusterSnapshot:
     """Everything a decision needs, read at one etcd revision."""
 
@@ -245,6 +275,7 @@ class ClusterSnapshot:
     controllers: tuple[str, ...] = ()
     controller_apis: Mapping[str, str] = field(default_factory=dict)
     failsafe: FailsafeSet = FailsafeSet()
+    moves: Mapping[str, MoveRequest] = field(default_factory=dict)
 
     def node_state(self, name: str) -> NodeState:
         """Derived node state: down > unhealthy > cordoned > ready."""

@@ -23,6 +23,8 @@ def workload_state(snapshot: ClusterSnapshot, workload_id: str) -> WorkloadState
         return "pending"
     if assignment.phase in ("completed", "failed"):
         return assignment.phase
+    if assignment.phase == "moving":
+        return "stopping"
     status = snapshot.current_status(workload_id)
     if status is None:
         return "starting"
@@ -47,7 +49,7 @@ def workload_view(snapshot: ClusterSnapshot, workload_id: str) -> dict[str, Any]
     """``{"id", "name", "state", "node", "epoch", "restarts", "gpus", "checkpoint"}``."""
     submission = snapshot.workloads[workload_id]
     assignment = snapshot.assignments.get(workload_id)
-    placed = assignment is not None and assignment.phase == "placed"
+    placed = assignment is not None and assignment.holds_node
     node = assignment.node if placed and assignment is not None else None
     gpu_uuids: list[str] = []
     if placed and assignment is not None and node is not None:
@@ -60,7 +62,8 @@ def workload_view(snapshot: ClusterSnapshot, workload_id: str) -> dict[str, Any]
         "name": submission.spec.name,
         "state": workload_state(snapshot, workload_id),
         "node": node,
-        "epoch": assignment.epoch if placed and assignment is not None else None,
+        "epoch": (assignment.stopping or assignment.epoch) if placed and assignment is not None
+        else None,
         "restarts": assignment.restarts if assignment is not None else 0,
         "gpus": gpu_uuids,
         "checkpoint": checkpoint.to_dict() if checkpoint else None,
@@ -75,7 +78,7 @@ def allocations(snapshot: ClusterSnapshot, node: str) -> dict[int, str]:
     """GPU index -> workload id for the placed workloads of ``node``."""
     out: dict[int, str] = {}
     for wid, assignment in snapshot.assignments.items():
-        if assignment.phase == "placed" and assignment.node == node:
+        if assignment.holds_node and assignment.node == node:
             for index in assignment.gpus:
                 out[index] = wid
     return out
@@ -95,7 +98,7 @@ def node_view(snapshot: ClusterSnapshot, name: str) -> dict[str, Any]:
             for g in record.gpus
         ],
         "workloads": sorted(wid for wid, a in snapshot.assignments.items()
-                            if a.phase == "placed" and a.node == name),
+                            if a.holds_node and a.node == name),
         "reason": record.reason,
     }
 

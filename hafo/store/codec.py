@@ -11,6 +11,7 @@ from hafo.model.cluster import (
     FailsafeSet,
     InstanceStatus,
     Liveness,
+    MoveRequest,
     NodeRecord,
     Submission,
 )
@@ -69,6 +70,11 @@ def decode_controller(value: bytes) -> str:
 def decode_failsafe(value: bytes) -> FailsafeSet:
     """The failsafe set."""
     return FailsafeSet.from_dict(decode(value))
+
+
+def decode_move(value: bytes) -> MoveRequest:
+    """A move request."""
+    return MoveRequest.from_dict(decode(value))
 
 
 def decode_event(value: bytes) -> Event:

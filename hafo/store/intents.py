@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import time
 
-from hafo.model.cluster import Event, Submission
+from hafo.model.cluster import Event, MoveRequest, Submission
 from hafo.model.spec import WorkloadSpec
 from hafo.store import codec
 from hafo.store.client import Compare, EtcdStore, Put
 from hafo.store.events import EventLog
 from hafo.store.keys import Keys
+from hafo.store.state import read_snapshot
 
 
 class NotFound(Exception):
@@ -43,6 +44,29 @@ async def delete(store: EtcdStore, keys: Keys, workload_id: str) -> None:
     await EventLog(store, keys).append(Event(ts=time.time(), kind="delete-requested",
                                              workload=workload_id,
                                              message=f"workload {workload_id} deleted"))
+
+
+async def migrate(store: EtcdStore, keys: Keys, workload_id: str, to: str | None = None,
+                  reason: str = "") -> None:
+    """Ask for a planned move: checkpoint, stop, run elsewhere (on ``to`` if given)."""
+    if await store.get(keys.workload(workload_id)) is None:
+        raise NotFound(f"no workload {workload_id!r}")
+    if to is not None and await store.get(keys.node(to)) is None:
+        raise NotFound(f"no node {to!r}")
+    request = MoveRequest(workload_id, to, reason or (f"migrate to {to}" if to else "migrate"))
+    await store.put(keys.move(workload_id), codec.encode(request.to_dict()))
+
+
+async def drain(store: EtcdStore, keys: Keys, node: str) -> list[str]:
+    """Cordon ``node`` and ask for a planned move of every workload on it; returns their ids."""
+    await set_cordon(store, keys, node, True)
+    snapshot = await read_snapshot(store, keys)
+    moved = sorted(w for w, a in snapshot.assignments.items()
+                   if a.phase == "placed" and a.node == node)
+    for wid in moved:
+        request = MoveRequest(wid, None, f"drain {node}")
+        await store.put(keys.move(wid), codec.encode(request.to_dict()))
+    return moved
 
 
 async def set_cordon(store: EtcdStore, keys: Keys, node: str, cordoned: bool) -> None:

@@ -64,6 +64,10 @@ class Keys:
         """Prefix of all assignments."""
         return f"{self.state}assign/"
 
+    def move(self, workload_id: str) -> str:
+        """An operator's pending request to move a workload (consumed by the controller)."""
+        return f"{self.state}moves/{workload_id}"
+
     def status(self, workload_id: str, node: str) -> str:
         """An agent's report of the instance it runs, bound to that agent's lease."""
         return f"{self.state}status/{workload_id}/{node}"

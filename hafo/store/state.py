@@ -20,6 +20,7 @@ from hafo.model.cluster import (
     FailsafeSet,
     InstanceStatus,
     Liveness,
+    MoveRequest,
     NodeRecord,
     Submission,
 )
@@ -46,6 +47,7 @@ class ClusterCache:
         self.leader: str | None = None
         self.controllers: dict[str, str] = {}
         self.failsafe = FailsafeSet()
+        self.moves: dict[str, MoveRequest] = {}
         self.changed = asyncio.Event()
 
     def _clear(self) -> None:
@@ -58,6 +60,7 @@ class ClusterCache:
         self.leader = None
         self.controllers.clear()
         self.failsafe = FailsafeSet()
+        self.moves.clear()
 
     async def load(self) -> int:
         """Read the whole state prefix; returns its revision."""
@@ -114,6 +117,8 @@ class ClusterCache:
                  None if deleted else codec.decode_status(value))
         elif kind == "controllers":
             _set(self.controllers, name, None if deleted else codec.decode_controller(value))
+        elif kind == "moves":
+            _set(self.moves, name, None if deleted else codec.decode_move(value))
         elif kind == "failsafe":
             self.failsafe = FailsafeSet() if deleted else codec.decode_failsafe(value)
 
@@ -131,6 +136,7 @@ class ClusterCache:
             controllers=tuple(sorted(self.controllers)),
             controller_apis=MappingProxyType(dict(self.controllers)),
             failsafe=self.failsafe,
+            moves=MappingProxyType(dict(self.moves)),
         )
 
     async def follow(self, on_change: Callable[[], Awaitable[None] | None] | None = None) -> None:

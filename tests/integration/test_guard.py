@@ -22,14 +22,15 @@ SLEEPER = [sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"]
 
 
 def start_guard(tmp_path: Path, deadline_in: float, argv: list[str] | None = None,
-                grace: float = 5.0) -> tuple[subprocess.Popen[bytes], Path]:
+                grace: float = 5.0,
+                env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], Path]:
     state_dir = tmp_path / "state"
     path = state_dir / "instances" / "w.7"
     path.mkdir(parents=True)
     write_deadline(state_dir, time.monotonic() + deadline_in)
     write_json_atomic(path / "launch.json", {
         "workload": "w", "epoch": 7, "node": "n", "argv": argv or SLEEPER,
-        "env": dict(os.environ), "cwd": str(tmp_path), "grace": grace,
+        "env": {**os.environ, **(env or {})}, "cwd": str(tmp_path), "grace": grace,
         "fence_file": str(state_dir / "fence")})
     guard = subprocess.Popen([sys.executable, "-m", "hafo", "guard", str(path)],
                              start_new_session=True)
@@ -107,3 +108,36 @@ def test_killed_guard_takes_its_workload_along(tmp_path: Path) -> None:
     guard.kill()
     guard.wait(5)
     assert wait_until(lambda: not pid_alive(pid), 5), "PR_SET_PDEATHSIG must kill the workload"
+
+
+CHECKPOINTING = [sys.executable, "-c", """
+import time
+from hafo.checkpoint import Checkpointer
+ck = Checkpointer()
+step = 0
+while True:
+    step += 1
+    time.sleep(0.02)
+    if ck.should_checkpoint():
+        ck.save({"step": step}, step=step)
+        while True:  # keeps running: the guard must SIGTERM it after the commit
+            time.sleep(0.05)
+"""]
+
+
+def test_stop_asks_for_a_checkpoint_first_then_terminates(tmp_path: Path) -> None:
+    guard, path = start_guard(tmp_path, 60, CHECKPOINTING, grace=10,
+                              env={"HAFO_CHECKPOINT_DIR": str(tmp_path / "ck"),
+                                   "HAFO_EPOCH": "7"})
+    pid = running_pid(path)
+    time.sleep(0.5)  # the SDK installed its SIGUSR1 handler
+    started = time.monotonic()
+    os.kill(guard.pid, signal.SIGTERM)
+    assert guard.wait(15) == 0
+    assert time.monotonic() - started < 5, "stopped right after the commit, not at the grace"
+    state = json.loads((path / "state.json").read_text())
+    assert state["stop_checkpoint"] is not None and state["stop_checkpoint"] > 0
+    assert "checkpoint step" in state["reason"] and not pid_alive(pid)
+    from hafo.checkpoint import list_checkpoints
+
+    assert list_checkpoints(tmp_path / "ck")[0].step == state["stop_checkpoint"]

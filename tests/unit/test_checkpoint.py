@@ -78,7 +78,16 @@ def test_numpy_arrays_round_trip(tmp_path: Path) -> None:
     assert restored.state["i"] == 5
 
 
-@pytest.mark.parametrize("bad", [{1: "int key"}, {"obj": object()}, {"s": {1, 2}}])
+def test_integer_keys_round_trip(tmp_path: Path) -> None:
+    ck = make(tmp_path)
+    state = {"optim": {"state": {0: {"step": 3}, 1: {"step": 4}}, "param_groups": [{"lr": 0.1}]}}
+    ck.save(state, step=1)
+    restored = ck.load_latest()
+    assert restored is not None and restored.state == state
+
+
+@pytest.mark.parametrize("bad", [{1: "int", "s": "mixed keys"}, {"obj": object()},
+                                 {"s": {1, 2}}, {(1, 2): "tuple key"}])
 def test_unsupported_state_is_refused(tmp_path: Path, bad: dict[Any, Any]) -> None:
     with pytest.raises(TypeError):
         make(tmp_path).save(bad, step=1)

@@ -1,0 +1,84 @@
+"""Planned moves on a live cluster: migrate and drain checkpoint first and lose no work."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from hafo.local.cluster import demo_workload_spec
+from hafo.store import intents, read_events
+
+from .conftest import ClusterFactory
+from .helpers import assert_never_two_copies, running, start_with_workload, view
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def resumed_exactly(cluster: object, wid: str) -> tuple[int, int]:
+    """(step the old instance checkpointed at when asked to stop, step the new one resumed
+    from)."""
+    lines = cluster.progress_log(wid)  # type: ignore[attr-defined]
+    preempted = [ln["step"] for ln in lines if ln.get("event") == "preempted"]
+    starts = [ln["resumed_from"] for ln in lines if ln.get("event") == "start"]
+    return preempted[-1], starts[-1]
+
+
+async def test_migrate_checkpoints_stops_and_resumes_elsewhere_losing_no_steps(
+        local_cluster: ClusterFactory) -> None:
+    cluster, wid, snapshot = await start_with_workload(local_cluster, nodes=3, controllers=1)
+    source, epoch = view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]
+    await asyncio.sleep(0.7)  # some steps past the last periodic checkpoint
+    target = next(n for n in sorted(cluster.node_handles) if n != source)
+    await intents.migrate(cluster.store, cluster.keys, wid, to=target)
+    snapshot = await cluster.wait_for(running(wid, not_on=source), 30, what="moved")
+    assert view(snapshot, wid)["node"] == target and view(snapshot, wid)["epoch"] > epoch
+    assert view(snapshot, wid)["restarts"] == 0
+    checkpointed, resumed = resumed_exactly(cluster, wid)
+    assert checkpointed == resumed, "a planned move loses no step"
+    kinds = [e.kind for e in await read_events(cluster.store, cluster.keys, 0)
+             if e.workload == wid]
+    assert "checkpoint-requested" in kinds and "moved" in kinds and "failover" not in kinds
+    assert_never_two_copies(cluster, wid)
+
+
+async def test_drain_moves_every_workload_off_and_cordons(
+        local_cluster: ClusterFactory) -> None:
+    cluster = await local_cluster.start(nodes=2, controllers=1)
+    ids = [await cluster.submit(demo_workload_spec(name=f"d{i}", gpus=1)) for i in range(4)]
+    snapshot = await cluster.wait_for(lambda s: all(running(w)(s) for w in ids), 30,
+                                      what="all running")
+    node = "node-1"
+    on_node = [w for w in ids if view(snapshot, w)["node"] == node]
+    assert on_node, "spread placement puts work on both nodes"
+    moved = await intents.drain(cluster.store, cluster.keys, node)
+    assert sorted(moved) == sorted(on_node)
+    snapshot = await cluster.wait_for(
+        lambda s: all(running(w, not_on=node)(s) for w in ids), 40, what="drained")
+    assert snapshot.node_state(node) == "cordoned"
+    for wid in on_node:
+        checkpointed, resumed = resumed_exactly(cluster, wid)
+        assert checkpointed == resumed
+        assert_never_two_copies(cluster, wid)
+    await intents.set_cordon(cluster.store, cluster.keys, node, False)
+    fresh = await cluster.submit(demo_workload_spec(name="fresh", gpus=1))
+    snapshot = await cluster.wait_for(running(fresh), 20, what="uncordoned takes work")
+    assert view(snapshot, fresh)["node"] == node
+
+
+async def test_migrate_to_a_full_node_is_refused_and_nothing_stops(
+        local_cluster: ClusterFactory) -> None:
+    cluster = await local_cluster.start(nodes=2, controllers=1, gpus_per_node=1)
+    first = await cluster.submit(demo_workload_spec(name="one"))
+    second = await cluster.submit(demo_workload_spec(name="two"))
+    snapshot = await cluster.wait_for(lambda s: running(first)(s) and running(second)(s), 30,
+                                      what="both running")
+    other = view(snapshot, second)["node"]
+    pid = snapshot.current_status(first).pid  # type: ignore[union-attr]
+    await intents.migrate(cluster.store, cluster.keys, first, to=other)
+    await cluster.wait_for(lambda s: first not in s.moves, 10, what="request consumed")
+    events = await read_events(cluster.store, cluster.keys, 0)
+    refused = [e for e in events if e.kind == "move-refused" and e.workload == first]
+    assert refused and "cannot take it" in refused[0].message
+    snapshot = await cluster.snapshot()
+    assert snapshot.current_status(first).pid == pid  # type: ignore[union-attr]
