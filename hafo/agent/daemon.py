@@ -14,7 +14,7 @@ import structlog
 from hafo.agent.assignments import NodeAssignments
 from hafo.agent.failsafe import AgentFailsafe
 from hafo.agent.fencefile import write_deadline
-from hafo.agent.instances import InstanceKey
+from hafo.agent.instances import GuardState, InstanceKey
 from hafo.agent.supervisor import Supervisor, newest_per_workload, reap_children
 from hafo.decisions.fencing import can_start
 from hafo.decisions.instances import plan_instances
@@ -210,6 +210,7 @@ class Agent:
                     log.info("instance exited", workload=workload, node=self.name,
                              epoch=key.epoch, exit_code=status.exit_code,
                              reason=states[key].reason)
+                    await self._exit_event(key, states[key], status)
         for key, state in states.items():
             if key not in desired and state.state == "exited":
                 newest_key = newest.get(key.workload)
@@ -217,6 +218,25 @@ class Agent:
                     await self.store.delete(self.keys.status(key.workload, self.name))
                     self.reported.pop(key.workload, None)
                 self.supervisor.forget(key)
+
+    async def _exit_event(self, key: InstanceKey, guard: GuardState,
+                          status: InstanceStatus) -> None:
+        """Say in the event log how a stopped or fenced instance ended (checkpoint or not)."""
+        reason = guard.reason
+        if key in self.supervisor.stopping:
+            kind = "stopped"
+            if "no checkpoint" in reason or "checkpoint" not in reason:
+                last = status.checkpoint.step if status.checkpoint else None
+                reason = (f"{reason}; resumes from its last checkpoint"
+                          + (f" (step {last})" if last is not None else " (none: from start)"))
+            if guard.transparent:
+                reason = f"transparent checkpoint refused: {guard.transparent}; {reason}"
+        elif reason.startswith("fenced"):
+            kind = "fenced"
+        else:
+            return
+        await self.events.append(Event(ts=time.time(), kind=kind, workload=key.workload,
+                                       node=self.name, epoch=key.epoch, message=reason))
 
     # -- lifecycle ----------------------------------------------------------------------
 

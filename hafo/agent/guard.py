@@ -29,6 +29,7 @@ from typing import Any
 from hafo.agent.fencefile import read_deadline
 from hafo.agent.instances import write_json_atomic
 from hafo.checkpoint.format import list_checkpoints
+from hafo.checkpoint.transparent import unavailable_reason
 from hafo.decisions.fencing import must_kill
 
 POLL = 0.05
@@ -143,6 +144,8 @@ class Guard:
                 killed = True
                 self.state["reason"] = "fenced: lease deadline passed without renewal"
             elif self.stop_requested and checkpoint_by is None and term_by is None:
+                if self.launch.get("checkpoint_mode") == "transparent":
+                    self.state["transparent"] = unavailable_reason()
                 if catches(self.proc.pid, signal.SIGUSR1):  # the checkpoint SDK listens
                     baseline = self._newest_checkpoint()
                     os.kill(self.proc.pid, signal.SIGUSR1)

@@ -42,6 +42,7 @@ class GuardState:
     started_at: float | None
     finished_at: float | None
     reason: str
+    transparent: str | None = None  # why a transparent checkpoint was refused
 
 
 def instance_dir(state_dir: Path, key: InstanceKey) -> Path:
@@ -78,4 +79,4 @@ def read_guard_state(path: Path) -> GuardState | None:
     return GuardState(guard_pid=data.get("guard_pid"), pid=data.get("pid"),
                       state=str(data.get("state", "starting")), exit_code=data.get("exit_code"),
                       started_at=data.get("started_at"), finished_at=data.get("finished_at"),
-                      reason=str(data.get("reason", "")))
+                      reason=str(data.get("reason", "")), transparent=data.get("transparent"))

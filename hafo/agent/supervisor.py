@@ -126,6 +126,7 @@ class Supervisor:
             "workload": assignment.workload, "epoch": assignment.epoch, "node": self.node,
             "argv": list(spec.command), "env": env, "cwd": spec.workdir or os.getcwd(),
             "grace": spec.stop_grace, "fence_file": str(self.state_dir / FENCE_FILE),
+            "checkpoint_mode": spec.checkpoint_mode,
             "launched_at": time.time()})
         with open(path / "guard.log", "ab") as guard_log:
             subprocess.Popen([sys.executable, "-m", "hafo", "guard", str(path)],

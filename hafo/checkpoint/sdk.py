@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hafo.checkpoint.codec import flatten, unflatten
+from hafo.checkpoint.codec import Blob, flatten, stage, unflatten
 from hafo.checkpoint.format import (
     CorruptCheckpoint,
     list_checkpoints,
@@ -80,7 +80,7 @@ class Checkpointer:
     def save(self, state: dict[str, Any], step: int) -> str:
         """Write a checkpoint; durable on return. Returns its path."""
         self.wait()
-        blobs: list[bytes] = []
+        blobs: list[Blob] = []
         tree = flatten(state, blobs)
         ref = write_checkpoint(self.root, self.epoch, int(step), tree, blobs)
         prune(self.root, self.keep_last)
@@ -93,11 +93,12 @@ class Checkpointer:
         next call to ``save``, ``save_async``, ``wait`` or ``load_latest``.
         """
         self.wait()
-        blobs: list[bytes] = []
-        tree = flatten(state, blobs)
+        staged = stage(state)  # the only part the caller waits for
 
         def write() -> None:
             try:
+                blobs: list[Blob] = []
+                tree = flatten(staged, blobs)
                 write_checkpoint(self.root, self.epoch, int(step), tree, blobs)
                 prune(self.root, self.keep_last)
             except BaseException as exc:  # surfaced on the next call

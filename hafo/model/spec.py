@@ -57,6 +57,7 @@ class WorkloadSpec:
     workdir: str | None = None
     priority: int = 0
     node_selector: Mapping[str, str] = field(default_factory=dict)
+    checkpoint_mode: str = "cooperative"
 
     def to_dict(self) -> dict[str, Any]:
         """The canonical JSON form (round-trips through ``parse_spec``)."""
@@ -82,12 +83,14 @@ class WorkloadSpec:
             out["gpu_memory_mib"] = self.gpu_memory_mib
         if self.workdir is not None:
             out["workdir"] = self.workdir
+        if self.checkpoint_mode != "cooperative":
+            out["checkpoint"] = {"mode": self.checkpoint_mode}
         return out
 
 
 _SPEC_FIELDS = {
     "name", "command", "gpus", "gpu_model", "gpu_memory_mib", "env", "restart", "checks",
-    "stop_grace", "workdir", "priority", "node_selector",
+    "stop_grace", "workdir", "priority", "node_selector", "checkpoint",
 }
 
 
@@ -127,6 +130,12 @@ def parse_spec(raw: Any, field_prefix: str = "spec") -> WorkloadSpec:
     if not isinstance(checks_raw, list):
         raise ValidationError(f"{field_prefix}.checks", "must be a list")
     gpu_memory = data.get("gpu_memory_mib")
+    checkpoint = as_mapping(data.get("checkpoint") or {}, f"{field_prefix}.checkpoint")
+    reject_unknown(checkpoint, {"mode"}, f"{field_prefix}.checkpoint")
+    mode = get_str(checkpoint, "mode", f"{field_prefix}.checkpoint", "cooperative")
+    if mode not in ("cooperative", "transparent"):
+        raise ValidationError(f"{field_prefix}.checkpoint.mode",
+                              "must be 'cooperative' (the SDK) or 'transparent' (CRIU)")
     return WorkloadSpec(
         name=name,
         command=tuple(get_argv(data, "command", field_prefix)),
@@ -147,4 +156,5 @@ def parse_spec(raw: Any, field_prefix: str = "spec") -> WorkloadSpec:
         workdir=get_str(data, "workdir", field_prefix),
         priority=get_int(data, "priority", field_prefix, 0, minimum=-1000, maximum=1000),
         node_selector=get_str_map(data, "node_selector", field_prefix),
+        checkpoint_mode=mode or "cooperative",
     )

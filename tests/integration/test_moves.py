@@ -39,6 +39,9 @@ async def test_migrate_checkpoints_stops_and_resumes_elsewhere_losing_no_steps(
     kinds = [e.kind for e in await read_events(cluster.store, cluster.keys, 0)
              if e.workload == wid]
     assert "checkpoint-requested" in kinds and "moved" in kinds and "failover" not in kinds
+    stopped = [e for e in await read_events(cluster.store, cluster.keys, 0)
+               if e.workload == wid and e.kind == "stopped"]
+    assert stopped and f"checkpoint step {checkpointed}" in stopped[0].message
     assert_never_two_copies(cluster, wid)
 
 
@@ -82,3 +85,42 @@ async def test_migrate_to_a_full_node_is_refused_and_nothing_stops(
     assert refused and "cannot take it" in refused[0].message
     snapshot = await cluster.snapshot()
     assert snapshot.current_status(first).pid == pid  # type: ignore[union-attr]
+
+
+async def test_workload_that_does_not_checkpoint_is_stopped_anyway_and_says_so(
+        local_cluster: ClusterFactory) -> None:
+    import sys
+
+    cluster = await local_cluster.start(nodes=2, controllers=1)
+    stubborn = [sys.executable, "-c",
+                "import signal, time\n"
+                "signal.signal(signal.SIGUSR1, lambda *a: None)  # listens, never saves\n"
+                "while True: time.sleep(0.05)\n"]
+    wid = await cluster.submit({"name": "stubborn", "command": stubborn, "gpus": 1,
+                                "stop_grace": 1})
+    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    source = view(snapshot, wid)["node"]
+    await intents.migrate(cluster.store, cluster.keys, wid)
+    await cluster.wait_for(running(wid, not_on=source), 30, what="moved anyway")
+    stopped = [e for e in await read_events(cluster.store, cluster.keys, 0)
+               if e.workload == wid and e.kind == "stopped"]
+    assert stopped and "no checkpoint within stop_grace" in stopped[0].message
+    assert "resumes from its last checkpoint (none: from start)" in stopped[0].message
+
+
+async def test_transparent_mode_is_refused_with_the_reason_and_stops_normally(
+        local_cluster: ClusterFactory) -> None:
+    import sys
+
+    cluster = await local_cluster.start(nodes=2, controllers=1)
+    plain = [sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)\n"]
+    wid = await cluster.submit({"name": "opaque", "command": plain, "gpus": 1,
+                                "stop_grace": 2, "checkpoint": {"mode": "transparent"}})
+    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    source = view(snapshot, wid)["node"]
+    await intents.migrate(cluster.store, cluster.keys, wid)
+    await cluster.wait_for(running(wid, not_on=source), 30, what="moved (restarted)")
+    stopped = [e for e in await read_events(cluster.store, cluster.keys, 0)
+               if e.workload == wid and e.kind == "stopped"]
+    assert stopped and "transparent checkpoint refused: " in stopped[0].message
+    assert "not found on this node" in stopped[0].message or "criu" in stopped[0].message

@@ -121,14 +121,14 @@ def test_same_step_saved_twice_keeps_the_newer(tmp_path: Path) -> None:
 
 
 def flip_blob_byte(path: Path) -> None:
-    blob = path / "blobs" / "0.bin"
+    blob = path / "data.bin"
     data = bytearray(blob.read_bytes())
     data[len(data) // 2] ^= 0xFF
     blob.write_bytes(bytes(data))
 
 
 def truncate_blob(path: Path) -> None:
-    blob = path / "blobs" / "0.bin"
+    blob = path / "data.bin"
     blob.write_bytes(blob.read_bytes()[:-1])
 
 
@@ -142,11 +142,11 @@ def edit_manifest(path: Path, old: str, new: str) -> None:
 CORRUPTIONS: dict[str, Callable[[Path], object]] = {
     "flip-blob-byte": flip_blob_byte,
     "truncate-blob": truncate_blob,
-    "delete-blob": lambda p: (p / "blobs" / "0.bin").unlink(),
+    "delete-blob": lambda p: (p / "data.bin").unlink(),
     "missing-manifest": lambda p: (p / "manifest.json").unlink(),
     "garbage-manifest": lambda p: (p / "manifest.json").write_text("{not json"),
     "tree-edited": lambda p: edit_manifest(p, '\\"step\\"', '\\"stop\\"'),
-    "wrong-format": lambda p: edit_manifest(p, "hafo-ckpt/1", "hafo-ckpt/9"),
+    "wrong-format": lambda p: edit_manifest(p, "hafo-ckpt/2", "hafo-ckpt/9"),
 }
 
 
@@ -171,7 +171,8 @@ def test_all_corrupt_gives_none(tmp_path: Path) -> None:
 def test_temp_dirs_are_never_loaded(tmp_path: Path) -> None:
     ck = make(tmp_path)
     ck.save({"v": 1}, step=1)
-    (tmp_path / ".tmp-partial" / "blobs").mkdir(parents=True)
+    (tmp_path / ".tmp-partial").mkdir(parents=True)
+    (tmp_path / ".tmp-partial" / "data.bin").write_bytes(b"partial")
     (tmp_path / "ckpt-not-a-checkpoint").mkdir()
     restored = ck.load_latest()
     assert restored is not None and restored.state == {"v": 1}
@@ -256,3 +257,33 @@ def test_missing_checkpoint_dir_raises(monkeypatch: pytest.MonkeyPatch,
         monkeypatch.setenv("HAFO_CHECKPOINT_DIR", value)
     with pytest.raises(ValueError, match="HAFO_CHECKPOINT_DIR"):
         Checkpointer(handle_signal=False)
+
+
+def test_save_async_takes_its_copy_before_returning(tmp_path: Path) -> None:
+    np = pytest.importorskip("numpy")
+    ck = make(tmp_path)
+    weights = np.zeros(1000, dtype=np.float32)
+    ck.save_async({"w": weights}, step=1)
+    weights += 1.0  # training goes on at once
+    ck.wait()
+    restored = ck.load_latest()
+    assert restored is not None and float(restored.state["w"].sum()) == 0.0
+
+
+def test_torch_tensors_round_trip_and_async_copy(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    ck = make(tmp_path)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    ck.save_async({"model": model.state_dict(), "optim": optimizer.state_dict()}, step=3)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    ck.wait()
+    restored = ck.load_latest()
+    assert restored is not None and restored.step == 3
+    assert not torch.equal(restored.state["model"]["weight"], model.weight.detach())
+    fresh = torch.optim.Adam(torch.nn.Linear(4, 2).parameters())
+    fresh.load_state_dict(restored.state["optim"])
+    assert fresh.state_dict()["state"][0]["step"] == 1

@@ -108,6 +108,10 @@ def test_full_spec_values() -> None:
     pytest.param(with_(gpu_model=""), "spec.gpu_model", id="gpu-model-empty"),
     pytest.param(with_(gpu_memory_mib=0), "spec.gpu_memory_mib", id="gpu-memory-zero"),
     pytest.param(with_(replicas=2), "spec.replicas", id="unknown-field"),
+    pytest.param(with_(checkpoint={"mode": "magic"}), "spec.checkpoint.mode",
+                 id="checkpoint-mode"),
+    pytest.param(with_(checkpoint={"every": 5}), "spec.checkpoint.every",
+                 id="checkpoint-unknown"),
     pytest.param(with_(restart=3), "spec.restart", id="restart-not-mapping"),
     pytest.param(with_(restart={"window": 0}), "spec.restart.window", id="window-zero"),
     pytest.param(with_(restart={"window": -5}), "spec.restart.window", id="window-negative"),
@@ -165,3 +169,12 @@ def test_name_rule(name: str, ok: bool) -> None:
     else:
         with pytest.raises(ValidationError):
             parse_spec(raw)
+
+
+def test_transparent_checkpoint_mode_round_trips() -> None:
+    from hafo.model.spec import parse_spec
+
+    spec = parse_spec({"name": "opaque", "command": ["x"], "checkpoint": {"mode": "transparent"}})
+    assert spec.checkpoint_mode == "transparent"
+    assert parse_spec(spec.to_dict()) == spec
+    assert parse_spec({"name": "plain", "command": ["x"]}).checkpoint_mode == "cooperative"
