@@ -105,8 +105,8 @@ def _array(tree: Any, data: Blob) -> Any:
     numpy = _np()
     if numpy is None:  # pragma: no cover
         raise RuntimeError("numpy is needed to restore this checkpoint")
-    return numpy.frombuffer(data, dtype=numpy.dtype(tree["dtype"])).reshape(
-        tree["shape"]).copy()
+    array = numpy.frombuffer(data, dtype=numpy.dtype(tree["dtype"])).reshape(tree["shape"])
+    return array if array.flags.writeable else array.copy()  # a view into the loaded data
 
 
 def unflatten(tree: Any, blobs: list[Blob]) -> Any:

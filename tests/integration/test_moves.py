@@ -28,7 +28,9 @@ async def test_migrate_checkpoints_stops_and_resumes_elsewhere_losing_no_steps(
         local_cluster: ClusterFactory) -> None:
     cluster, wid, snapshot = await start_with_workload(local_cluster, nodes=3, controllers=1)
     source, epoch = view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]
-    await asyncio.sleep(0.7)  # some steps past the last periodic checkpoint
+    await cluster.wait_for(lambda s: (view(s, wid)["checkpoint"] or {}).get("step", 0) >= 10,
+                           20, what="checkpointing (the SDK is listening)")
+    await asyncio.sleep(0.3)  # some steps past the last periodic checkpoint
     target = next(n for n in sorted(cluster.node_handles) if n != source)
     await intents.migrate(cluster.store, cluster.keys, wid, to=target)
     snapshot = await cluster.wait_for(running(wid, not_on=source), 30, what="moved")
@@ -49,8 +51,10 @@ async def test_drain_moves_every_workload_off_and_cordons(
         local_cluster: ClusterFactory) -> None:
     cluster = await local_cluster.start(nodes=2, controllers=1)
     ids = [await cluster.submit(demo_workload_spec(name=f"d{i}", gpus=1)) for i in range(4)]
-    snapshot = await cluster.wait_for(lambda s: all(running(w)(s) for w in ids), 30,
-                                      what="all running")
+    # Running long enough to have checkpointed once: the SDK is loaded and listening.
+    snapshot = await cluster.wait_for(
+        lambda s: all(running(w)(s) and (view(s, w)["checkpoint"] or {}).get("step", 0) >= 10
+                      for w in ids), 30, what="all running and checkpointing")
     node = "node-1"
     on_node = [w for w in ids if view(snapshot, w)["node"] == node]
     assert on_node, "spread placement puts work on both nodes"
