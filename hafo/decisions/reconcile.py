@@ -18,8 +18,17 @@ from hafo.decisions.placement import (
 )
 from hafo.decisions.plan import FAILED_NODE_COOLDOWN, Action, Need, Plan
 from hafo.model.cluster import Assignment, ClusterSnapshot
+from hafo.model.views import latest_checkpoint
 
 __all__ = ["FAILED_NODE_COOLDOWN", "Action", "Plan", "reconcile"]
+
+
+def _resume(snapshot: ClusterSnapshot, wid: str) -> str:
+    """Where the next instance resumes: the work since that checkpoint is redone."""
+    checkpoint = latest_checkpoint(snapshot, wid)
+    if checkpoint is None:
+        return "resumes from its latest checkpoint, if any"
+    return f"resumes from checkpoint step {checkpoint.step}"
 
 
 def _revision(assignment: Assignment | None) -> int:
@@ -53,7 +62,7 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
         avoid[node] = now + cooldown
         return Need(PlacementRequest(wid, spec, submission.submitted_at, avoid), current,
                      current.restarts, current.restart_times, "failover",
-                     f"node {node} is {node_state}")
+                     f"node {node} is {node_state}; {_resume(snapshot, wid)}")
     status = snapshot.current_status(wid)
     if status is None or status.state != "exited":
         return None
@@ -70,7 +79,7 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
         return Action("finish", wid, reason, _revision(current), failed, "failed")
     request = PlacementRequest(wid, spec, submission.submitted_at, avoid, prefer=node)
     return Need(request, current, current.restarts + 1, (*recent, now), "restarted",
-                 f"exited with code {status.exit_code} on {node}")
+                 f"exited with code {status.exit_code} on {node}; {_resume(snapshot, wid)}")
 
 
 def reconcile(snapshot: ClusterSnapshot, now: float,

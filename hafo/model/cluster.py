@@ -276,6 +276,7 @@ class ClusterSnapshot:
     controller_apis: Mapping[str, str] = field(default_factory=dict)
     failsafe: FailsafeSet = FailsafeSet()
     moves: Mapping[str, MoveRequest] = field(default_factory=dict)
+    checkpoints: Mapping[str, CheckpointInfo] = field(default_factory=dict)
 
     def node_state(self, name: str) -> NodeState:
         """Derived node state: down > unhealthy > cordoned > ready."""

@@ -35,7 +35,7 @@ def workload_state(snapshot: ClusterSnapshot, workload_id: str) -> WorkloadState
 
 def latest_checkpoint(snapshot: ClusterSnapshot, workload_id: str) -> CheckpointInfo | None:
     """The newest checkpoint any agent reported for the workload (newest epoch, then step)."""
-    best: CheckpointInfo | None = None
+    best: CheckpointInfo | None = snapshot.checkpoints.get(workload_id)
     for (wid, _node), status in snapshot.statuses.items():
         ck = status.checkpoint
         if wid != workload_id or ck is None:

@@ -15,6 +15,7 @@ import structlog
 
 from hafo.model.cluster import (
     Assignment,
+    CheckpointInfo,
     ClusterSnapshot,
     Event,
     FailsafeSet,
@@ -48,6 +49,7 @@ class ClusterCache:
         self.controllers: dict[str, str] = {}
         self.failsafe = FailsafeSet()
         self.moves: dict[str, MoveRequest] = {}
+        self.checkpoints: dict[str, CheckpointInfo] = {}  # newest seen, outlives the reports
         self.changed = asyncio.Event()
 
     def _clear(self) -> None:
@@ -108,13 +110,20 @@ class ClusterCache:
                 self.cordoned.add(name)
         elif kind == "workloads":
             _set(self.workloads, name, None if deleted else codec.decode_submission(value))
+            if deleted:
+                self.checkpoints.pop(name, None)
         elif kind == "assign":
             _set(self.assignments, name,
                  None if deleted else codec.decode_assignment(value, mod_revision))
         elif kind == "status":
             workload, _, node = name.partition("/")
-            _set(self.statuses, (workload, node),
-                 None if deleted else codec.decode_status(value))
+            status = None if deleted else codec.decode_status(value)
+            _set(self.statuses, (workload, node), status)
+            seen = self.checkpoints.get(workload)
+            if status is not None and status.checkpoint is not None and (
+                    seen is None or (status.checkpoint.epoch, status.checkpoint.step)
+                    > (seen.epoch, seen.step)):
+                self.checkpoints[workload] = status.checkpoint
         elif kind == "controllers":
             _set(self.controllers, name, None if deleted else codec.decode_controller(value))
         elif kind == "moves":
@@ -137,6 +146,7 @@ class ClusterCache:
             controller_apis=MappingProxyType(dict(self.controllers)),
             failsafe=self.failsafe,
             moves=MappingProxyType(dict(self.moves)),
+            checkpoints=MappingProxyType(dict(self.checkpoints)),
         )
 
     async def follow(self, on_change: Callable[[], Awaitable[None] | None] | None = None) -> None:

@@ -25,6 +25,8 @@ async def test_node_power_loss_moves_workload_within_ttl_plus_2(
     cluster, wid, snapshot = await start_with_workload(local_cluster, nodes=3, controllers=2)
     victim = view(snapshot, wid)["node"]
     old_pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    await cluster.wait_for(lambda s: view(s, wid)["checkpoint"] is not None, 20,
+                           what="a reported checkpoint")
     await asyncio.sleep(0.5)
     killed_at = time.time()
     pids = cluster.power_off(victim)
@@ -36,6 +38,9 @@ async def test_node_power_loss_moves_workload_within_ttl_plus_2(
     assert status.pid != old_pid
     assert view(snapshot, wid)["epoch"] > 0
     assert_never_two_copies(cluster, wid)
+    failover = [e for e in await read_events(cluster.store, cluster.keys, 0)
+                if e.kind == "failover" and e.workload == wid]
+    assert failover and "resumes from checkpoint step" in failover[0].message
 
 
 async def test_agent_killed_alone_its_guard_kills_the_workload_before_lease_expiry(

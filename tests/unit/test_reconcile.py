@@ -66,7 +66,7 @@ def test_failover_moves_work_and_avoids_old_node(extra: dict[str, Any],
     snap = running_on_a(status("w1", "a", 10), nodes=nodes, assignment=prior, **extra)
     action = only(snap)
     assert (action.kind, action.event, action.expected_revision) == ("place", "failover", 10)
-    assert action.why == f"{why} -> c"
+    assert action.why == f"{why}; resumes from its latest checkpoint, if any -> c"
     new = action.assignment
     assert new is not None
     assert (new.phase, new.node, new.gpus, new.epoch) == ("placed", "c", (0,), 0)
@@ -119,7 +119,7 @@ def test_exit_nonzero_restarts_in_place() -> None:
         statuses=[status("w1", "b", 10, "exited", exit_code=3), status("other", "b", 5)])
     action = only(snap)
     assert (action.kind, action.event, action.expected_revision) == ("place", "restarted", 10)
-    assert action.why == "exited with code 3 on b -> b"
+    assert action.why == "exited with code 3 on b; resumes from its latest checkpoint, if any -> b"
     new = action.assignment
     assert new is not None
     assert (new.node, new.gpus, new.restarts) == ("b", (1, 2), 2)
@@ -224,3 +224,16 @@ def test_reconcile_is_deterministic() -> None:
     assert kinds[0] == ("forget", "ghost")
     assert sorted(w for k, w in kinds if k == "place") == ["w0", "w2", "w3", "w4", "w5",
                                                             "w6", "w7"]
+
+
+def test_failover_event_says_where_the_workload_resumes() -> None:
+    from hafo.model.cluster import CheckpointInfo
+
+    from .conftest import make_node, make_snapshot, placed, status, submit
+
+    snapshot = make_snapshot([make_node("a"), make_node("b")], down=["a"],
+                             workloads=[submit("w", 1)], assignments=[placed("w", "a")],
+                             statuses=[status("w", "b", 3, "exited", exit_code=0,
+                                              checkpoint=CheckpointInfo(40, 10, "/ck"))])
+    (action,) = reconcile(snapshot, 1000.0).actions
+    assert "resumes from checkpoint step 40" in action.why
