@@ -70,6 +70,7 @@ def moved_off(snapshot: ClusterSnapshot, current: Assignment, now: float,
     request = PlacementRequest(current.workload, submission.spec, submission.submitted_at,
                                avoid, prefer=current.move_to, only=current.move_to)
     checkpoint = latest_checkpoint(snapshot, current.workload)
-    resume = f", resumes from checkpoint step {checkpoint.step}" if checkpoint else ""
+    resume = (f", resumes from the checkpoint it took (last reported: step {checkpoint.step})"
+              if checkpoint else "")
     return Need(request, current, current.restarts, current.restart_times, "moved",
                 f"planned move off {node} (instance {current.stopping} stopped{resume})")

@@ -28,7 +28,7 @@ def _resume(snapshot: ClusterSnapshot, wid: str) -> str:
     checkpoint = latest_checkpoint(snapshot, wid)
     if checkpoint is None:
         return "resumes from its latest checkpoint, if any"
-    return f"resumes from checkpoint step {checkpoint.step}"
+    return f"resumes from its latest checkpoint (last reported: step {checkpoint.step})"
 
 
 def _revision(assignment: Assignment | None) -> int:

@@ -40,7 +40,7 @@ async def test_node_power_loss_moves_workload_within_ttl_plus_2(
     assert_never_two_copies(cluster, wid)
     failover = [e for e in await read_events(cluster.store, cluster.keys, 0)
                 if e.kind == "failover" and e.workload == wid]
-    assert failover and "resumes from checkpoint step" in failover[0].message
+    assert failover and "last reported: step" in failover[0].message
 
 
 async def test_agent_killed_alone_its_guard_kills_the_workload_before_lease_expiry(

@@ -236,4 +236,4 @@ def test_failover_event_says_where_the_workload_resumes() -> None:
                              statuses=[status("w", "b", 3, "exited", exit_code=0,
                                               checkpoint=CheckpointInfo(40, 10, "/ck"))])
     (action,) = reconcile(snapshot, 1000.0).actions
-    assert "resumes from checkpoint step 40" in action.why
+    assert "resumes from its latest checkpoint (last reported: step 40)" in action.why
