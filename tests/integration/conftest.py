@@ -16,26 +16,25 @@ from hafo.logs import configure
 from hafo.store import EtcdStore, Keys
 
 
-@pytest.fixture(scope="session")
-def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
-    """One single-member etcd for the whole session; tests isolate by cluster name."""
-    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd"), size=1)
+def _running_etcd(base: Path, size: int) -> Iterator[EtcdCluster]:
+    cluster = EtcdCluster(base, size=size)
     cluster.start()
     try:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """One single-member etcd for the whole session; tests isolate by cluster name."""
+    yield from _running_etcd(tmp_path_factory.mktemp("etcd"), 1)
 
 
 @pytest.fixture
 def etcd3(tmp_path: Path) -> Iterator[EtcdCluster]:
     """A 3-member etcd cluster of this test alone (members may be killed)."""
-    cluster = EtcdCluster(tmp_path / "etcd3", size=3)
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from _running_etcd(tmp_path / "etcd3", 3)
 
 
 @pytest.fixture

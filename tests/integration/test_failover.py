@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -147,6 +148,14 @@ async def test_agent_restarted_before_lease_expiry_readopts_its_workload(
     assert view(snapshot, wid)["restarts"] == 0
 
 
+def assert_unmoved(snapshot: Any, wid: str, before: dict[str, Any], pid: int | None) -> None:
+    """Same node, same epoch, no restart, same live process."""
+    after = view(snapshot, wid)
+    assert (after["node"], after["epoch"], after["restarts"]) == \
+        (before["node"], before["epoch"], 0), "no failover, no restart"
+    assert snapshot.current_status(wid).pid == pid and pid_alive(pid)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("which", ["raft-leader", "follower"])
 async def test_etcd_member_crash_causes_no_failover(local_cluster: ClusterFactory,
                                                     which: str) -> None:
@@ -162,10 +171,7 @@ async def test_etcd_member_crash_causes_no_failover(local_cluster: ClusterFactor
     await asyncio.sleep(TTL * 2 + 1)
     snapshot = await cluster.wait_for(lambda s: s.leader is not None and len(s.alive) == 2, 10,
                                       what="cluster still whole")
-    after = view(snapshot, wid)
-    assert (after["node"], after["epoch"], after["restarts"]) == \
-        (before["node"], before["epoch"], 0), "no failover, no restart"
-    assert snapshot.current_status(wid).pid == pid and pid_alive(pid)  # type: ignore[union-attr,arg-type]
+    assert_unmoved(snapshot, wid, before, pid)
     events = [e.kind for e in await read_events(cluster.store, cluster.keys, 100)]
     assert "failover" not in events and "node-reregistered" not in events
 
@@ -239,10 +245,7 @@ async def test_all_of_etcd_down_past_the_ttl_kills_nothing_failsafe(
     await asyncio.sleep(TTL + 2)  # past every controller's failsafe hold
     snapshot = await cluster.wait_for(lambda s: s.leader is not None and len(s.alive) == 2, 20,
                                       what="cluster whole again")
-    after = view(snapshot, wid)
-    assert (after["node"], after["epoch"], after["restarts"]) == \
-        (before["node"], before["epoch"], 0), "no failover, no restart"
-    assert snapshot.current_status(wid).pid == pid and pid_alive(pid)  # type: ignore[union-attr,arg-type]
+    assert_unmoved(snapshot, wid, before, pid)
 
 
 async def test_failsafe_does_not_cover_an_agent_cut_off_alone(

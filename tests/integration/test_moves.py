@@ -3,16 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 
 from hafo.local.cluster import demo_workload_spec
+from hafo.model.cluster import Event
 from hafo.store import intents, read_events
 
 from .conftest import ClusterFactory
 from .helpers import assert_never_two_copies, running, start_with_workload, view
 
 pytestmark = pytest.mark.timeout(120)
+
+
+async def migrate_and_read_stop_events(factory: ClusterFactory,
+                                       spec: dict[str, object]) -> list[Event]:
+    """Run ``spec`` (1 GPU) on a 2-node cluster, migrate it, return its ``stopped`` events."""
+    cluster = await factory.start(nodes=2, controllers=1)
+    wid = await cluster.submit({**spec, "gpus": 1})
+    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    source = view(snapshot, wid)["node"]
+    await intents.migrate(cluster.store, cluster.keys, wid)
+    await cluster.wait_for(running(wid, not_on=source), 30, what="moved")
+    return [e for e in await read_events(cluster.store, cluster.keys, 0)
+            if e.workload == wid and e.kind == "stopped"]
 
 
 def resumed_exactly(cluster: object, wid: str) -> tuple[int, int]:
@@ -93,38 +108,20 @@ async def test_migrate_to_a_full_node_is_refused_and_nothing_stops(
 
 async def test_workload_that_does_not_checkpoint_is_stopped_anyway_and_says_so(
         local_cluster: ClusterFactory) -> None:
-    import sys
-
-    cluster = await local_cluster.start(nodes=2, controllers=1)
-    stubborn = [sys.executable, "-c",
-                "import signal, time\n"
-                "signal.signal(signal.SIGUSR1, lambda *a: None)  # listens, never saves\n"
-                "while True: time.sleep(0.05)\n"]
-    wid = await cluster.submit({"name": "stubborn", "command": stubborn, "gpus": 1,
-                                "stop_grace": 1})
-    snapshot = await cluster.wait_for(running(wid), 20, what="running")
-    source = view(snapshot, wid)["node"]
-    await intents.migrate(cluster.store, cluster.keys, wid)
-    await cluster.wait_for(running(wid, not_on=source), 30, what="moved anyway")
-    stopped = [e for e in await read_events(cluster.store, cluster.keys, 0)
-               if e.workload == wid and e.kind == "stopped"]
+    stopped = await migrate_and_read_stop_events(local_cluster, {
+        "name": "stubborn", "stop_grace": 1, "command": [
+            sys.executable, "-c",
+            "import signal, time\n"
+            "signal.signal(signal.SIGUSR1, lambda *a: None)  # listens, never saves\n"
+            "while True: time.sleep(0.05)\n"]})
     assert stopped and "no checkpoint within stop_grace" in stopped[0].message
     assert "resumes from its last checkpoint (none: from start)" in stopped[0].message
 
 
 async def test_transparent_mode_is_refused_with_the_reason_and_stops_normally(
         local_cluster: ClusterFactory) -> None:
-    import sys
-
-    cluster = await local_cluster.start(nodes=2, controllers=1)
-    plain = [sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)\n"]
-    wid = await cluster.submit({"name": "opaque", "command": plain, "gpus": 1,
-                                "stop_grace": 2, "checkpoint": {"mode": "transparent"}})
-    snapshot = await cluster.wait_for(running(wid), 20, what="running")
-    source = view(snapshot, wid)["node"]
-    await intents.migrate(cluster.store, cluster.keys, wid)
-    await cluster.wait_for(running(wid, not_on=source), 30, what="moved (restarted)")
-    stopped = [e for e in await read_events(cluster.store, cluster.keys, 0)
-               if e.workload == wid and e.kind == "stopped"]
+    stopped = await migrate_and_read_stop_events(local_cluster, {
+        "name": "opaque", "stop_grace": 2, "checkpoint": {"mode": "transparent"},
+        "command": [sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)\n"]})
     assert stopped and "transparent checkpoint refused: " in stopped[0].message
     assert "not found on this node" in stopped[0].message or "criu" in stopped[0].message
