@@ -7,7 +7,8 @@ The guard starts the workload in its own session, then polls every 50 ms:
   the workload be assigned elsewhere;
 - SIGTERM (the agent stops the instance): SIGUSR1 to the workload (the checkpoint SDK turns it
   into ``should_checkpoint()``), wait up to the spec's ``stop_grace`` for a new checkpoint of
-  this epoch, then SIGTERM, and SIGKILL 10 s later: a planned move loses no work;
+  this epoch, give it 2 s more to exit by itself (the SDK's usual way: save, then leave), then
+  SIGTERM, and SIGKILL 10 s later: a planned move loses no work;
 - SIGUSR1: forwarded to the workload.
 The workload also gets PR_SET_PDEATHSIG=SIGKILL, so it dies with a killed guard.
 Imports are kept light: a guard starts in well under a second.
@@ -34,6 +35,7 @@ from hafo.decisions.fencing import must_kill
 
 POLL = 0.05
 TERM_GRACE = 10.0  # after SIGTERM, before SIGKILL
+EXIT_AFTER_COMMIT = 2.0  # after the stop checkpoint commits, time to exit on its own
 PR_SET_PDEATHSIG = 1
 
 
@@ -123,8 +125,9 @@ class Guard:
         assert self.proc is not None
         checkpoint_by: float | None = None  # waiting for the stop checkpoint until then
         baseline = (0, -1)
+        exit_by: float | None = None  # checkpoint committed; SIGTERM if still running then
         term_by: float | None = None  # SIGTERM sent; SIGKILL at this time
-        killed = False
+        killed = stopping = False
         while True:
             code = self.proc.poll()
             if code is not None:
@@ -143,9 +146,10 @@ class Guard:
                 self._signal_group(signal.SIGKILL)
                 killed = True
                 self.state["reason"] = "fenced: lease deadline passed without renewal"
-            elif self.stop_requested and checkpoint_by is None and term_by is None:
+            elif self.stop_requested and not stopping:
                 if self.launch.get("checkpoint_mode") == "transparent":
                     self.state["transparent"] = unavailable_reason()
+                stopping = True
                 if catches(self.proc.pid, signal.SIGUSR1):  # the checkpoint SDK listens
                     baseline = self._newest_checkpoint()
                     os.kill(self.proc.pid, signal.SIGUSR1)
@@ -158,12 +162,18 @@ class Guard:
             elif checkpoint_by is not None:
                 newest = self._newest_checkpoint()
                 committed = newest > baseline and newest[0] == int(self.launch["epoch"])
-                if committed or now >= checkpoint_by:
+                if committed:  # it may be about to exit by itself: let it, for a moment
+                    exit_by, checkpoint_by = now + EXIT_AFTER_COMMIT, None
+                    self.write(stop_checkpoint=newest[1],
+                               reason=f"stopped after checkpoint step {newest[1]}")
+                elif now >= checkpoint_by:
                     self._signal_group(signal.SIGTERM)
                     term_by, checkpoint_by = now + TERM_GRACE, None
-                    self.write(stop_checkpoint=newest[1] if committed else None,
-                               reason=f"stopped after checkpoint step {newest[1]}" if committed
-                               else "stopped: no checkpoint within stop_grace")
+                    self.write(stop_checkpoint=None,
+                               reason="stopped: no checkpoint within stop_grace")
+            elif exit_by is not None and now >= exit_by:
+                self._signal_group(signal.SIGTERM)
+                term_by, exit_by = now + TERM_GRACE, None
             elif term_by is not None and now >= term_by and not killed:
                 self._signal_group(signal.SIGKILL)
                 killed = True

@@ -141,3 +141,33 @@ def test_stop_asks_for_a_checkpoint_first_then_terminates(tmp_path: Path) -> Non
     from hafo.checkpoint import list_checkpoints
 
     assert list_checkpoints(tmp_path / "ck")[0].step == state["stop_checkpoint"]
+
+
+CHECKPOINTS_THEN_EXITS = [sys.executable, "-c", """
+import os, pathlib, sys, time
+from hafo.checkpoint import Checkpointer
+ck = Checkpointer()
+step = 0
+while True:
+    step += 1
+    time.sleep(0.02)
+    if ck.should_checkpoint():
+        ck.save({"step": step}, step=step)
+        time.sleep(0.5)  # closing files, flushing logs after the commit
+        pathlib.Path(os.environ["HAFO_CHECKPOINT_DIR"], "after-commit").write_text("ok")
+        sys.exit(0)
+"""]
+
+
+def test_stop_lets_the_workload_exit_by_itself_after_its_commit(tmp_path: Path) -> None:
+    guard, path = start_guard(tmp_path, 60, CHECKPOINTS_THEN_EXITS, grace=10,
+                              env={"HAFO_CHECKPOINT_DIR": str(tmp_path / "ck"),
+                                   "HAFO_EPOCH": "7"})
+    running_pid(path)
+    time.sleep(0.5)  # the SDK installed its SIGUSR1 handler
+    os.kill(guard.pid, signal.SIGTERM)
+    assert guard.wait(15) == 0
+    state = json.loads((path / "state.json").read_text())
+    assert state["exit_code"] == 0, "not terminated between its commit and its own exit"
+    assert (tmp_path / "ck" / "after-commit").read_text() == "ok"
+    assert "checkpoint step" in state["reason"]
