@@ -14,27 +14,30 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[local]'
 	touch $@
 
-$(STAMP): pyproject.toml | $(BIN)/python
+PLUGINS := plugins/hafo-check-openai plugins/hafo-check-training
+
+$(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS)) | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-build-isolation $(addprefix -e ,$(PLUGINS))
 	touch $(VENV)/.installed $@
 
 demo: $(VENV)/.installed
 	$(BIN)/hafo demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check hafo tests benchmarks examples
-	$(BIN)/mypy hafo
+	$(BIN)/ruff check hafo tests benchmarks examples plugins scripts
+	$(BIN)/mypy hafo $(addsuffix /src,$(PLUGINS))
 	$(BIN)/lint-imports
 
 unit: $(STAMP)
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q tests/unit $(addsuffix /tests,$(PLUGINS))
 
 integration: $(STAMP)
 	$(BIN)/pytest -q tests/integration
 
 test: $(STAMP)
 	$(MAKE) lint
-	$(BIN)/pytest -q -p no:cacheprovider tests
+	$(BIN)/pytest -q -p no:cacheprovider tests $(addsuffix /tests,$(PLUGINS))
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/failover.py

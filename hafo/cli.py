@@ -178,6 +178,7 @@ async def _cmd_submit(args: argparse.Namespace) -> int:
         spec = parse_spec(raw)
     except ValidationError as exc:
         raise CliError(f"{args.spec}: {exc}", EXIT_USAGE) from None
+    _check_types(args.spec, spec)
 
     async def body(store: Any, keys: Any) -> int:
         submission = await intents.submit(store, keys, spec)
@@ -188,6 +189,28 @@ async def _cmd_submit(args: argparse.Namespace) -> int:
         return 0
 
     return await _with_store(args, body)
+
+
+def _check_types(path: str, spec: Any) -> None:
+    """Validate each check's options with its check type, where that type is installed here;
+    a type that is not installed here only warns (the agents may have the plugin)."""
+    from hafo.checks.api import CheckOptionError
+    from hafo.checks.registry import CheckLoadError, available_types, load_check
+
+    types = available_types()
+    for i, check in enumerate(spec.checks):
+        if check.type not in types:
+            print(f"warning: {path}: spec.checks[{i}].type: {check.type!r} is not installed "
+                  f"here (known: {', '.join(sorted(types))}); the agents need its plugin",
+                  file=sys.stderr)
+            continue
+        try:
+            load_check(check.type, check.options)
+        except CheckOptionError as exc:
+            raise CliError(f"{path}: spec.checks[{i}].{exc.field}: {exc.message}",
+                           EXIT_USAGE) from None
+        except CheckLoadError as exc:
+            print(f"warning: {path}: spec.checks[{i}]: {exc}", file=sys.stderr)
 
 
 async def _cmd_change(args: argparse.Namespace) -> int:

@@ -9,6 +9,17 @@ import sys
 import structlog
 
 
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is at the time of the write (test runners and
+    daemons may swap it after logging is configured)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(fmt: str = "auto", level: str | None = None, **bound: str) -> None:
     """Configure structlog once per process; ``bound`` values go on every line.
 
@@ -29,8 +40,8 @@ def configure(fmt: str = "auto", level: str | None = None, **bound: str) -> None
         ],
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
+        cache_logger_on_first_use=False,  # tests capture logs (structlog.testing)
     )
     structlog.contextvars.clear_contextvars()
     if bound:

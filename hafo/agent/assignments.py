@@ -20,6 +20,7 @@ class NodeAssignments:
         self.keys = keys
         self.node = node
         self.placed: dict[str, Assignment] = {}
+        self.urgent: dict[str, int] = {}  # workload -> epoch to stop at once (no checkpoint)
         self.specs: dict[str, Submission] = {}
         self.changed = asyncio.Event()
         self.revision = 0
@@ -28,6 +29,7 @@ class NodeAssignments:
         workload = key[len(self.keys.assignments):]
         if deleted:
             self.placed.pop(workload, None)
+            self.urgent.pop(workload, None)
             return
         try:
             assignment = codec.decode_assignment(value, mod_revision)
@@ -38,11 +40,16 @@ class NodeAssignments:
             self.placed[workload] = assignment
         else:
             self.placed.pop(workload, None)
+        if assignment.phase == "moving" and assignment.node == self.node and assignment.urgent:
+            self.urgent[workload] = assignment.stopping
+        else:
+            self.urgent.pop(workload, None)
 
     async def load(self) -> int:
         """Read all assignments (a full re-read, e.g. after re-registering)."""
         revision, kvs = await self.store.get_prefix(self.keys.assignments)
         self.placed.clear()
+        self.urgent.clear()
         for kv in kvs:
             self._apply(kv.key, kv.value, kv.mod_revision, deleted=False)
         self.revision = revision
@@ -54,6 +61,7 @@ class NodeAssignments:
         async for event in self.store.watch_prefix(self.keys.assignments, self.revision + 1):
             if isinstance(event, Resync):
                 self.placed.clear()
+                self.urgent.clear()
                 for kv in event.kvs:
                     self._apply(kv.key, kv.value, kv.mod_revision, deleted=False)
                 self.revision = event.revision

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -11,11 +12,14 @@ from typing import Any
 
 import structlog
 
+from hafo.agent.app_checks import AppChecks
 from hafo.agent.assignments import NodeAssignments
 from hafo.agent.failsafe import AgentFailsafe
 from hafo.agent.fencefile import write_deadline
+from hafo.agent.health import HealthReport, NodeHealth
 from hafo.agent.instances import GuardState, InstanceKey
 from hafo.agent.supervisor import Supervisor, newest_per_workload, reap_children
+from hafo.checks.os_probes import LoopLagMonitor, OsProbe
 from hafo.decisions.fencing import can_start
 from hafo.decisions.instances import plan_instances
 from hafo.gpu import GpuBackend, backend_for
@@ -35,7 +39,6 @@ from hafo.tasks import run_all
 log = structlog.get_logger("hafo.agent")
 
 SUPERVISE_PERIOD = 0.2
-HEALTH_PERIOD = 2.0
 START_HEADROOM = 0.5
 
 
@@ -62,6 +65,11 @@ class Agent:
         self.supervisor = Supervisor(self.name, self.state_dir, Path(config.checkpoint_root))
         self.events = EventLog(self.store, self.keys)
         self.inventory: list[Gpu] = []
+        self.os_probe = OsProbe(Path(config.checkpoint_root), config.health)
+        self.health = NodeHealth(self.name, self.gpus, self.os_probe, config.health)
+        self.healthy, self.unhealthy_reason = True, ""
+        self.app_checks = AppChecks(self.name, Path(config.checkpoint_root))
+        self.app_faults: dict[InstanceKey, str] = {}  # restart-app findings on its GPUs
         self.reported: dict[str, InstanceStatus] = {}
         self.registered = asyncio.Event()
         self.api_address = ""
@@ -96,12 +104,13 @@ class Agent:
     def node_record(self) -> NodeRecord:
         """This node's inventory and health."""
         return NodeRecord(name=self.name, labels=dict(self.node.labels),
-                          gpus=tuple(self.inventory), healthy=True, reason="",
+                          gpus=tuple(self.inventory), healthy=self.healthy,
+                          reason=self.unhealthy_reason,
                           api=self.api_address, failsafe_seen=self.failsafe.current.version)
 
     async def register(self) -> None:
         """Publish inventory and the lease-bound liveness key."""
-        self.inventory = await asyncio.to_thread(self.gpus.inventory)
+        self._apply_health(await self.health.cycle())
         await self.failsafe.refresh()
         await self.store.put(self.keys.node(self.name), codec.encode(self.node_record().to_dict()))
         assert self.keeper.lease_id is not None
@@ -138,24 +147,39 @@ class Agent:
 
     # -- loops --------------------------------------------------------------------------
 
+    def _apply_health(self, report: HealthReport) -> bool:
+        """Take one health cycle's outcome; True if the node record changed."""
+        for index, why in report.restart_apps.items():
+            for workload, assignment in self.assignments.placed.items():
+                key = InstanceKey(workload, assignment.epoch)
+                if index in assignment.gpus and key not in self.app_faults:
+                    self.app_faults[key] = why
+                    log.warning("application fault on its GPU", workload=workload,
+                                node=self.name, epoch=assignment.epoch, why=why)
+        changed = (report.inventory != self.inventory or report.healthy != self.healthy
+                   or report.reason != self.unhealthy_reason)
+        self.inventory = report.inventory
+        self.healthy, self.unhealthy_reason = report.healthy, report.reason
+        return changed
+
     async def _health_loop(self) -> None:
         while True:
-            await asyncio.sleep(HEALTH_PERIOD)
-            try:
-                inventory = await asyncio.to_thread(self.gpus.inventory)
-            except Exception as exc:  # a broken backend must not stop the agent
-                log.warning("GPU inventory failed", node=self.name, error=str(exc))
-                continue
+            await asyncio.sleep(self.config.health.interval)
+            report = await self.health.cycle()
+            changed = self._apply_health(report)
             failsafe_changed = await self.failsafe.refresh()
-            inventory_changed = inventory != self.inventory
-            if inventory_changed or failsafe_changed:
-                self.inventory = inventory
+            if changed or failsafe_changed:
                 with contextlib.suppress(*TRANSIENT):
                     await self.store.put(self.keys.node(self.name),
                                          codec.encode(self.node_record().to_dict()))
-                if inventory_changed:
-                    log.info("inventory changed", node=self.name,
-                             unhealthy=[g.index for g in inventory if not g.healthy])
+            for change in report.changes:
+                log.warning("health changed", node=self.name, change=change)
+                with contextlib.suppress(*TRANSIENT):
+                    await self.events.append(Event(ts=time.time(), kind="health",
+                                                   node=self.name, message=change))
+
+    async def _loop_lag(self) -> None:
+        await LoopLagMonitor().run(self.os_probe.set_loop_lag)
 
     async def _supervise_loop(self) -> None:
         while True:
@@ -182,7 +206,10 @@ class Agent:
                                for k, s in states.items()}, may_start)
         for workload, epoch in plan.stop:
             key = InstanceKey(workload, epoch)
-            self.supervisor.stop(key, states[key], "no longer assigned to this node")
+            failing = self.failing(key)
+            urgent = self.assignments.urgent.get(workload) == epoch or bool(failing)
+            self.supervisor.stop(key, states[key], failing or "no longer assigned to this node",
+                                 urgent=urgent)
         for workload, epoch in plan.start:
             key = InstanceKey(workload, epoch)
             assignment = desired[key]
@@ -193,7 +220,25 @@ class Agent:
             self.supervisor.launch(assignment, submission,
                                    [str(i) if self.node.gpus == "simulate" else
                                     by_index.get(i, str(i)) for i in assignment.gpus])
-        await self._report(self.supervisor.states(), desired)
+        states = self.supervisor.states()
+        await self._check_apps(states, desired)
+        await self._report(states, desired)
+
+    def failing(self, key: InstanceKey) -> str:
+        """Why a running instance counts as failed ("" if it does not)."""
+        return self.app_checks.failing(key) or self.app_faults.get(key, "")
+
+    async def _check_apps(self, states: dict[InstanceKey, GuardState],
+                          desired: dict[InstanceKey, Any]) -> None:
+        """Run the checks of desired, running instances; retire the others'."""
+        live = {k for k, s in states.items() if k in desired and s.state == "running"}
+        await self.app_checks.retire(live)
+        for key in live:
+            submission = await self.assignments.spec(key.workload)
+            if submission is not None:
+                self.app_checks.ensure(key, states[key], submission)
+        for key in [k for k in self.app_faults if k not in states]:
+            del self.app_faults[key]
 
     async def _report(self, states: dict[InstanceKey, Any],
                       desired: dict[InstanceKey, Any]) -> None:
@@ -202,6 +247,8 @@ class Agent:
         newest = newest_per_workload(states)
         for workload, key in newest.items():
             status = self.supervisor.status_of(key, states[key])
+            if status.state == "running" and self.failing(key):
+                status = dataclasses.replace(status, failing=self.failing(key))
             if self.reported.get(workload) != status:
                 await self.store.put(self.keys.status(workload, self.name),
                                      codec.encode(status.to_dict()), lease=self.keeper.lease_id)
@@ -253,11 +300,13 @@ class Agent:
         if ready is not None:
             ready.set()
         await run_all(lease=self._keep_lease(), assignments=self.assignments.follow(),
-                      supervise=self._supervise_loop(), health=self._health_loop())
+                      supervise=self._supervise_loop(), health=self._health_loop(),
+                      loop_lag=self._loop_lag())
 
     async def close(self) -> None:
         """Release the etcd connection and the GPU backend (the lease is kept: guards and
         workloads live on, and a restarted agent adopts them)."""
+        await self.app_checks.close()
         self.gpus.close()
         await self.store.close()
 
@@ -269,4 +318,6 @@ class Agent:
         """For ``GET /v1/node``."""
         return {"node": self.node_record().to_dict(), "lease_valid": self.keeper.valid(),
                 "fenced_in": round(self.keeper.deadline - self.keeper.clock(), 3),
-                "instances": {w: s.to_dict() for w, s in self.reported.items()}}
+                "instances": {w: s.to_dict() for w, s in self.reported.items()},
+                "checks": {k.workload: self.app_checks.results(k)
+                           for k in self.app_checks.running}}

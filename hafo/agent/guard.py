@@ -9,6 +9,8 @@ The guard starts the workload in its own session, then polls every 50 ms:
   into ``should_checkpoint()``), wait up to the spec's ``stop_grace`` for a new checkpoint of
   this epoch, give it 2 s more to exit by itself (the SDK's usual way: save, then leave), then
   SIGTERM, and SIGKILL 10 s later: a planned move loses no work;
+- SIGUSR2 (the agent stops the instance now: its application failed, or its GPU is lost):
+  SIGTERM at once (also during a checkpoint wait), SIGKILL 5 s later;
 - SIGUSR1: forwarded to the workload.
 The workload also gets PR_SET_PDEATHSIG=SIGKILL, so it dies with a killed guard.
 Imports are kept light: a guard starts in well under a second.
@@ -35,6 +37,7 @@ from hafo.decisions.fencing import must_kill
 
 POLL = 0.05
 TERM_GRACE = 10.0  # after SIGTERM, before SIGKILL
+URGENT_TERM_GRACE = 5.0  # after an urgent SIGTERM, before SIGKILL
 EXIT_AFTER_COMMIT = 2.0  # after the stop checkpoint commits, time to exit on its own
 PR_SET_PDEATHSIG = 1
 
@@ -67,6 +70,7 @@ class Guard:
                                       "state": "starting", "exit_code": None,
                                       "started_at": None, "finished_at": None, "reason": ""}
         self.stop_requested = False
+        self.urgent = False
         self.proc: subprocess.Popen[bytes] | None = None
 
     def write(self, **changes: Any) -> None:
@@ -82,6 +86,9 @@ class Guard:
     def _on_term(self, _sig: int, _frame: object) -> None:
         self.stop_requested = True
 
+    def _on_usr2(self, _sig: int, _frame: object) -> None:
+        self.stop_requested = self.urgent = True
+
     def _on_usr1(self, _sig: int, _frame: object) -> None:
         if self.proc is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -92,6 +99,7 @@ class Guard:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, self._on_term)
         signal.signal(signal.SIGUSR1, self._on_usr1)
+        signal.signal(signal.SIGUSR2, self._on_usr2)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         self.write()
         if must_kill(time.monotonic(), read_deadline(self.fence_file)):
@@ -146,6 +154,13 @@ class Guard:
                 self._signal_group(signal.SIGKILL)
                 killed = True
                 self.state["reason"] = "fenced: lease deadline passed without renewal"
+            elif self.urgent and not killed and (not stopping or checkpoint_by is not None
+                                                  or exit_by is not None):
+                stopping, checkpoint_by, exit_by = True, None, None
+                self._signal_group(signal.SIGTERM)
+                if term_by is None or term_by > now + URGENT_TERM_GRACE:
+                    term_by = now + URGENT_TERM_GRACE
+                self.write(state="stopping", reason="stopped at once by the agent")
             elif self.stop_requested and not stopping:
                 if self.launch.get("checkpoint_mode") == "transparent":
                     self.state["transparent"] = unavailable_reason()

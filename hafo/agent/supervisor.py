@@ -73,6 +73,7 @@ class Supervisor:
 
     def __post_init__(self) -> None:
         self.stopping: set[InstanceKey] = set()
+        self.stopping_now: set[InstanceKey] = set()
         self._checkpoint_cache: dict[str, tuple[float, CheckpointInfo | None]] = {}
 
     # -- state --------------------------------------------------------------------------
@@ -135,16 +136,20 @@ class Supervisor:
         log.info("instance launched", workload=assignment.workload, node=self.node,
                  epoch=assignment.epoch, gpus=gpu_ids)
 
-    def stop(self, key: InstanceKey, state: GuardState, why: str) -> None:
-        """Ask the guard to stop its workload (once)."""
-        if key in self.stopping or state.state == "exited":
+    def stop(self, key: InstanceKey, state: GuardState, why: str, urgent: bool = False) -> None:
+        """Ask the guard to stop its workload (once): checkpoint first (SIGTERM to the guard),
+        or, ``urgent``, at once (SIGUSR2; also escalates a checkpoint-first stop)."""
+        if state.state == "exited" or key in self.stopping_now or (
+                key in self.stopping and not urgent):
             return
         self.stopping.add(key)
+        if urgent:
+            self.stopping_now.add(key)
         if state.guard_pid and pid_alive(state.guard_pid):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(state.guard_pid, signal.SIGTERM)
+                os.kill(state.guard_pid, signal.SIGUSR2 if urgent else signal.SIGTERM)
         log.info("instance stopping", workload=key.workload, node=self.node, epoch=key.epoch,
-                 why=why)
+                 why=why, urgent=urgent)
 
     def kill_all(self, why: str) -> None:
         """Kill every instance at once (lease lost: someone else may run them now)."""
@@ -169,6 +174,7 @@ class Supervisor:
             shutil.move(str(path / "output.log"), str(logs / f"{key.dirname}.log"))
         shutil.rmtree(path, ignore_errors=True)
         self.stopping.discard(key)
+        self.stopping_now.discard(key)
 
     # -- reporting ----------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from hafo.checkpoint.format import (
     read_checkpoint,
     write_checkpoint,
 )
+from hafo.model.progress import HEARTBEAT_FILE, Heartbeat, encode_heartbeat
 
 log = logging.getLogger("hafo.checkpoint")
 
@@ -64,6 +66,18 @@ class Checkpointer:
         """Alias of ``should_checkpoint()``."""
         return self.should_checkpoint()
 
+    def heartbeat(self, step: int) -> None:
+        """Report progress (the ``progress`` check reads it): call it every step or so. Cheap:
+        one small atomic file write; errors are logged, never raised."""
+        beat = Heartbeat(step=int(step), epoch=self.epoch, t=time.time(), pid=os.getpid())
+        path = self.root / HEARTBEAT_FILE
+        tmp = path.with_name(f".{HEARTBEAT_FILE}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(encode_heartbeat(beat))
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("heartbeat not written: %s", exc)
+
     def load_latest(self) -> Restored | None:
         """The newest checkpoint that verifies; corrupt or partial ones are skipped."""
         self.wait()
@@ -84,6 +98,7 @@ class Checkpointer:
         tree = flatten(state, blobs)
         ref = write_checkpoint(self.root, self.epoch, int(step), tree, blobs)
         prune(self.root, self.keep_last)
+        self.heartbeat(step)
         return str(ref.path)
 
     def save_async(self, state: dict[str, Any], step: int) -> None:
@@ -101,6 +116,7 @@ class Checkpointer:
                 tree = flatten(staged, blobs)
                 write_checkpoint(self.root, self.epoch, int(step), tree, blobs)
                 prune(self.root, self.keep_last)
+                self.heartbeat(step)
             except BaseException as exc:  # surfaced on the next call
                 log.error("background checkpoint write failed: %s", exc)
                 self._error = exc

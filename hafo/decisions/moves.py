@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from hafo.decisions.failures import AfterFailure
 from hafo.decisions.placement import (
     PlacementRequest,
     Unplaceable,
@@ -53,24 +54,54 @@ def start_move(snapshot: ClusterSnapshot, wid: str, move: MoveRequest, now: floa
                   "checkpoint-requested", clear_move=True)
 
 
+def stop_then_place(current: Assignment, why: str, event: str, *, urgent: bool,
+                    after: AfterFailure | None = None) -> Action:
+    """Stop the running instance first, then place the workload again (see ``moved_off``):
+    for a GPU or node going bad (``after`` None: a move, checkpoint first unless ``urgent``)
+    or for a failing application (``after``: restart in place or move, per the policy)."""
+    assert current.node is not None
+    moving = Assignment(
+        workload=current.workload, phase="moving", node=current.node, gpus=current.gpus,
+        restarts=after.restarts if after else current.restarts,
+        restart_times=after.restart_times if after else current.restart_times,
+        reason=after.why if after else why, avoid=current.avoid, stopping=current.epoch,
+        urgent=urgent, after_stop=after.kind if after else "move",
+        not_before=after.not_before if after else 0.0,
+        failed_on=after.failed_on if after else current.failed_on)
+    how = "stop now" if urgent else "checkpoint and stop"
+    return Action("move", current.workload, f"{after.why if after else why}: {how} on "
+                  f"{current.node}", current.epoch, moving, event)
+
+
 def moved_off(snapshot: ClusterSnapshot, current: Assignment, now: float,
               cooldown: float) -> Need | None:
-    """Step 2 for a workload in phase ``moving``: place it once its instance has stopped."""
+    """Step 2 for a workload in phase ``moving``: place it once its instance has stopped
+    (and, after a failure, its backoff has passed)."""
     node = current.node
     assert node is not None
     status = snapshot.statuses.get((current.workload, node))
     stopped = (snapshot.node_state(node) == "down" or status is None
                or status.epoch != current.stopping or status.state == "exited")
-    if not stopped:
+    if not stopped or now < current.not_before:
         return None
     submission = snapshot.workloads[current.workload]
     avoid = {n: t for n, t in current.avoid.items() if t > now}
+    if current.after_stop == "restart":
+        request = PlacementRequest(current.workload, submission.spec, submission.submitted_at,
+                                   avoid, prefer=node, exclude=current.failed_on)
+        return Need(request, current, current.restarts, current.restart_times, "restarted",
+                    f"{current.reason}{_resumes(snapshot, current.workload)}")
     if current.move_to is None:
         avoid[node] = now + cooldown
     request = PlacementRequest(current.workload, submission.spec, submission.submitted_at,
-                               avoid, prefer=current.move_to, only=current.move_to)
-    checkpoint = latest_checkpoint(snapshot, current.workload)
-    resume = (f", resumes from the checkpoint it took (last reported: step {checkpoint.step})"
-              if checkpoint else "")
+                               avoid, prefer=current.move_to, only=current.move_to,
+                               exclude=current.failed_on)
     return Need(request, current, current.restarts, current.restart_times, "moved",
-                f"planned move off {node} (instance {current.stopping} stopped{resume})")
+                f"move off {node}: {current.reason} (instance {current.stopping} stopped"
+                f"{_resumes(snapshot, current.workload)})")
+
+
+def _resumes(snapshot: ClusterSnapshot, wid: str) -> str:
+    checkpoint = latest_checkpoint(snapshot, wid)
+    return (f"; resumes from its latest checkpoint (last reported: step {checkpoint.step})"
+            if checkpoint else "")

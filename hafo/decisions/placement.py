@@ -24,6 +24,7 @@ class PlacementRequest:
     avoid: Mapping[str, float] = field(default_factory=dict)
     prefer: str | None = None
     only: str | None = None
+    exclude: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -47,9 +48,11 @@ class Placed:
 
 @dataclass(frozen=True)
 class Unplaceable:
-    """Why a workload could not be placed now."""
+    """Why a workload could not be placed now. ``exhausted``: only nodes it failed on (see
+    ``PlacementRequest.exclude``) could take it."""
 
     reason: str
+    exhausted: bool = False
 
 
 def capacity_from(snapshot: ClusterSnapshot,
@@ -61,7 +64,7 @@ def capacity_from(snapshot: ClusterSnapshot,
         if snapshot.node_state(name) != "ready":
             continue
         capacity[name] = NodeCapacity(name=name, labels=record.labels,
-                                      free=[g for g in record.gpus if g.healthy],
+                                      free=[g for g in record.gpus if g.usable],
                                       allocated_gpus=0, workloads=0)
     for wid, assignment in snapshot.assignments.items():
         if not assignment.holds_node or assignment.node not in capacity or wid in released:
@@ -80,10 +83,12 @@ def _matching_gpus(spec: WorkloadSpec, free: list[Gpu]) -> list[Gpu]:
 
 
 def _filter(request: PlacementRequest, cap: NodeCapacity, now: float,
-            honour_cooldown: bool = True) -> str | None:
+            honour_cooldown: bool = True, honour_exclude: bool = True) -> str | None:
     """None if the node fits, else the reason it does not."""
     if request.only is not None and cap.name != request.only:
         return f"not the requested node {request.only}"
+    if honour_exclude and request.exclude.get(cap.name, 0.0) > now:
+        return "the workload failed there too often"
     if honour_cooldown and request.avoid.get(cap.name, 0.0) > now:
         return "cooling down after a failure"
     for key, value in request.spec.node_selector.items():
@@ -100,10 +105,11 @@ def _score(request: PlacementRequest, cap: NodeCapacity) -> tuple[int, int, int,
 
 
 def _best(request: PlacementRequest, capacity: Mapping[str, NodeCapacity], now: float,
-          honour_cooldown: bool, reasons: dict[str, int]) -> NodeCapacity | None:
+          honour_cooldown: bool, reasons: dict[str, int],
+          honour_exclude: bool = True) -> NodeCapacity | None:
     best: NodeCapacity | None = None
     for cap in capacity.values():
-        why = _filter(request, cap, now, honour_cooldown)
+        why = _filter(request, cap, now, honour_cooldown, honour_exclude)
         if why is not None:
             reasons[why] = reasons.get(why, 0) + 1
             continue
@@ -116,8 +122,9 @@ def place_one(request: PlacementRequest, capacity: Mapping[str, NodeCapacity],
               now: float) -> Placed | Unplaceable:
     """Choose a node for one request without changing ``capacity``.
 
-    The failure cool-down is soft: a node that recently failed this workload is used only
-    when no other node fits, because running somewhere beats waiting.
+    The failure cool-down (``avoid``, after a node went down) is soft: such a node is used
+    only when no other node fits, because running somewhere beats waiting. ``exclude`` (the
+    workload itself failed there too often) is hard.
     """
     if not capacity:
         return Unplaceable("no ready nodes")
@@ -127,7 +134,9 @@ def place_one(request: PlacementRequest, capacity: Mapping[str, NodeCapacity],
         best = _best(request, capacity, now, False, {})
     if best is None:
         summary = ", ".join(f"{n} node(s): {why}" for why, n in sorted(reasons.items()))
-        return Unplaceable(f"no node fits ({summary})")
+        exhausted = bool(request.exclude) and _best(request, capacity, now, False, {},
+                                                    honour_exclude=False) is not None
+        return Unplaceable(f"no node fits ({summary})", exhausted)
     gpus = sorted(_matching_gpus(request.spec, best.free), key=lambda g: g.index)
     return Placed(node=best.name, gpus=tuple(g.index for g in gpus[:request.spec.gpus]))
 

@@ -1,10 +1,11 @@
-"""The GPU backend interface: inventory with a health flag per GPU."""
+"""The GPU backend interface: inventory, and health findings polled every health cycle."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
 from hafo.model.cluster import Gpu
+from hafo.model.health import Finding
 
 
 class GpuBackend(Protocol):
@@ -13,7 +14,12 @@ class GpuBackend(Protocol):
     description: str
 
     def inventory(self) -> list[Gpu]:
-        """Every GPU of the node with its current health."""
+        """Every GPU of the node (identity; health is decided from ``findings``)."""
+        ...
+
+    def findings(self) -> list[Finding]:
+        """What is wrong right now, and what happened since the last call (XID events,
+        counters that grew). Healthy GPUs yield nothing."""
         ...
 
     def close(self) -> None:
@@ -29,6 +35,10 @@ class NoGpus:
 
     def inventory(self) -> list[Gpu]:
         """Always empty."""
+        return []
+
+    def findings(self) -> list[Finding]:
+        """Nothing to find."""
         return []
 
     def close(self) -> None:

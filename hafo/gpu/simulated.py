@@ -2,7 +2,12 @@
 
 The faults file (DESIGN.md part B) maps a GPU index to a fault, e.g. ``{"0": {"xid": 79}}``,
 ``{"1": {"ecc_dbe": 1}}``, ``{"2": {"lost": true}}``. It is re-read on every call; an absent
-file or ``{}`` means healthy. Any listed fault marks that GPU unhealthy.
+file or ``{}`` means healthy. Each key of a GPU's entry becomes a finding (see
+``hafo.model.health``): ``xid`` (number), ``ecc_dbe`` (count), ``ecc_sbe_rate`` (per hour),
+``thermal`` (degrees C at or above slowdown), ``pcie_replay`` (per minute), ``recovery_action``
+(NVML value), and the flags ``lost``, ``remap_pending``, ``remap_failed``,
+``retired_pages_pending``, ``hw_slowdown``, ``hw_thermal_slowdown``, ``hw_power_brake``.
+A fault stays while it is in the file, as a persistent hardware fault would.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from typing import Any
 
 import structlog
 
+from hafo.model import health as h
 from hafo.model.cluster import Gpu
+from hafo.model.health import Finding
 
 log = structlog.get_logger("hafo.gpu")
 
@@ -49,11 +56,50 @@ class SimulatedGpus:
             return {}
 
     def inventory(self) -> list[Gpu]:
-        """Every simulated GPU, unhealthy where the faults file names a fault."""
-        faults = self.faults()
-        return [Gpu(index=i, uuid=self.uuid(i), model=self.model, memory_mib=self.memory_mib,
-                    healthy=i not in faults)
+        """Every simulated GPU."""
+        return [Gpu(index=i, uuid=self.uuid(i), model=self.model, memory_mib=self.memory_mib)
                 for i in range(self.count)]
+
+    def findings(self) -> list[Finding]:
+        """The faults file as findings; unknown keys and bad values are logged and skipped."""
+        out: list[Finding] = []
+        for index, fault in sorted(self.faults().items()):
+            if not 0 <= index < self.count:
+                continue
+            for key, value in sorted(fault.items()):
+                finding = _finding(index, key, value)
+                if finding is None:
+                    log.warning("unknown simulated fault", gpu=index, fault=key, value=value)
+                elif finding.kind:
+                    out.append(finding)
+        return out
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+_CODED = {"xid": h.XID, "recovery_action": h.RECOVERY_ACTION}
+_VALUED = {"ecc_dbe": h.ECC_DBE, "ecc_sbe_rate": h.ECC_SBE_RATE, "thermal": h.THERMAL,
+           "pcie_replay": h.PCIE_REPLAY}
+_FLAGS = {"lost": h.LOST, "remap_pending": h.REMAP_PENDING, "remap_failed": h.REMAP_FAILED,
+          "retired_pages_pending": h.RETIRED_PAGES_PENDING, "hw_slowdown": h.HW_SLOWDOWN,
+          "hw_thermal_slowdown": h.HW_THERMAL_SLOWDOWN, "hw_power_brake": h.HW_POWER_BRAKE}
+
+
+def _finding(gpu: int, key: str, value: Any) -> Finding | None:
+    """One faults-file entry as a finding; ``Finding("")`` for an entry that says "no fault"
+    (false, 0), None for an unknown key or a bad value."""
+    if isinstance(value, bool) and key not in _FLAGS:
+        return None
+    try:
+        if key in _CODED:
+            return Finding(_CODED[key], gpu, code=int(value), detail="simulated")
+        if key in _VALUED:
+            number = float(value)
+            return Finding(_VALUED[key], gpu, value=number, detail="simulated") if number \
+                else Finding("")
+        if key in _FLAGS:
+            return Finding(_FLAGS[key], gpu, detail="simulated") if value else Finding("")
+    except (TypeError, ValueError):
+        return None
+    return None

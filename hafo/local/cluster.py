@@ -8,6 +8,7 @@ here and stopped here by pid; each node runs under its own ``nodeinit`` (a child
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import signal
 import subprocess
@@ -96,6 +97,7 @@ class LocalCluster:
     cluster: str = "default"
     keep: bool = False
     partitionable: bool = False
+    health: dict[str, Any] = field(default_factory=lambda: {"interval": 0.5, "hold_down": 5})
     node_handles: dict[str, NodeHandle] = field(default_factory=dict)
     controller_handles: dict[str, ControllerHandle] = field(default_factory=dict)
 
@@ -134,6 +136,7 @@ class LocalCluster:
                                  self.base / "logs" / f"{name}.proxy.log")
         self._write_config(handle.config_path, {
             **self._common(endpoints), "api": {"listen": f"127.0.0.1:{handle.api_port}"},
+            "health": {"min_free_mib": 64, **self.health},
             "node": {"name": name, "labels": labels or {"zone": "local"},
                      "state_dir": str(handle.state_dir),
                      "gpus": {"simulate": {"count": self.gpus_per_node,
@@ -184,6 +187,21 @@ class LocalCluster:
             return []
         assert handle.init is not None
         return [handle.init.pid, *descendants(handle.init.pid)]
+
+    def inject_fault(self, name: str, gpu: int, **fault: Any) -> None:
+        """Write a simulated GPU fault (``xid=48``, ``lost=True``...) into the node's faults
+        file; no keywords clears that GPU's faults."""
+        handle = self.node_handles[name]
+        try:
+            faults = json.loads(handle.faults_file.read_text())
+        except (OSError, ValueError):
+            faults = {}
+        faults[str(gpu)] = fault
+        faults = {k: v for k, v in faults.items() if v}
+        handle.faults_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = handle.faults_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(faults))
+        tmp.replace(handle.faults_file)
 
     def power_off(self, name: str) -> list[int]:
         """Power loss: freeze the node's whole process tree, then SIGKILL all of it at once."""
@@ -365,11 +383,14 @@ class LocalCluster:
         return read_progress(self.checkpoint_root / workload / "progress.jsonl")
 
 def demo_workload_spec(name: str = "train-demo", steps: int = 0, interval: float = 0.05,
-                       every: int = 10, gpus: int = 1, fail_at: int = 0) -> dict[str, Any]:
+                       every: int = 10, gpus: int = 1, fail_at: int = 0,
+                       stall_at: int = 0) -> dict[str, Any]:
     """Spec of the built-in checkpointing workload (``python -m hafo.local.workload``)."""
     command = [sys.executable, "-u", "-m", "hafo.local.workload", "--steps", str(steps),
                "--interval", str(interval), "--every", str(every)]
     if fail_at:
         command += ["--fail-at", str(fail_at)]
+    if stall_at:
+        command += ["--stall-at", str(stall_at)]
     return {"name": name, "command": command, "gpus": gpus, "stop_grace": 5,
             "restart": {"max_restarts": 3, "window": 600}}

@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.05)
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--fail-at", type=int, default=0, help="exit 3 at this step once")
+    parser.add_argument("--stall-at", type=int, default=0,
+                        help="hang at this step once (as a stuck NCCL collective would)")
     args = parser.parse_args(argv)
     ck = Checkpointer()
     log_path = ck.root / "progress.jsonl"
@@ -29,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     step = latest.step if latest else 0
     loss = float(latest.state["loss"]) if latest else 10.0
     failed_once = bool(latest.state.get("failed_once")) if latest else False
+    stalled_once = bool(latest.state.get("stalled_once")) if latest else False
 
     def record(**fields: object) -> None:
         with open(log_path, "a") as fh:
@@ -41,17 +44,25 @@ def main(argv: list[str] | None = None) -> int:
         step += 1
         loss *= 0.99
         record(event="step", step=step)
+        ck.heartbeat(step)
+        if args.stall_at and step == args.stall_at and not stalled_once:
+            ck.save({"loss": loss, "failed_once": failed_once, "stalled_once": True}, step=step)
+            print(f"stalling on purpose at step {step}", flush=True)
+            while True:
+                time.sleep(1)
         if args.fail_at and step == args.fail_at and not failed_once:
             ck.save({"loss": loss, "failed_once": True}, step=step)
             print(f"failing on purpose at step {step}", flush=True)
             return 3
         if ck.should_checkpoint():  # a planned move: checkpoint now, then leave
-            ck.save({"loss": loss, "failed_once": failed_once}, step=step)
+            ck.save({"loss": loss, "failed_once": failed_once, "stalled_once": stalled_once},
+                    step=step)
             record(event="preempted", step=step)
             print(f"step {step}: checkpointed for a planned move, exiting", flush=True)
             return 0
         if step % args.every == 0:
-            ck.save({"loss": loss, "failed_once": failed_once}, step=step)
+            ck.save({"loss": loss, "failed_once": failed_once, "stalled_once": stalled_once},
+                    step=step)
             record(event="checkpoint", step=step)
             print(f"step {step} loss {loss:.4f} (checkpointed)", flush=True)
     record(event="done", step=step)

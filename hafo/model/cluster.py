@@ -16,6 +16,7 @@ NodeState = Literal["ready", "cordoned", "unhealthy", "down"]
 WorkloadState = Literal["pending", "starting", "running", "stopping", "completed", "failed"]
 Phase = Literal["pending", "placed", "moving", "completed", "failed"]
 InstanceState = Literal["starting", "running", "stopping", "exited"]
+AfterStop = Literal["move", "restart"]
 
 
 @dataclass(frozen=True)
@@ -27,17 +28,30 @@ class Gpu:
     model: str
     memory_mib: int
     healthy: bool = True
+    reason: str = ""
+    degraded: bool = False
+    lost: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form."""
+        """JSON form. ``reason`` says why it is unhealthy or degraded; ``degraded``: still
+        usable but failing (work is moved off with a fresh checkpoint, nothing new placed);
+        ``lost``: it does not answer at all (no checkpoint can be taken from it)."""
         return {"index": self.index, "uuid": self.uuid, "model": self.model,
-                "memory_mib": self.memory_mib, "healthy": self.healthy}
+                "memory_mib": self.memory_mib, "healthy": self.healthy, "reason": self.reason,
+                "degraded": self.degraded, "lost": self.lost}
+
+    @property
+    def usable(self) -> bool:
+        """May new work be placed on it."""
+        return self.healthy and not self.degraded
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> Gpu:
         """Inverse of ``to_dict``."""
         return Gpu(index=int(d["index"]), uuid=str(d["uuid"]), model=str(d["model"]),
-                   memory_mib=int(d["memory_mib"]), healthy=bool(d.get("healthy", True)))
+                   memory_mib=int(d["memory_mib"]), healthy=bool(d.get("healthy", True)),
+                   reason=str(d.get("reason", "")), degraded=bool(d.get("degraded", False)),
+                   lost=bool(d.get("lost", False)))
 
 
 @dataclass(frozen=True)
@@ -105,6 +119,10 @@ class Assignment:
     avoid: Mapping[str, float] = field(default_factory=dict)
     stopping: int = 0
     move_to: str | None = None
+    urgent: bool = False
+    after_stop: AfterStop = "move"
+    not_before: float = 0.0
+    failed_on: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def holds_node(self) -> bool:
@@ -114,13 +132,17 @@ class Assignment:
     def to_dict(self) -> dict[str, Any]:
         """JSON form (the epoch is not stored: it is the key's revision).
 
-        Phase ``moving``: a planned move; the instance of epoch ``stopping`` on ``node`` is
-        checkpointed and stopped, then the workload is placed (on ``move_to`` if set).
+        Phase ``moving``: the instance of epoch ``stopping`` on ``node`` is stopped (after a
+        checkpoint, unless ``urgent``), then, not before ``not_before``, the workload is placed
+        again: ``after_stop`` ``restart`` prefers the same node, ``move`` another one (or
+        ``move_to``). ``failed_on``: nodes where it failed too often, excluded until then.
         """
         return {"workload": self.workload, "phase": self.phase, "node": self.node,
                 "gpus": list(self.gpus), "restarts": self.restarts,
                 "restart_times": list(self.restart_times), "reason": self.reason,
-                "avoid": dict(self.avoid), "stopping": self.stopping, "move_to": self.move_to}
+                "avoid": dict(self.avoid), "stopping": self.stopping, "move_to": self.move_to,
+                "urgent": self.urgent, "after_stop": self.after_stop,
+                "not_before": self.not_before, "failed_on": dict(self.failed_on)}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any], epoch: int) -> Assignment:
@@ -131,7 +153,12 @@ class Assignment:
                           restart_times=tuple(float(t) for t in d.get("restart_times") or ()),
                           reason=str(d.get("reason", "")),
                           avoid={str(k): float(v) for k, v in (d.get("avoid") or {}).items()},
-                          stopping=int(d.get("stopping", 0)), move_to=d.get("move_to"))
+                          stopping=int(d.get("stopping", 0)), move_to=d.get("move_to"),
+                          urgent=bool(d.get("urgent", False)),
+                          after_stop="restart" if d.get("after_stop") == "restart" else "move",
+                          not_before=float(d.get("not_before", 0.0)),
+                          failed_on={str(k): float(v)
+                                     for k, v in (d.get("failed_on") or {}).items()})
 
 
 @dataclass(frozen=True)
@@ -167,13 +194,16 @@ class InstanceStatus:
     started_at: float | None = None
     finished_at: float | None = None
     checkpoint: CheckpointInfo | None = None
+    failing: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form."""
+        """JSON form. ``failing``: why the running instance is considered failed (a check
+        past its failure threshold, an application XID on its GPU), "" when it is fine."""
         return {"workload": self.workload, "node": self.node, "epoch": self.epoch,
                 "state": self.state, "pid": self.pid, "exit_code": self.exit_code,
                 "started_at": self.started_at, "finished_at": self.finished_at,
-                "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None}
+                "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None,
+                "failing": self.failing}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> InstanceStatus:
@@ -182,7 +212,8 @@ class InstanceStatus:
                               epoch=int(d["epoch"]), state=d["state"], pid=d.get("pid"),
                               exit_code=d.get("exit_code"), started_at=d.get("started_at"),
                               finished_at=d.get("finished_at"),
-                              checkpoint=CheckpointInfo.from_dict(d.get("checkpoint")))
+                              checkpoint=CheckpointInfo.from_dict(d.get("checkpoint")),
+                              failing=str(d.get("failing") or ""))
 
 
 @dataclass(frozen=True)

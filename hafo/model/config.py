@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hafo.model.errors import ValidationError
+from hafo.model.health_config import HealthConfig, parse_health
 from hafo.model.parsing import (
     as_mapping,
     get_int,
@@ -94,6 +95,7 @@ class Config:
     checkpoint_root: str = "/var/lib/hafo/checkpoints"
     controller_name: str | None = None
     log_format: str = "auto"
+    health: HealthConfig = field(default_factory=HealthConfig)
 
 
 def parse_endpoints(value: Any, field_name: str) -> tuple[str, ...]:
@@ -186,7 +188,7 @@ def parse_config(raw: Any, role: str) -> Config:
     """Validate a daemon config mapping. ``role`` is 'agent', 'controller' or 'client'."""
     data = as_mapping(raw if raw is not None else {}, "config")
     reject_unknown(data, {"cluster", "etcd", "timing", "api", "node", "checkpoint",
-                          "controller", "log"}, "")
+                          "controller", "log", "health"}, "")
     cluster = get_str(data, "cluster", "", "default") or "default"
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", cluster):
         raise ValidationError("cluster", "must be lowercase letters, digits and '-'")
@@ -220,4 +222,5 @@ def parse_config(raw: Any, role: str) -> Config:
                                 "/var/lib/hafo/checkpoints") or "",
         controller_name=controller_name,
         log_format=log_format,
+        health=parse_health(data.get("health")),
     )

@@ -28,6 +28,15 @@ class RestartPolicy:
 
     max_restarts: int = 3
     window: float = 600.0
+    backoff: float = 1.0
+    max_backoff: float = 30.0
+
+    def delay(self, restarts_in_window: int) -> float:
+        """Seconds to wait before restart number ``restarts_in_window + 1`` of the window:
+        none for the first, then ``backoff`` doubling up to ``max_backoff``."""
+        if restarts_in_window <= 0:
+            return 0.0
+        return float(min(self.backoff * 2 ** (restarts_in_window - 1), self.max_backoff))
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,7 @@ class CheckSpec:
     interval: float = 10.0
     timeout: float = 5.0
     failure_threshold: int = 3
+    initial_delay: float = 0.0
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -67,10 +77,12 @@ class WorkloadSpec:
             "gpus": self.gpus,
             "env": dict(self.env),
             "restart": {"max_restarts": self.restart.max_restarts,
-                        "window": self.restart.window},
+                        "window": self.restart.window, "backoff": self.restart.backoff,
+                        "max_backoff": self.restart.max_backoff},
             "checks": [
                 {"type": c.type, "interval": c.interval, "timeout": c.timeout,
-                 "failure_threshold": c.failure_threshold, **dict(c.options)}
+                 "failure_threshold": c.failure_threshold, "initial_delay": c.initial_delay,
+                 **dict(c.options)}
                 for c in self.checks
             ],
             "stop_grace": self.stop_grace,
@@ -99,18 +111,26 @@ def _parse_check(raw: Any, where: str) -> CheckSpec:
     ctype = get_str(data, "type", where, required=True)
     assert ctype is not None
     options = {k: v for k, v in data.items()
-               if k not in {"type", "interval", "timeout", "failure_threshold"}}
+               if k not in {"type", "interval", "timeout", "failure_threshold", "initial_delay"}}
     if ctype == "exec":
         get_argv(data, "command", where)
     if ctype in ("http",):
         get_str(data, "url", where, required=True)
     if ctype == "tcp":
         get_int(data, "port", where, default=0, minimum=1, maximum=65535)
+    if ctype == "progress":
+        if data.get("stall_after") is None:
+            raise ValidationError(f"{where}.stall_after", "is required (seconds without progress)")
+        get_number(data, "stall_after", where, 0.0, minimum=0, exclusive_minimum=True)
+        get_str(data, "file", where)
+    if ctype == "process" and data.get("max_rss_mib") is not None:
+        get_int(data, "max_rss_mib", where, 1, minimum=1)
     return CheckSpec(
         type=ctype,
         interval=get_number(data, "interval", where, 10.0, minimum=0, exclusive_minimum=True),
         timeout=get_number(data, "timeout", where, 5.0, minimum=0, exclusive_minimum=True),
         failure_threshold=get_int(data, "failure_threshold", where, 3, minimum=1),
+        initial_delay=get_number(data, "initial_delay", where, 0.0, minimum=0),
         options=options,
     )
 
@@ -125,7 +145,8 @@ def parse_spec(raw: Any, field_prefix: str = "spec") -> WorkloadSpec:
         raise ValidationError(f"{field_prefix}.name",
                               "must be lowercase letters, digits and '-', 1-52 characters")
     restart_raw = as_mapping(data.get("restart") or {}, f"{field_prefix}.restart")
-    reject_unknown(restart_raw, {"max_restarts", "window"}, f"{field_prefix}.restart")
+    reject_unknown(restart_raw, {"max_restarts", "window", "backoff", "max_backoff"},
+                   f"{field_prefix}.restart")
     checks_raw = data.get("checks") or []
     if not isinstance(checks_raw, list):
         raise ValidationError(f"{field_prefix}.checks", "must be a list")
@@ -149,6 +170,10 @@ def parse_spec(raw: Any, field_prefix: str = "spec") -> WorkloadSpec:
                                  minimum=0),
             window=get_number(restart_raw, "window", f"{field_prefix}.restart", 600.0,
                               minimum=0, exclusive_minimum=True),
+            backoff=get_number(restart_raw, "backoff", f"{field_prefix}.restart", 1.0,
+                               minimum=0),
+            max_backoff=get_number(restart_raw, "max_backoff", f"{field_prefix}.restart", 30.0,
+                                   minimum=0),
         ),
         checks=tuple(_parse_check(c, f"{field_prefix}.checks[{i}]")
                      for i, c in enumerate(checks_raw)),

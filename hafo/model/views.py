@@ -94,7 +94,8 @@ def node_view(snapshot: ClusterSnapshot, name: str) -> dict[str, Any]:
         "labels": dict(record.labels),
         "gpus": [
             {"index": g.index, "uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib,
-             "healthy": g.healthy, "allocated_to": alloc.get(g.index)}
+             "healthy": g.healthy, "allocated_to": alloc.get(g.index),
+             "degraded": g.degraded, "reason": g.reason}
             for g in record.gpus
         ],
         "workloads": sorted(wid for wid, a in snapshot.assignments.items()

@@ -171,3 +171,17 @@ def test_stop_lets_the_workload_exit_by_itself_after_its_commit(tmp_path: Path) 
     assert state["exit_code"] == 0, "not terminated between its commit and its own exit"
     assert (tmp_path / "ck" / "after-commit").read_text() == "ok"
     assert "checkpoint step" in state["reason"]
+
+
+def test_urgent_stop_skips_the_checkpoint_and_escalates_a_pending_one(tmp_path: Path) -> None:
+    guard, path = start_guard(tmp_path, 60, CHECKPOINTING, grace=30,
+                              env={"HAFO_CHECKPOINT_DIR": str(tmp_path / "ck"),
+                                   "HAFO_EPOCH": "7"})
+    pid = running_pid(path)
+    started = time.monotonic()
+    os.kill(guard.pid, signal.SIGUSR2)  # stop now: the application failed
+    assert guard.wait(15) == 0
+    assert time.monotonic() - started < 3, "no checkpoint wait, no grace period"
+    state = json.loads((path / "state.json").read_text())
+    assert state["reason"] == "stopped at once by the agent" and not pid_alive(pid)
+    assert state.get("stop_checkpoint") is None

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
+
+import pytest
 
 from hafo.model.cluster import (
     Assignment,
@@ -59,11 +61,12 @@ def placed(wid: str, node: str, gpus: Iterable[int] = (0,), *, epoch: int = 10,
 
 
 def status(wid: str, node: str, epoch: int = 10, state: InstanceState = "running", *,
-           exit_code: int | None = None,
-           checkpoint: CheckpointInfo | None = None) -> InstanceStatus:
+           exit_code: int | None = None, checkpoint: CheckpointInfo | None = None,
+           finished_at: float | None = None, failing: str = "") -> InstanceStatus:
     """An agent's report about one instance."""
     return InstanceStatus(workload=wid, node=node, epoch=epoch, state=state,
-                          exit_code=exit_code, checkpoint=checkpoint)
+                          exit_code=exit_code, checkpoint=checkpoint, finished_at=finished_at,
+                          failing=failing)
 
 
 def make_snapshot(nodes: Iterable[NodeRecord] = (), *, down: Iterable[str] = (),
@@ -103,3 +106,17 @@ def sample_cluster() -> ClusterSnapshot:
         statuses=[status("run", "a", 20, checkpoint=ck_new),
                   status("run", "c", 9, "exited", exit_code=1, checkpoint=ck_old)],
     )
+
+
+@pytest.fixture(autouse=True)
+def default_logging() -> Iterator[None]:
+    """Unit tests see structlog's defaults (every level), whatever an earlier conftest
+    configured; the configuration is restored afterwards."""
+    import structlog
+
+    saved = structlog.get_config()
+    structlog.reset_defaults()
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)

@@ -55,8 +55,6 @@ def test_pending_assignment_is_placed_with_its_revision() -> None:
 
 @pytest.mark.parametrize(("extra", "nodes", "why"), [
     pytest.param({"down": ["a"]}, None, "node a is down", id="down"),
-    pytest.param({}, three_nodes(a=make_node("a", healthy=False)), "node a is unhealthy",
-                 id="unhealthy"),
 ])
 def test_failover_moves_work_and_avoids_old_node(extra: dict[str, Any],
                                                  nodes: list[NodeRecord] | None,
@@ -116,41 +114,138 @@ def test_exit_nonzero_restarts_in_place() -> None:
     snap = make_snapshot(
         three_nodes(), workloads=[submit("w1", 2), submit("other")],
         assignments=[prior, placed("other", "b", [0], epoch=5)],
-        statuses=[status("w1", "b", 10, "exited", exit_code=3), status("other", "b", 5)])
+        statuses=[status("w1", "b", 10, "exited", exit_code=3, finished_at=NOW - 60),
+                  status("other", "b", 5)])
     action = only(snap)
     assert (action.kind, action.event, action.expected_revision) == ("place", "restarted", 10)
-    assert action.why == "exited with code 3 on b; resumes from its latest checkpoint, if any -> b"
+    assert action.why == ("exited with code 3 on b; restart 2/3 in place after a 1s backoff; "
+                          "resumes from its latest checkpoint, if any -> b")
     new = action.assignment
     assert new is not None
     assert (new.node, new.gpus, new.restarts) == ("b", (1, 2), 2)
     assert new.restart_times == (NOW - 30, NOW)
 
 
-@pytest.mark.parametrize(("times", "max_restarts", "window", "kind"), [
-    pytest.param((), 3, 600.0, "place", id="first-failure"),
-    pytest.param((NOW - 3, NOW - 2), 3, 600.0, "place", id="below-max"),
-    pytest.param((NOW - 3, NOW - 2, NOW - 1), 3, 600.0, "finish", id="at-max"),
-    pytest.param((NOW - 900, NOW - 800, NOW - 1), 3, 600.0, "place", id="old-ones-expired"),
-    pytest.param((NOW - 600, NOW - 2, NOW - 1), 3, 600.0, "place", id="window-edge-expired"),
-    pytest.param((), 0, 600.0, "finish", id="no-restarts-allowed"),
-    pytest.param((NOW - 20, NOW - 10), 2, 15.0, "place", id="short-window"),
+@pytest.mark.parametrize(("times", "max_restarts", "window", "outcome"), [
+    pytest.param((), 3, 600.0, "restart", id="first-failure"),
+    pytest.param((NOW - 3, NOW - 2), 3, 600.0, "restart", id="below-max"),
+    pytest.param((NOW - 3, NOW - 2, NOW - 1), 3, 600.0, "move", id="at-max"),
+    pytest.param((NOW - 900, NOW - 800, NOW - 1), 3, 600.0, "restart", id="old-ones-expired"),
+    pytest.param((NOW - 600, NOW - 2, NOW - 1), 3, 600.0, "restart", id="window-edge-expired"),
+    pytest.param((), 0, 600.0, "move", id="no-restarts-allowed"),
+    pytest.param((NOW - 20, NOW - 10), 2, 15.0, "restart", id="short-window"),
 ])
-def test_restart_budget(times: tuple[float, ...], max_restarts: int, window: float,
-                        kind: str) -> None:
+def test_restart_budget_restarts_in_place_then_moves(
+        times: tuple[float, ...], max_restarts: int, window: float, outcome: str) -> None:
     prior = placed("w1", "a", [0], epoch=10, restarts=len(times), restart_times=times)
-    snap = running_on_a(status("w1", "a", 10, "exited", exit_code=1), assignment=prior,
+    snap = running_on_a(status("w1", "a", 10, "exited", exit_code=1, finished_at=NOW - 100),
+                        assignment=prior,
                         restart=RestartPolicy(max_restarts=max_restarts, window=window))
     action = only(snap)
-    assert action.kind == kind
-    assert action.assignment is not None
+    new = action.assignment
+    assert action.kind == "place" and new is not None and new.restarts == len(times) + 1
     recent = tuple(t for t in times if NOW - t < window)
-    if kind == "finish":
-        assert (action.event, action.assignment.phase) == ("failed", "failed")
-        assert action.assignment.restart_times == recent
-        assert f"(max {max_restarts})" in action.assignment.reason
+    if outcome == "restart":
+        assert (new.node, new.restart_times, dict(new.failed_on)) == ("a", (*recent, NOW), {})
     else:
-        assert action.assignment.restart_times == (*recent, NOW)
-        assert action.assignment.node == "a"
+        assert new.node != "a" and new.restart_times == ()
+        assert dict(new.failed_on) == {"a": NOW + window}
+        assert f"(max {max_restarts})" in action.why
+
+
+@pytest.mark.parametrize(("finished_ago", "restarts_in_window", "waits"), [
+    pytest.param(0.0, 0, False, id="first-restart-immediate"),
+    pytest.param(0.5, 1, True, id="second-waits-1s"),
+    pytest.param(1.5, 1, False, id="second-after-1s"),
+    pytest.param(1.5, 2, True, id="third-waits-2s"),
+    pytest.param(2.5, 2, False, id="third-after-2s"),
+])
+def test_restart_backoff_doubles(finished_ago: float, restarts_in_window: int,
+                                 waits: bool) -> None:
+    times = tuple(NOW - 10 - i for i in range(restarts_in_window))
+    prior = placed("w1", "a", [0], epoch=10, restarts=restarts_in_window, restart_times=times)
+    policy = RestartPolicy(max_restarts=5, window=600.0, backoff=1.0, max_backoff=30.0)
+    snap = running_on_a(status("w1", "a", 10, "exited", exit_code=1,
+                               finished_at=NOW - finished_ago),
+                        assignment=prior, restart=policy)
+    assert bool(reconcile(snap, NOW)) != waits
+
+
+def test_failed_on_every_node_is_failed() -> None:
+    prior = placed("w1", "a", [0], epoch=10, restarts=9, restart_times=(NOW - 3, NOW - 2),
+                   failed_on={"b": NOW + 100, "c": NOW + 100})
+    snap = running_on_a(status("w1", "a", 10, "exited", exit_code=1, finished_at=NOW - 100),
+                        assignment=prior, restart=RestartPolicy(max_restarts=2, window=600.0))
+    action = only(snap)
+    assert (action.kind, action.event) == ("finish", "failed")
+    assert action.assignment is not None and action.assignment.phase == "failed"
+    assert "failed on every node that can run it" in action.assignment.reason
+
+
+def test_failing_check_stops_the_instance_now_then_restarts_in_place() -> None:
+    snap = running_on_a(status("w1", "a", 10, failing="check http[0] failed 3 times"))
+    action = only(snap)
+    new = action.assignment
+    assert (action.kind, action.event) == ("move", "app-failed") and new is not None
+    assert (new.phase, new.stopping, new.urgent, new.after_stop) == ("moving", 10, True,
+                                                                     "restart")
+    assert new.restarts == 1 and new.restart_times == (NOW,)
+    stopped = running_on_a(status("w1", "a", 10, "exited", exit_code=-15),
+                           assignment=Assignment(**{**new.__dict__, "epoch": 11}))
+    again = only(stopped)
+    assert (again.kind, again.event) == ("place", "restarted")
+    assert again.assignment is not None and again.assignment.node == "a"
+
+
+def test_failing_check_past_the_budget_moves_and_excludes_the_node() -> None:
+    prior = placed("w1", "a", [0], epoch=10, restarts=3,
+                   restart_times=(NOW - 3, NOW - 2, NOW - 1))
+    action = only(running_on_a(status("w1", "a", 10, failing="check http[0] failed"),
+                               assignment=prior))
+    new = action.assignment
+    assert new is not None and (new.after_stop, new.urgent) == ("move", True)
+    assert dict(new.failed_on) == {"a": NOW + 600.0}
+    stopped = running_on_a(status("w1", "a", 10, "exited", exit_code=-15),
+                           assignment=Assignment(**{**new.__dict__, "epoch": 11}))
+    again = only(stopped)
+    assert again.assignment is not None and again.assignment.node != "a"
+
+
+@pytest.mark.parametrize(("gpu", "event", "urgent"), [
+    pytest.param(make_node("a").gpus[0].__class__(0, "u0", "H100", 81559, healthy=False,
+                                                  reason="GPU 0: xid 48"),
+                 "gpu-unhealthy", False, id="unhealthy-gpu"),
+    pytest.param(make_node("a").gpus[0].__class__(0, "u0", "H100", 81559, degraded=True,
+                                                  reason="GPU 0: remap pending"),
+                 "gpu-degraded", False, id="degrading-gpu"),
+    pytest.param(make_node("a").gpus[0].__class__(0, "u0", "H100", 81559, healthy=False,
+                                                  lost=True, reason="GPU 0: lost"),
+                 "gpu-unhealthy", True, id="lost-gpu"),
+])
+def test_bad_gpu_moves_only_the_workload_using_it(gpu: Any, event: str, urgent: bool) -> None:
+    node_a = make_node("a")
+    node_a = NodeRecord(name="a", gpus=(gpu, *node_a.gpus[1:]))
+    snap = make_snapshot(three_nodes(a=node_a), workloads=[submit("w1"), submit("w2")],
+                         assignments=[placed("w1", "a", [0], epoch=10),
+                                      placed("w2", "a", [1], epoch=11)],
+                         statuses=[status("w1", "a", 10), status("w2", "a", 11)])
+    action = only(snap)
+    assert (action.workload, action.kind, action.event) == ("w1", "move", event)
+    assert action.assignment is not None and action.assignment.urgent == urgent
+
+
+def test_unhealthy_node_moves_all_its_work_checkpoint_first() -> None:
+    node_a = NodeRecord(name="a", gpus=make_node("a").gpus, healthy=False,
+                        reason="checkpoint filesystem not writable")
+    snap = make_snapshot(three_nodes(a=node_a), workloads=[submit("w1"), submit("w2")],
+                         assignments=[placed("w1", "a", [0], epoch=10),
+                                      placed("w2", "a", [1], epoch=11)],
+                         statuses=[status("w1", "a", 10), status("w2", "a", 11)])
+    plan = reconcile(snap, NOW)
+    assert [(a.workload, a.event) for a in plan.actions] == [("w1", "node-unhealthy"),
+                                                             ("w2", "node-unhealthy")]
+    assert all(a.assignment is not None and not a.assignment.urgent for a in plan.actions)
+    assert "checkpoint filesystem not writable" in plan.actions[0].why
 
 
 def test_deleted_workload_is_forgotten() -> None:

@@ -1,0 +1,62 @@
+"""Application checks of the instances running on this node (``checks:`` in the spec).
+
+Each running instance whose spec lists checks gets an ``InstanceChecks`` (hafo.checks.runner)
+when its process is up; it is stopped when the instance stops. The agent reports an instance
+whose checks fail past their threshold as ``failing`` and the controller restarts or moves it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hafo.agent.instances import GuardState, InstanceKey
+from hafo.checks.api import CheckContext
+from hafo.checks.runner import InstanceChecks
+from hafo.model.cluster import Submission
+
+
+class AppChecks:
+    """The checks of every running instance of one node."""
+
+    def __init__(self, node: str, checkpoint_root: Path) -> None:
+        self.node = node
+        self.checkpoint_root = checkpoint_root
+        self.running: dict[InstanceKey, InstanceChecks] = {}
+
+    def context(self, key: InstanceKey, state: GuardState, submission: Submission) -> CheckContext:
+        """What the probes of one instance get."""
+        checkpoint_dir = self.checkpoint_root / key.workload
+        env = {**submission.spec.env, "HAFO_WORKLOAD": key.workload,
+               "HAFO_EPOCH": str(key.epoch), "HAFO_NODE": self.node,
+               "HAFO_CHECKPOINT_DIR": str(checkpoint_dir)}
+        return CheckContext(workload=key.workload, node=self.node, epoch=key.epoch,
+                            pid=state.pid, started_at=state.started_at,
+                            checkpoint_dir=checkpoint_dir, env=env)
+
+    def ensure(self, key: InstanceKey, state: GuardState, submission: Submission) -> None:
+        """Start the checks of a running instance (once)."""
+        if key in self.running or not submission.spec.checks or state.pid is None:
+            return
+        checks = InstanceChecks(submission.spec.checks, self.context(key, state, submission))
+        checks.start()
+        self.running[key] = checks
+
+    async def retire(self, keep: set[InstanceKey]) -> None:
+        """Stop the checks of every instance not in ``keep``."""
+        for key in [k for k in self.running if k not in keep]:
+            await self.running.pop(key).stop()
+
+    def failing(self, key: InstanceKey) -> str | None:
+        """Why the instance's checks say it failed, or None."""
+        checks = self.running.get(key)
+        return checks.failing if checks is not None else None
+
+    def results(self, key: InstanceKey) -> list[dict[str, Any]]:
+        """Per-check state for the API."""
+        checks = self.running.get(key)
+        return checks.results() if checks is not None else []
+
+    async def close(self) -> None:
+        """Stop every check."""
+        await self.retire(set())

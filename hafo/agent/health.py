@@ -1,0 +1,93 @@
+"""The agent's hardware and OS health: probes -> classification -> hysteresis -> flags.
+
+Every ``health.interval`` seconds the GPU backend and the OS probe are polled (in threads:
+NVML and statvfs may block), each finding is classified (``hafo.decisions.classify``) and
+folded into the health state (``hafo.decisions.health``). The result is the inventory with
+per-GPU ``healthy``/``degraded``/``reason``, the node's health and reason, and the GPUs
+whose application must restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from hafo.checks.os_probes import OsProbe
+from hafo.decisions.classify import Verdict, classify
+from hafo.decisions.health import HealthState, apply_to_inventory, assess
+from hafo.gpu import GpuBackend
+from hafo.model.cluster import Gpu
+from hafo.model.health import Finding
+from hafo.model.health_config import HealthConfig
+
+log = structlog.get_logger("hafo.agent")
+
+PROBE_TIMEOUT = 10.0  # a probe stuck longer (a hung NFS statvfs) is skipped this cycle
+
+
+@dataclass
+class HealthReport:
+    """One cycle's outcome, for the agent to publish."""
+
+    inventory: list[Gpu]
+    healthy: bool
+    reason: str
+    restart_apps: dict[int, str] = field(default_factory=dict)
+    changes: tuple[str, ...] = ()
+    verdicts: tuple[Verdict, ...] = ()
+
+
+class NodeHealth:
+    """Polls the probes and keeps the hysteresis state of one node."""
+
+    def __init__(self, node: str, gpus: GpuBackend, os_probe: OsProbe, config: HealthConfig,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.node = node
+        self.gpus = gpus
+        self.os_probe = os_probe
+        self.config = config
+        self.clock = clock
+        self.state = HealthState()
+        self.inventory: list[Gpu] = []
+        self._pending: dict[str, asyncio.Future[list[Finding]]] = {}
+        self._logged: set[str] = set()
+
+    async def _poll(self, name: str, probe: Callable[[], list[Finding]]) -> list[Finding]:
+        """Run a blocking probe in a thread, at most one at a time, bounded in time."""
+        future = self._pending.get(name)
+        if future is None or future.done():
+            future = asyncio.ensure_future(asyncio.to_thread(probe))
+            self._pending[name] = future
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), PROBE_TIMEOUT)
+        except TimeoutError:
+            log.warning("health probe still running; skipped this cycle", node=self.node,
+                        probe=name)
+            return []
+        except Exception as exc:  # a broken probe must not stop the agent
+            log.warning("health probe failed", node=self.node, probe=name, error=str(exc))
+            return []
+
+    async def cycle(self) -> HealthReport:
+        """Poll once and fold the findings in."""
+        if not self.inventory:
+            self.inventory = await asyncio.to_thread(self.gpus.inventory)
+        findings = [*await self._poll("gpu", self.gpus.findings),
+                    *await self._poll("os", self.os_probe.findings)]
+        verdicts = tuple(classify(f, self.config) for f in findings)
+        for verdict in verdicts:
+            if verdict.action == "ignore" and verdict.reason not in self._logged:
+                self._logged.add(verdict.reason)
+                log.info("health finding ignored", node=self.node, finding=verdict.reason)
+        outcome = assess(self.state, verdicts, [g.index for g in self.inventory],
+                         self.clock(), self.config.hold_down)
+        self.state = outcome.state
+        node = outcome.state.node
+        return HealthReport(inventory=apply_to_inventory(self.inventory, outcome.state),
+                            healthy=node.level == "ok", reason=node.reason,
+                            restart_apps=dict(outcome.restart_apps), changes=outcome.changes,
+                            verdicts=verdicts)

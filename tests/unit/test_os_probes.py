@@ -1,0 +1,186 @@
+"""OS health probes: fake /proc, injected clocks, simulated read-only filesystems."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from hafo.checks.os_probes import LoopLagMonitor, OsProbe
+from hafo.model.health import (
+    CLOCK_JUMP,
+    DISK_FULL,
+    DISK_READONLY,
+    LOOP_LAG,
+    MEMORY_PRESSURE,
+    Finding,
+)
+from hafo.model.health_config import HealthConfig
+
+PSI_OK = "some avg10=1.50 avg60=0.00 avg300=0.00 total=1\nfull avg10=0.00 avg60=0.00 total=0\n"
+PSI_HIGH = "some avg10=75.25 avg60=10.00 avg300=2.00 total=99\nfull avg10=40.00 total=9\n"
+MEMINFO_OK = "MemTotal:  1000000 kB\nMemFree: 500000 kB\nMemAvailable:  500000 kB\n"
+MEMINFO_LOW = "MemTotal:  1000000 kB\nMemFree: 5000 kB\nMemAvailable:  10000 kB\n"
+
+
+def make_probe(tmp_path: Path, *, psi: str | None = PSI_OK, meminfo: str | None = MEMINFO_OK,
+               root: Path | None = None, clock: list[tuple[float, float]] | None = None,
+               **cfg: Any) -> OsProbe:
+    """A probe on a fake proc root; ``clock`` lists (wall, mono) readings, one per call."""
+    proc = tmp_path / "proc"
+    (proc / "pressure").mkdir(parents=True)
+    if psi is not None:
+        (proc / "pressure" / "memory").write_text(psi)
+    if meminfo is not None:
+        (proc / "meminfo").write_text(meminfo)
+    ticks = iter(clock or [(1000.0 + i, float(i)) for i in range(100)])
+    current: list[tuple[float, float]] = []
+
+    def wall() -> float:
+        current[:] = [next(ticks)]
+        return current[0][0]
+
+    return OsProbe(root or tmp_path / "ckpt", HealthConfig(**cfg), proc_root=proc, wall=wall,
+                   mono=lambda: current[0][1])
+
+
+def kinds(findings: list[Finding]) -> list[str]:
+    return sorted(f.kind for f in findings)
+
+
+def test_healthy_node_has_no_findings(tmp_path: Path) -> None:
+    probe = make_probe(tmp_path)
+    assert probe.findings() == []
+    assert probe.findings() == []
+    assert (tmp_path / "ckpt").is_dir()
+    assert list((tmp_path / "ckpt").iterdir()) == []  # the write probe cleaned up
+
+
+@pytest.mark.parametrize(("psi", "meminfo", "expected"), [
+    pytest.param(PSI_OK, MEMINFO_LOW, None, id="psi-ok-wins-over-meminfo"),
+    pytest.param(PSI_HIGH, MEMINFO_OK, (75.25, "PSI some avg10"), id="psi-high"),
+    pytest.param(None, MEMINFO_OK, None, id="no-psi-meminfo-ok"),
+    pytest.param(None, MEMINFO_LOW, (1.0, "MemAvailable"), id="no-psi-meminfo-low"),
+    pytest.param("garbage\n", MEMINFO_LOW, (1.0, "MemAvailable"), id="bad-psi-falls-back"),
+    pytest.param(None, None, None, id="nothing-readable"),
+    pytest.param(None, "MemTotal: 10 kB\n", None, id="no-memavailable"),
+])
+def test_memory(tmp_path: Path, psi: str | None, meminfo: str | None,
+                expected: tuple[float, str] | None) -> None:
+    found = make_probe(tmp_path, psi=psi, meminfo=meminfo).findings()
+    if expected is None:
+        assert found == []
+    else:
+        assert found == [Finding(MEMORY_PRESSURE, value=expected[0], detail=expected[1])]
+
+
+def test_psi_directory_unreadable_falls_back(tmp_path: Path) -> None:
+    probe = make_probe(tmp_path, psi=None, meminfo=MEMINFO_LOW)
+    (tmp_path / "proc" / "pressure" / "memory").mkdir()  # read_text -> IsADirectoryError
+    assert kinds(probe.findings()) == [MEMORY_PRESSURE]
+
+
+@pytest.mark.parametrize(("readings", "expected"), [
+    pytest.param([(100.0, 5.0), (102.0, 7.0)], None, id="steady"),
+    pytest.param([(100.0, 5.0), (145.0, 7.0)], 43.0, id="forward-jump"),
+    pytest.param([(100.0, 5.0), (60.0, 7.0)], -42.0, id="backward-jump"),
+    pytest.param([(100.0, 5.0), (120.0, 7.0)], None, id="under-threshold"),
+    pytest.param([(100.0, 5.0), (200.0, 7.0), (202.0, 9.0)], 98.0, id="reported-once"),
+])
+def test_clock_jump(tmp_path: Path, readings: list[tuple[float, float]],
+                    expected: float | None) -> None:
+    probe = make_probe(tmp_path, clock=readings, clock_jump=30.0)
+    results = [probe.findings() for _ in readings]
+    assert results[0] == []  # the first call only records
+    jumps = [f.value for r in results for f in r if f.kind == CLOCK_JUMP]
+    assert jumps == ([] if expected is None else [expected])
+
+
+@pytest.mark.parametrize(("lag", "found"), [(0.1, False), (2.0, False), (2.5, True)])
+def test_loop_lag(tmp_path: Path, lag: float, found: bool) -> None:
+    probe = make_probe(tmp_path, loop_lag=2.0)
+    probe.set_loop_lag(lag)
+    assert probe.findings() == ([Finding(LOOP_LAG, value=lag, detail="agent event loop")]
+                                if found else [])
+
+
+def test_disk_full_on_real_filesystem(tmp_path: Path) -> None:
+    [finding] = make_probe(tmp_path, min_free_mib=1e15).findings()
+    assert finding.kind == DISK_FULL and finding.value is not None and finding.value > 0
+
+
+def fake_statvfs(flag: int) -> Any:
+    return lambda _path: SimpleNamespace(f_bavail=10, f_frsize=1024 * 1024, f_flag=flag)
+
+
+@pytest.mark.parametrize(("flag", "expected"), [
+    pytest.param(os.ST_RDONLY, [DISK_FULL, DISK_READONLY], id="mounted-ro"),
+    pytest.param(0, [DISK_FULL], id="rw"),
+])
+def test_statvfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flag: int,
+                 expected: list[str]) -> None:
+    probe = make_probe(tmp_path, min_free_mib=100)
+    monkeypatch.setattr(os, "statvfs", fake_statvfs(flag))
+    found = probe.findings()
+    assert kinds(found) == expected
+    assert found[0] == Finding(DISK_FULL, value=10.0, detail=str(tmp_path / "ckpt"))
+
+
+@pytest.mark.parametrize(("err", "readonly"), [
+    (errno.EROFS, True), (errno.EACCES, True), (errno.ENOSPC, True), (errno.EIO, True),
+    (errno.EDQUOT, True), (errno.EINTR, False),
+])
+def test_write_probe_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: int,
+                             readonly: bool) -> None:
+    def failing_fsync(_fd: int) -> None:
+        raise OSError(err, os.strerror(err))
+
+    probe = make_probe(tmp_path)
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with capture_logs() as logs:
+        found = probe.findings()
+        probe.findings()
+    monkeypatch.undo()
+    assert kinds(found) == ([DISK_READONLY] if readonly else [])
+    if readonly:
+        assert os.strerror(err) in found[0].detail
+    assert len(logs) == (0 if readonly else 1)  # an unexpected error is logged once
+    assert list((tmp_path / "ckpt").iterdir()) == []  # the probe file is gone
+
+
+@pytest.mark.parametrize("layout", ["root-is-a-file", "parent-is-a-file"])
+def test_uncreatable_root(tmp_path: Path, layout: str) -> None:
+    (tmp_path / "f").write_text("x")
+    root = tmp_path / "f" if layout == "root-is-a-file" else tmp_path / "f" / "ckpt"
+    [finding] = make_probe(tmp_path, root=root).findings()
+    assert finding.kind == DISK_READONLY and "cannot create" in finding.detail
+
+
+def test_missing_root_is_created(tmp_path: Path) -> None:
+    root = tmp_path / "a" / "b" / "ckpt"
+    assert make_probe(tmp_path, root=root).findings() == []
+    assert root.is_dir()
+
+
+async def test_loop_lag_monitor_sees_a_blocked_loop() -> None:
+    monitor = LoopLagMonitor()
+    seen: list[float] = []
+    task = asyncio.create_task(monitor.run(seen.append, period=0.05))
+    try:
+        await asyncio.sleep(0.12)
+        assert monitor.max_recent < 0.2
+        time.sleep(0.3)  # block the loop
+        await asyncio.sleep(0.12)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert monitor.max_recent >= 0.2
+    assert seen and seen[-1] >= 0.2  # the window keeps the max, not just the latest
