@@ -45,9 +45,13 @@ def render_nodes(nodes: list[dict[str, Any]]) -> str:
         healthy = sum(1 for g in gpus if g["healthy"])
         used = sum(1 for g in gpus if g["allocated_to"])
         labels = ",".join(f"{k}={v}" for k, v in sorted(n["labels"].items()))
+        reason = n.get("reason") or "; ".join(g["reason"] for g in gpus if g.get("reason"))
+        if len(reason) > 70:
+            reason = reason[:67] + "..."
         rows.append([n["name"], n["state"], f"{used}/{len(gpus)}", f"{healthy}/{len(gpus)}",
-                     len(n["workloads"]), labels or "-"])
-    return table(["NAME", "STATE", "GPUS USED", "GPUS HEALTHY", "WORKLOADS", "LABELS"], rows)
+                     len(n["workloads"]), labels or "-", reason or "-"])
+    return table(["NAME", "STATE", "GPUS USED", "GPUS HEALTHY", "WORKLOADS", "LABELS",
+                  "REASON"], rows)
 
 
 def render_workloads(workloads: list[dict[str, Any]]) -> str:

@@ -45,8 +45,10 @@ class NodeHealth:
     """Polls the probes and keeps the hysteresis state of one node."""
 
     def __init__(self, node: str, gpus: GpuBackend, os_probe: OsProbe, config: HealthConfig,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 probe_timeout: float = PROBE_TIMEOUT) -> None:
         self.node = node
+        self.probe_timeout = probe_timeout
         self.gpus = gpus
         self.os_probe = os_probe
         self.config = config
@@ -63,7 +65,7 @@ class NodeHealth:
             future = asyncio.ensure_future(asyncio.to_thread(probe))
             self._pending[name] = future
         try:
-            return await asyncio.wait_for(asyncio.shield(future), PROBE_TIMEOUT)
+            return await asyncio.wait_for(asyncio.shield(future), self.probe_timeout)
         except TimeoutError:
             log.warning("health probe still running; skipped this cycle", node=self.node,
                         probe=name)

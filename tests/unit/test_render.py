@@ -55,12 +55,24 @@ def test_render_status_empty() -> None:
 def test_render_nodes() -> None:
     lines = render_nodes(all_nodes(sample_cluster())).splitlines()
     assert lines[0].split() == ["NAME", "STATE", "GPUS", "USED", "GPUS", "HEALTHY", "WORKLOADS",
-                                "LABELS"]
+                                "LABELS", "REASON"]
     rows = [line.split() for line in lines[1:]]
-    assert rows == [["a", "ready", "2/4", "3/4", "1", "rack=r1"],
-                    ["b", "cordoned", "0/2", "2/2", "0", "-"],
-                    ["c", "down", "0/1", "1/1", "0", "-"],
-                    ["d", "unhealthy", "0/1", "1/1", "0", "-"]]
+    assert rows == [["a", "ready", "2/4", "3/4", "1", "rack=r1", "-"],
+                    ["b", "cordoned", "0/2", "2/2", "0", "-", "-"],
+                    ["c", "down", "0/1", "1/1", "0", "-", "-"],
+                    ["d", "unhealthy", "0/1", "1/1", "0", "-", "checkpoint", "filesystem",
+                     "read-only"]]
+
+
+def test_render_nodes_says_why_a_node_or_gpu_is_bad() -> None:
+    node = {"name": "n", "state": "unhealthy", "labels": {}, "workloads": [],
+            "reason": "GPU 0: xid 79: GPU has fallen off the bus",
+            "gpus": [{"healthy": False, "allocated_to": None, "reason": "GPU 0: xid 79"}]}
+    gpu_only = {**node, "state": "ready", "reason": "",
+                "gpus": [{"healthy": False, "allocated_to": None, "reason": "GPU 0: xid 48"}]}
+    lines = render_nodes([node, gpu_only]).splitlines()
+    assert lines[1].endswith("GPU 0: xid 79: GPU has fallen off the bus")
+    assert lines[2].rstrip().endswith("GPU 0: xid 48")
 
 
 def test_render_workloads() -> None:

@@ -1,0 +1,80 @@
+"""The agent's health cycle: probes in threads, contained, classified, with hysteresis."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from hafo.agent.health import NodeHealth
+from hafo.checks.os_probes import OsProbe
+from hafo.model import health as h
+from hafo.model.cluster import Gpu
+from hafo.model.health import Finding
+from hafo.model.health_config import HealthConfig
+
+CONFIG = HealthConfig(min_free_mib=0, hold_down=10)
+
+
+class FakeGpus:
+    """Two GPUs whose findings the test sets; optionally raising or hanging."""
+
+    description = "2 fake GPUs"
+
+    def __init__(self) -> None:
+        self.now: list[Finding] = []
+        self.raise_error = False
+        self.release = threading.Event()
+        self.hang = False
+
+    def inventory(self) -> list[Gpu]:
+        return [Gpu(0, "u0", "H100", 80000), Gpu(1, "u1", "H100", 80000)]
+
+    def findings(self) -> list[Finding]:
+        if self.raise_error:
+            raise RuntimeError("NVML exploded")
+        if self.hang:
+            self.release.wait(5)
+        return list(self.now)
+
+    def close(self) -> None:
+        self.release.set()
+
+
+def make(tmp_path: Path, gpus: FakeGpus, clock: list[float]) -> NodeHealth:
+    probe = OsProbe(tmp_path / "ck", CONFIG)
+    return NodeHealth("n1", gpus, probe, CONFIG, clock=lambda: clock[0], probe_timeout=0.3)
+
+
+async def test_cycle_marks_gpus_and_node_and_recovers_after_the_hold_down(
+        tmp_path: Path) -> None:
+    gpus, clock = FakeGpus(), [0.0]
+    health = make(tmp_path, gpus, clock)
+    report = await health.cycle()
+    assert report.healthy and all(g.healthy for g in report.inventory)
+    gpus.now = [Finding(h.XID, 1, code=48), Finding(h.XID, 0, code=13)]
+    report = await health.cycle()
+    assert [g.healthy for g in report.inventory] == [True, False]
+    assert report.restart_apps == {0: "GPU 0: xid 13: graphics engine exception (usually an "
+                                      "application fault)"}
+    assert report.changes and report.healthy
+    gpus.now = [Finding(h.LOST, 0)]
+    report = await health.cycle()
+    assert not report.healthy and "lost" in report.reason and report.inventory[0].lost
+    gpus.now = []
+    clock[0] = 5.0
+    assert not (await health.cycle()).healthy
+    clock[0] = 11.0
+    report = await health.cycle()
+    assert report.healthy and all(g.healthy for g in report.inventory)
+
+
+async def test_a_broken_or_hanging_probe_is_contained(tmp_path: Path) -> None:
+    gpus, clock = FakeGpus(), [0.0]
+    health = make(tmp_path, gpus, clock)
+    gpus.raise_error = True
+    report = await health.cycle()
+    assert report.healthy and len(report.inventory) == 2
+    gpus.raise_error, gpus.hang = False, True
+    report = await health.cycle()  # skipped after the probe timeout, not stuck
+    assert report.healthy
+    gpus.release.set()
