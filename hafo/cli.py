@@ -108,9 +108,47 @@ def build_parser() -> Parser:
         p = sub.add_parser(name, help=text)
         p.add_argument("node")
         _store_args(p)
+    p = sub.add_parser("sim", help="many simulated agents in one process (scale tests)")
+    p.add_argument("--nodes", type=_positive_int, required=True, help="how many nodes")
+    p.add_argument("--gpus-per-node", type=_positive_int, default=8)
+    p.add_argument("--lease-ttl", type=_positive_int, default=3, help="seconds")
+    p.add_argument("--heartbeat", type=float, default=1.0, help="seconds")
+    p.add_argument("--kill-fraction", type=float, default=0.1,
+                   help="share of nodes crashed by --kill-after or SIGUSR1 (default 0.1)")
+    p.add_argument("--kill-after", type=float, help="crash --kill-fraction after S seconds")
+    p.add_argument("--duration", type=float, help="stop after S seconds (default: run)")
+    p.add_argument("--prefix", default="sim", help="node name prefix")
+    _store_args(p)
     p = sub.add_parser("demo", help="embedded cluster that fails a workload over")
     p.add_argument("--keep", action="store_true", help="keep the temp directory")
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+async def _cmd_sim(args: argparse.Namespace) -> int:
+    from hafo.sim.run import run_sim
+
+    if not 0 <= args.kill_fraction <= 1:
+        raise CliError("--kill-fraction: must be between 0 and 1", EXIT_USAGE)
+    if args.heartbeat <= 0 or args.heartbeat * 2 > args.lease_ttl:
+        raise CliError("--heartbeat: must be positive and at most half of --lease-ttl",
+                       EXIT_USAGE)
+
+    async def body(store: Any, keys: Any) -> int:
+        return await run_sim(store, keys, args.nodes, args.gpus_per_node, args.lease_ttl,
+                             args.heartbeat, args.kill_fraction, args.kill_after,
+                             args.duration, args.prefix)
+
+    return await _with_store(args, body)
 
 
 def _run(coro: Coroutine[Any, Any, int]) -> int:
@@ -299,6 +337,7 @@ def dispatch(args: argparse.Namespace) -> int:
         return run_demo(keep=args.keep)
     handlers: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
         "agent": _cmd_agent, "controller": _cmd_controller, "submit": _cmd_submit,
+        "sim": _cmd_sim,
         "status": _cmd_read, "nodes": _cmd_read, "workloads": _cmd_read, "events": _cmd_read,
         "delete": _cmd_change, "cordon": _cmd_change, "uncordon": _cmd_change,
         "drain": _cmd_change, "migrate": _cmd_change,

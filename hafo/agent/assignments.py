@@ -12,6 +12,15 @@ from hafo.store import EtcdStore, Keys, Resync, WatchEvent, codec
 log = structlog.get_logger("hafo.agent")
 
 
+def for_node(assignment: Assignment, node: str) -> tuple[bool, int | None]:
+    """What an assignment means to ``node``: (run it here?, epoch to stop at once or None)."""
+    here = assignment.node == node
+    placed = here and assignment.phase == "placed"
+    urgent = assignment.stopping if (here and assignment.phase == "moving"
+                                     and assignment.urgent) else None
+    return placed, urgent
+
+
 class NodeAssignments:
     """Placed assignments for one node, plus the specs they refer to."""
 
@@ -36,12 +45,13 @@ class NodeAssignments:
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("undecodable assignment", key=key, error=str(exc))
             return
-        if assignment.phase == "placed" and assignment.node == self.node:
+        placed, urgent = for_node(assignment, self.node)
+        if placed:
             self.placed[workload] = assignment
         else:
             self.placed.pop(workload, None)
-        if assignment.phase == "moving" and assignment.node == self.node and assignment.urgent:
-            self.urgent[workload] = assignment.stopping
+        if urgent is not None:
+            self.urgent[workload] = urgent
         else:
             self.urgent.pop(workload, None)
 

@@ -56,6 +56,7 @@ class NodeHealth:
         self.state = HealthState()
         self.inventory: list[Gpu] = []
         self._pending: dict[str, asyncio.Future[list[Finding]]] = {}
+        self._inventory_call: asyncio.Future[list[Gpu]] | None = None
         self._logged: set[str] = set()
 
     async def _poll(self, name: str, probe: Callable[[], list[Finding]]) -> list[Finding]:
@@ -74,10 +75,24 @@ class NodeHealth:
             log.warning("health probe failed", node=self.node, probe=name, error=str(exc))
             return []
 
+    async def _poll_inventory(self) -> list[Gpu]:
+        future = self._inventory_call
+        if future is None or future.done():
+            future = asyncio.ensure_future(asyncio.to_thread(self.gpus.inventory))
+            self._inventory_call = future
+        try:
+            return list(await asyncio.wait_for(asyncio.shield(future), self.probe_timeout))
+        except TimeoutError:
+            return []
+        except Exception as exc:
+            log.warning("GPU inventory failed", node=self.node, error=str(exc))
+            return []
+
     async def cycle(self) -> HealthReport:
         """Poll once and fold the findings in."""
-        if not self.inventory:
-            self.inventory = await asyncio.to_thread(self.gpus.inventory)
+        inventory = await self._poll_inventory()
+        if inventory:  # re-read every cycle: utilization changes (rounded to 10 %)
+            self.inventory = inventory
         findings = [*await self._poll("gpu", self.gpus.findings),
                     *await self._poll("os", self.os_probe.findings)]
         verdicts = tuple(classify(f, self.config) for f in findings)

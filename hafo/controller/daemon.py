@@ -93,8 +93,15 @@ class Controller:
                 log.warning("controller lease lost", controller=self.name)
                 self.is_leader = False
                 self.election.token = None
-                await self.keeper.grant()
-                await self._announce()
+                while True:
+                    try:
+                        await self.keeper.grant()
+                        await self._announce()
+                        break
+                    except RECOVERABLE as exc:  # e.g. the new lease expired already
+                        log.warning("controller lease not renewed yet", controller=self.name,
+                                    error=repr(exc))
+                        await asyncio.sleep(self.config.timing.heartbeat / 2)
 
     @property
     def api_url(self) -> str:
@@ -148,8 +155,12 @@ class Controller:
             if self.cache.revision >= written:
                 snapshot = self.cache.snapshot()
                 self.cache.changed.clear()
-                plan = reconcile(snapshot, self.clock(),
-                                 allow_failover=self.failsafe.failover_allowed())
+                # In a thread: a big cycle (thousands of placements) must not starve the
+                # lease keepalives on this loop. The snapshot is frozen.
+                plan = await asyncio.to_thread(
+                    reconcile, snapshot, self.clock(),
+                    allow_failover=self.failsafe.failover_allowed(),
+                    strategy=self.config.placement_strategy)
                 self.cycles += 1
                 try:
                     await self.failsafe.maintain_set(self.election, snapshot)

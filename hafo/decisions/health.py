@@ -6,17 +6,21 @@ seconds without a finding at its current level (a fault that flaps keeps it down
 whose fault persists (a volatile ECC count, a lost GPU) therefore stays down until it is
 reset. ``restart-app`` verdicts do not change health: they name GPUs whose application must
 restart, and ``assess`` returns them separately.
+
+Findings name physical GPUs. A GPU in MIG mode is listed as its MIG devices (see
+``hafo.model.cluster.mig_index``): its condition is kept under its physical index and applies
+to each of its MIG devices, and a ``restart-app`` verdict for it names each of them too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from hafo.decisions.classify import Verdict
 from hafo.model import health as h
-from hafo.model.cluster import Gpu
+from hafo.model.cluster import Gpu, physical_of
 
 Level = Literal["ok", "degraded", "unhealthy"]
 _RANK: Mapping[Level, int] = {"ok": 0, "degraded": 1, "unhealthy": 2}
@@ -49,6 +53,12 @@ class Assessment:
     state: HealthState
     restart_apps: Mapping[int, str]  # GPU index -> why its application must restart
     changes: tuple[str, ...]         # human lines for what changed (for the log and events)
+
+
+def physical_index(gpu: Gpu) -> int:
+    """The physical GPU a listed GPU is (a whole GPU) or is part of (a MIG device): the index
+    health findings use."""
+    return gpu.physical
 
 
 def _level_of(verdict: Verdict) -> Level:
@@ -92,9 +102,14 @@ def assess(previous: HealthState, verdicts: Iterable[Verdict], gpu_indices: Iter
                 worst_gpu[gpu] = (current[0], current[1], True)
         if verdict.action == "drain-node" and worst_node[0] == "ok":
             worst_node = ("unhealthy", verdict.reason)
+    listed = set(gpu_indices)
+    for index in listed:
+        physical = physical_of(index)
+        if index != physical and physical in restart_apps:
+            restart_apps.setdefault(index, restart_apps[physical])
     gpus: dict[int, Condition] = {}
     changes: list[str] = []
-    for index in sorted(set(gpu_indices)):
+    for index in sorted({physical_of(i) for i in listed}):
         before = previous.gpus.get(index, Condition())
         level, reason, lost = worst_gpu.get(index, ("ok", "", False))
         after = _step(before, level, reason, lost, now, hold_down)
@@ -110,11 +125,11 @@ def assess(previous: HealthState, verdicts: Iterable[Verdict], gpu_indices: Iter
 
 
 def apply_to_inventory(inventory: Iterable[Gpu], state: HealthState) -> list[Gpu]:
-    """The inventory with each GPU's health flags set from ``state``."""
+    """The inventory with each GPU's health flags set from ``state`` (a MIG device gets its
+    physical GPU's)."""
     out = []
     for gpu in inventory:
-        cond = state.gpus.get(gpu.index, Condition())
-        out.append(Gpu(index=gpu.index, uuid=gpu.uuid, model=gpu.model,
-                       memory_mib=gpu.memory_mib, healthy=cond.level != "unhealthy",
-                       reason=cond.reason, degraded=cond.level == "degraded", lost=cond.lost))
+        cond = state.gpus.get(physical_index(gpu), Condition())
+        out.append(replace(gpu, healthy=cond.level != "unhealthy", reason=cond.reason,
+                           degraded=cond.level == "degraded", lost=cond.lost))
     return out

@@ -12,15 +12,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from hafo.decisions.failures import AfterFailure
 from hafo.decisions.placement import (
     PlacementRequest,
     Unplaceable,
-    capacity_from,
+    node_capacity,
     place_one,
 )
 from hafo.decisions.plan import Action, Need
-from hafo.model.cluster import Assignment, ClusterSnapshot, MoveRequest
+from hafo.model.cluster import Assignment, CheckpointInfo, ClusterSnapshot, MoveRequest
 from hafo.model.views import latest_checkpoint
 
 
@@ -39,9 +41,15 @@ def start_move(snapshot: ClusterSnapshot, wid: str, move: MoveRequest, now: floa
     if move.to is not None:
         if move.to == current.node:
             return _refuse(wid, move, f"it already runs on {move.to}")
+        if move.to not in snapshot.nodes:
+            return _refuse(wid, move, f"{move.to} cannot take it (no such node)")
+        state = snapshot.node_state(move.to)
+        if state != "ready":
+            return _refuse(wid, move, f"{move.to} cannot take it (it is {state})")
         submission = snapshot.workloads[wid]
         fit = place_one(PlacementRequest(wid, submission.spec, submission.submitted_at,
-                                         only=move.to), capacity_from(snapshot, [wid]), now)
+                                         only=move.to), node_capacity(snapshot, move.to, [wid]),
+                        now)
         if isinstance(fit, Unplaceable):
             return _refuse(wid, move, f"{move.to} cannot take it ({fit.reason})")
     moving = Assignment(workload=wid, phase="moving", node=current.node, gpus=current.gpus,
@@ -55,10 +63,12 @@ def start_move(snapshot: ClusterSnapshot, wid: str, move: MoveRequest, now: floa
 
 
 def stop_then_place(current: Assignment, why: str, event: str, *, urgent: bool,
-                    after: AfterFailure | None = None) -> Action:
+                    after: AfterFailure | None = None,
+                    preempted_for: str | None = None) -> Action:
     """Stop the running instance first, then place the workload again (see ``moved_off``):
-    for a GPU or node going bad (``after`` None: a move, checkpoint first unless ``urgent``)
-    or for a failing application (``after``: restart in place or move, per the policy)."""
+    for a GPU or node going bad or to make room for ``preempted_for`` (``after`` None: a
+    move, checkpoint first unless ``urgent``) or for a failing application (``after``:
+    restart in place or move, per the policy)."""
     assert current.node is not None
     moving = Assignment(
         workload=current.workload, phase="moving", node=current.node, gpus=current.gpus,
@@ -67,14 +77,15 @@ def stop_then_place(current: Assignment, why: str, event: str, *, urgent: bool,
         reason=after.why if after else why, avoid=current.avoid, stopping=current.epoch,
         urgent=urgent, after_stop=after.kind if after else "move",
         not_before=after.not_before if after else 0.0,
-        failed_on=after.failed_on if after else current.failed_on)
+        failed_on=after.failed_on if after else current.failed_on,
+        preempted_for=preempted_for)
     how = "stop now" if urgent else "checkpoint and stop"
     return Action("move", current.workload, f"{after.why if after else why}: {how} on "
                   f"{current.node}", current.epoch, moving, event)
 
 
-def moved_off(snapshot: ClusterSnapshot, current: Assignment, now: float,
-              cooldown: float) -> Need | None:
+def moved_off(snapshot: ClusterSnapshot, current: Assignment, now: float, cooldown: float,
+              checkpoints: Mapping[str, CheckpointInfo] | None = None) -> Need | None:
     """Step 2 for a workload in phase ``moving``: place it once its instance has stopped
     (and, after a failure, its backoff has passed)."""
     node = current.node
@@ -90,7 +101,7 @@ def moved_off(snapshot: ClusterSnapshot, current: Assignment, now: float,
         request = PlacementRequest(current.workload, submission.spec, submission.submitted_at,
                                    avoid, prefer=node, exclude=current.failed_on)
         return Need(request, current, current.restarts, current.restart_times, "restarted",
-                    f"{current.reason}{_resumes(snapshot, current.workload)}")
+                    f"{current.reason}{_resumes(snapshot, current.workload, checkpoints)}")
     if current.move_to is None:
         avoid[node] = now + cooldown
     request = PlacementRequest(current.workload, submission.spec, submission.submitted_at,
@@ -98,10 +109,26 @@ def moved_off(snapshot: ClusterSnapshot, current: Assignment, now: float,
                                exclude=current.failed_on)
     return Need(request, current, current.restarts, current.restart_times, "moved",
                 f"move off {node}: {current.reason} (instance {current.stopping} stopped"
-                f"{_resumes(snapshot, current.workload)})")
+                f"{_resumes(snapshot, current.workload, checkpoints)})")
 
 
-def _resumes(snapshot: ClusterSnapshot, wid: str) -> str:
-    checkpoint = latest_checkpoint(snapshot, wid)
+def latest_checkpoints(snapshot: ClusterSnapshot) -> dict[str, CheckpointInfo]:
+    """``hafo.model.views.latest_checkpoint`` of every workload at once (one pass over the
+    reports instead of one per workload)."""
+    best: dict[str, CheckpointInfo] = dict(snapshot.checkpoints)
+    for (wid, _node), status in snapshot.statuses.items():
+        ck = status.checkpoint
+        if ck is None:
+            continue
+        known = best.get(wid)
+        if known is None or (ck.epoch, ck.step) > (known.epoch, known.step):
+            best[wid] = ck
+    return best
+
+
+def _resumes(snapshot: ClusterSnapshot, wid: str,
+             checkpoints: Mapping[str, CheckpointInfo] | None) -> str:
+    checkpoint = (checkpoints.get(wid) if checkpoints is not None
+                  else latest_checkpoint(snapshot, wid))
     return (f"; resumes from its latest checkpoint (last reported: step {checkpoint.step})"
             if checkpoint else "")

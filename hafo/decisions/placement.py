@@ -1,152 +1,96 @@
 """Placement: filter then score, deterministic, as one global pass over a batch. Pure.
 
-Spread (the default) prefers the node with the fewest allocated GPUs, then the fewest
-workloads, then the name; a workload being restarted in place prefers its own node.
+The rules (filter, reasons, ``spread`` and ``binpack`` scores) are in
+``hafo.decisions.placement_rules``; ``hafo.decisions.placement_index`` answers them in
+O(log nodes) per request, so a batch of 10,000 requests over 10,000 nodes takes well under a
+second. A workload being restarted in place prefers its own node.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
+from collections.abc import Callable, Iterable, Mapping
 
-from hafo.model.cluster import ClusterSnapshot, Gpu
-from hafo.model.spec import WorkloadSpec
+from hafo.decisions.placement_index import PlacementIndex
+from hafo.decisions.placement_rules import (
+    NodeCapacity,
+    Placed,
+    PlacementRequest,
+    Strategy,
+    Unplaceable,
+    filter_reason,
+    gpu_matches,
+    strategy_of,
+)
+from hafo.model.cluster import ClusterSnapshot, NodeRecord
 
-
-@dataclass(frozen=True)
-class PlacementRequest:
-    """One workload to place."""
-
-    workload: str
-    spec: WorkloadSpec
-    submitted_at: float
-    avoid: Mapping[str, float] = field(default_factory=dict)
-    prefer: str | None = None
-    only: str | None = None
-    exclude: Mapping[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class NodeCapacity:
-    """Mutable during one placement pass: what is still free on a node."""
-
-    name: str
-    labels: Mapping[str, str]
-    free: list[Gpu]
-    allocated_gpus: int
-    workloads: int
+__all__ = ["Fallback", "NodeCapacity", "Placed", "PlacementRequest", "Strategy", "Unplaceable",
+           "batch_order", "capacity_from", "commit", "filter_reason", "gpu_matches",
+           "node_capacity", "place_batch", "place_one", "strategy_of"]
 
 
-@dataclass(frozen=True)
-class Placed:
-    """A successful placement."""
+def _empty(name: str, record: NodeRecord) -> NodeCapacity:
+    gpus = record.gpus
+    utilization = (sum(g.utilization or 0.0 for g in gpus) / len(gpus)) if gpus else 0.0
+    return NodeCapacity(name=name, labels=record.labels, free=[g for g in gpus if g.usable],
+                        allocated_gpus=0, workloads=0, utilization=utilization,
+                        inventory=gpus)
 
-    node: str
-    gpus: tuple[int, ...]
 
-
-@dataclass(frozen=True)
-class Unplaceable:
-    """Why a workload could not be placed now. ``exhausted``: only nodes it failed on (see
-    ``PlacementRequest.exclude``) could take it."""
-
-    reason: str
-    exhausted: bool = False
+def _hold(cap: NodeCapacity, gpus: tuple[int, ...]) -> None:
+    if gpus:
+        held = set(gpus)
+        cap.free = [g for g in cap.free if g.index not in held]
+    cap.allocated_gpus += len(gpus)
+    cap.workloads += 1
 
 
 def capacity_from(snapshot: ClusterSnapshot,
                   releasing: Iterable[str] = ()) -> dict[str, NodeCapacity]:
-    """Free capacity of every ready node; ``releasing`` workloads' GPUs count as free."""
+    """Free capacity of every ready node; ``releasing`` workloads' GPUs count as free.
+    Linear in nodes + assignments."""
     released = set(releasing)
     capacity: dict[str, NodeCapacity] = {}
     for name, record in snapshot.nodes.items():
-        if snapshot.node_state(name) != "ready":
-            continue
-        capacity[name] = NodeCapacity(name=name, labels=record.labels,
-                                      free=[g for g in record.gpus if g.usable],
-                                      allocated_gpus=0, workloads=0)
+        if snapshot.node_state(name) == "ready":
+            capacity[name] = _empty(name, record)
     for wid, assignment in snapshot.assignments.items():
-        if not assignment.holds_node or assignment.node not in capacity or wid in released:
+        if not assignment.holds_node or wid in released:
             continue
-        cap = capacity[assignment.node]
-        cap.free = [g for g in cap.free if g.index not in assignment.gpus]
-        cap.allocated_gpus += len(assignment.gpus)
-        cap.workloads += 1
+        cap = capacity.get(assignment.node or "")
+        if cap is not None:
+            _hold(cap, assignment.gpus)
     return capacity
 
 
-def _matching_gpus(spec: WorkloadSpec, free: list[Gpu]) -> list[Gpu]:
-    return [g for g in free
-            if (spec.gpu_model is None or fnmatchcase(g.model, spec.gpu_model))
-            and (spec.gpu_memory_mib is None or g.memory_mib >= spec.gpu_memory_mib)]
+def node_capacity(snapshot: ClusterSnapshot, name: str,
+                  releasing: Iterable[str] = ()) -> dict[str, NodeCapacity]:
+    """``capacity_from`` restricted to node ``name`` (empty if it is not ready), computed from
+    that node's workloads only."""
+    record = snapshot.nodes.get(name)
+    if record is None or snapshot.node_state(name) != "ready":
+        return {}
+    released = set(releasing)
+    cap = _empty(name, record)
+    for wid in snapshot.holders.get(name, ()):
+        if wid not in released:
+            _hold(cap, snapshot.assignments[wid].gpus)
+    return {name: cap}
 
 
-def _filter(request: PlacementRequest, cap: NodeCapacity, now: float,
-            honour_cooldown: bool = True, honour_exclude: bool = True) -> str | None:
-    """None if the node fits, else the reason it does not."""
-    if request.only is not None and cap.name != request.only:
-        return f"not the requested node {request.only}"
-    if honour_exclude and request.exclude.get(cap.name, 0.0) > now:
-        return "the workload failed there too often"
-    if honour_cooldown and request.avoid.get(cap.name, 0.0) > now:
-        return "cooling down after a failure"
-    for key, value in request.spec.node_selector.items():
-        if cap.labels.get(key) != value:
-            return f"label {key}={value} not matched"
-    if len(_matching_gpus(request.spec, cap.free)) < request.spec.gpus:
-        return "not enough free healthy GPUs of the requested model/memory"
-    return None
-
-
-def _score(request: PlacementRequest, cap: NodeCapacity) -> tuple[int, int, int, str]:
-    preferred = 0 if request.prefer == cap.name else 1
-    return (preferred, cap.allocated_gpus, cap.workloads, cap.name)
-
-
-def _best(request: PlacementRequest, capacity: Mapping[str, NodeCapacity], now: float,
-          honour_cooldown: bool, reasons: dict[str, int],
-          honour_exclude: bool = True) -> NodeCapacity | None:
-    best: NodeCapacity | None = None
-    for cap in capacity.values():
-        why = _filter(request, cap, now, honour_cooldown, honour_exclude)
-        if why is not None:
-            reasons[why] = reasons.get(why, 0) + 1
-            continue
-        if best is None or _score(request, cap) < _score(request, best):
-            best = cap
-    return best
-
-
-def place_one(request: PlacementRequest, capacity: Mapping[str, NodeCapacity],
-              now: float) -> Placed | Unplaceable:
+def place_one(request: PlacementRequest, capacity: Mapping[str, NodeCapacity], now: float,
+              strategy: Strategy = "spread") -> Placed | Unplaceable:
     """Choose a node for one request without changing ``capacity``.
 
     The failure cool-down (``avoid``, after a node went down) is soft: such a node is used
     only when no other node fits, because running somewhere beats waiting. ``exclude`` (the
     workload itself failed there too often) is hard.
     """
-    if not capacity:
-        return Unplaceable("no ready nodes")
-    reasons: dict[str, int] = {}
-    best = _best(request, capacity, now, True, reasons)
-    if best is None:
-        best = _best(request, capacity, now, False, {})
-    if best is None:
-        summary = ", ".join(f"{n} node(s): {why}" for why, n in sorted(reasons.items()))
-        exhausted = bool(request.exclude) and _best(request, capacity, now, False, {},
-                                                    honour_exclude=False) is not None
-        return Unplaceable(f"no node fits ({summary})", exhausted)
-    gpus = sorted(_matching_gpus(request.spec, best.free), key=lambda g: g.index)
-    return Placed(node=best.name, gpus=tuple(g.index for g in gpus[:request.spec.gpus]))
+    return PlacementIndex(capacity, now, strategy).place(request)
 
 
 def commit(placed: Placed, capacity: Mapping[str, NodeCapacity]) -> None:
-    """Take the placed GPUs out of ``capacity`` (the only mutation, within one pass)."""
-    cap = capacity[placed.node]
-    cap.free = [g for g in cap.free if g.index not in placed.gpus]
-    cap.allocated_gpus += len(placed.gpus)
-    cap.workloads += 1
+    """Take the placed GPUs out of ``capacity`` (outside of a ``place_batch`` pass)."""
+    _hold(capacity[placed.node], placed.gpus)
 
 
 def batch_order(requests: Iterable[PlacementRequest]) -> list[PlacementRequest]:
@@ -154,13 +98,25 @@ def batch_order(requests: Iterable[PlacementRequest]) -> list[PlacementRequest]:
     return sorted(requests, key=lambda r: (-r.spec.priority, r.submitted_at, r.workload))
 
 
-def place_batch(requests: Iterable[PlacementRequest], capacity: dict[str, NodeCapacity],
-                now: float) -> dict[str, Placed | Unplaceable]:
-    """Place a batch in one global pass; the result does not depend on the input order."""
+Fallback = Callable[[PlacementRequest, Unplaceable], Iterable[str]]
+
+
+def place_batch(requests: Iterable[PlacementRequest], capacity: Mapping[str, NodeCapacity],
+                now: float, strategy: Strategy = "spread",
+                unplaceable: Fallback | None = None) -> dict[str, Placed | Unplaceable]:
+    """Place a batch in one global pass; the result does not depend on the input order.
+    ``strategy`` applies to requests whose spec does not choose one. Commits to
+    ``capacity``. ``unplaceable``, called in turn for each request that cannot be placed,
+    may take room out of ``capacity`` (preemption holds it for the request) and returns the
+    nodes it changed."""
+    index = PlacementIndex(capacity, now, strategy)
     results: dict[str, Placed | Unplaceable] = {}
     for request in batch_order(requests):
-        outcome = place_one(request, capacity, now)
+        outcome = index.place(request)
         if isinstance(outcome, Placed):
-            commit(outcome, capacity)
+            index.commit(outcome)
+        elif unplaceable is not None:
+            for name in unplaceable(request, outcome):
+                index.refresh(name)
         results[request.workload] = outcome
     return results

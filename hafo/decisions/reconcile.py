@@ -4,31 +4,46 @@ For every workload it decides one of: place (new instance, new epoch), keep pend
 reason), finish (completed / failed), forget (deleted by the user), start a planned move
 (checkpoint and stop the instance, see ``hafo.decisions.moves``) or refuse one, move work off
 an unhealthy node or GPU, or act on a failed application (``hafo.decisions.failures``:
-restart in place with backoff, then move). Each action
-carries the revision of the assignment it was decided from, so applying it is a
-compare-and-swap, and a one-line ``why`` for the log.
+restart in place with backoff, then move), or preempt lower-priority work for a workload
+that may (``hafo.decisions.preemption``). Each action carries the revision of the assignment
+it was decided from, so applying it is a compare-and-swap, and a one-line ``why`` for the
+log. Linear in nodes + workloads, plus O(log nodes) per placement.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from hafo.decisions.failures import after_failure
-from hafo.decisions.moves import moved_off, start_move, stop_then_place
+from hafo.decisions.moves import latest_checkpoints, moved_off, start_move, stop_then_place
 from hafo.decisions.placement import (
+    NodeCapacity,
     Placed,
     PlacementRequest,
+    Strategy,
+    Unplaceable,
+    batch_order,
     capacity_from,
     place_batch,
 )
+from hafo.decisions.placement_index import SignatureKey, signature
 from hafo.decisions.plan import FAILED_NODE_COOLDOWN, Action, Need, Plan
-from hafo.model.cluster import Assignment, ClusterSnapshot
-from hafo.model.views import latest_checkpoint
+from hafo.decisions.preemption import (
+    Preemption,
+    Waiting,
+    choose_victims,
+    reserve,
+    victims_by_node,
+    waiting_preemptors,
+)
+from hafo.model.cluster import Assignment, CheckpointInfo, ClusterSnapshot
 
 __all__ = ["FAILED_NODE_COOLDOWN", "Action", "Plan", "reconcile"]
 
 
-def _resume(snapshot: ClusterSnapshot, wid: str) -> str:
+def _resume(checkpoints: Mapping[str, CheckpointInfo], wid: str) -> str:
     """Where the next instance resumes: the work since that checkpoint is redone."""
-    checkpoint = latest_checkpoint(snapshot, wid)
+    checkpoint = checkpoints.get(wid)
     if checkpoint is None:
         return "resumes from its latest checkpoint, if any"
     return f"resumes from its latest checkpoint (last reported: step {checkpoint.step})"
@@ -39,7 +54,8 @@ def _revision(assignment: Assignment | None) -> int:
 
 
 def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
-            allow_failover: bool) -> Action | Need | None:
+            allow_failover: bool,
+            checkpoints: Mapping[str, CheckpointInfo]) -> Action | Need | None:
     """Decide for one workload, except the placement itself."""
     submission = snapshot.workloads[wid]
     spec = submission.spec
@@ -48,10 +64,12 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
     if move is not None:
         return start_move(snapshot, wid, move, now)
     if current is not None and current.phase == "moving":
-        return moved_off(snapshot, current, now, cooldown)
+        return moved_off(snapshot, current, now, cooldown, checkpoints)
     if current is None or current.phase == "pending":
         avoid = dict(current.avoid) if current else {}
-        return Need(PlacementRequest(wid, spec, submission.submitted_at, avoid), current,
+        exclude = {n: t for n, t in current.failed_on.items() if t > now} if current else {}
+        return Need(PlacementRequest(wid, spec, submission.submitted_at, avoid,
+                                     exclude=exclude), current,
                      current.restarts if current else 0,
                      current.restart_times if current else (), "placed", "new workload")
     if current.phase in ("completed", "failed") or current.node is None:
@@ -66,7 +84,7 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
         return Need(PlacementRequest(wid, spec, submission.submitted_at, avoid,
                                      exclude=current.failed_on), current,
                     current.restarts, current.restart_times, "failover",
-                    f"node {node} is down; {_resume(snapshot, wid)}")
+                    f"node {node} is down; {_resume(checkpoints, wid)}")
     hardware = _hardware_move(snapshot, current)
     if hardware is not None:
         return hardware
@@ -92,7 +110,7 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
                                prefer=node if after.kind == "restart" else None,
                                exclude=after.failed_on)
     return Need(request, current, after.restarts, after.restart_times, "restarted",
-                f"{after.why}; {_resume(snapshot, wid)}")
+                f"{after.why}; {_resume(checkpoints, wid)}")
 
 
 def _hardware_move(snapshot: ClusterSnapshot, current: Assignment) -> Action | None:
@@ -117,13 +135,92 @@ def _hardware_move(snapshot: ClusterSnapshot, current: Assignment) -> Action | N
                            "gpu-degraded" if gpu.healthy else "gpu-unhealthy", urgent=lost)
 
 
+def _strategy(name: str) -> Strategy:
+    if name == "spread":
+        return "spread"
+    if name == "binpack":
+        return "binpack"
+    raise ValueError(f"unknown placement strategy {name!r} (spread or binpack)")
+
+
+def _requests(needs: list[Need], waiting: Mapping[str, Waiting],
+              capacity: Mapping[str, NodeCapacity]) -> list[PlacementRequest]:
+    """The needs' requests; a preemptor waiting for its victims gets the room held for it
+    (in priority order, so several on one node share it deterministically)."""
+    requests = []
+    for request in batch_order(n.request for n in needs):
+        wait = waiting.get(request.workload)
+        requests.append(reserve(request, wait.node, capacity) if wait else request)
+    return requests
+
+
+class _Preempting:
+    """The ``place_batch`` fallback that picks victims for each unplaceable workload that may
+    preempt and is not already waiting, in batch (priority) order, so a preemptor gets the
+    room it makes before lower-priority work is placed."""
+
+    def __init__(self, snapshot: ClusterSnapshot, settled: list[str],
+                 capacity: Mapping[str, NodeCapacity], waiting: Mapping[str, Waiting],
+                 now: float) -> None:
+        self.waiting = waiting
+        self.now = now
+        self.victims = victims_by_node(snapshot, settled, capacity)
+        self.chosen: dict[str, Preemption] = {}
+        self.hopeless: set[tuple[SignatureKey, int, int]] = set()
+
+    def __call__(self, request: PlacementRequest, result: Unplaceable) -> tuple[str, ...]:
+        if not request.spec.preempt or result.exhausted or request.workload in self.waiting:
+            return ()
+        # Room only shrinks during a pass: a request like one that found no victims (and
+        # no more restricted than it was) finds none either.
+        plain = request.only is None and not any(
+            t > self.now for t in (*request.avoid.values(), *request.exclude.values()))
+        key = (signature(request.spec), request.spec.gpus, request.spec.priority)
+        if key in self.hopeless:
+            return ()
+        preemption = choose_victims(request, self.victims, self.now)
+        if preemption is None:
+            if plain:
+                self.hopeless.add(key)
+            return ()
+        self.chosen[request.workload] = preemption
+        return (preemption.node,)
+
+
+def _victim_actions(snapshot: ClusterSnapshot,
+                    preemptions: Mapping[str, Preemption]) -> list[Action]:
+    actions = []
+    for preemptor, preemption in preemptions.items():
+        priority = snapshot.workloads[preemptor].spec.priority
+        for victim in preemption.victims:
+            actions.append(stop_then_place(
+                snapshot.assignments[victim], f"preempted by {preemptor} (priority {priority})",
+                "preempted", urgent=False, preempted_for=preemptor))
+    return actions
+
+
+def _waiting_reason(wid: str, preemptions: Mapping[str, Preemption],
+                    waiting: Mapping[str, Waiting], releasing: set[str]) -> str | None:
+    if wid in preemptions:
+        node, count = preemptions[wid].node, len(preemptions[wid].victims)
+    elif wid in waiting:
+        node = waiting[wid].node
+        count = sum(1 for v in waiting[wid].victims if v not in releasing)
+    else:
+        return None
+    return f"waiting for {count} preempted workload(s) on {node} to stop" if count else None
+
+
 def reconcile(snapshot: ClusterSnapshot, now: float,
-              cooldown: float = FAILED_NODE_COOLDOWN, allow_failover: bool = True) -> Plan:
+              cooldown: float = FAILED_NODE_COOLDOWN, allow_failover: bool = True,
+              strategy: str = "spread") -> Plan:
     """Compute the plan for one reconcile cycle. ``now`` is wall-clock seconds.
 
     With ``allow_failover`` False (a controller that told an agent "etcd is unavailable to me"
     within TTL + margin: failsafe mode), work on down or unhealthy nodes is left where it is.
+    ``strategy`` (``spread`` or ``binpack``) places workloads whose spec does not choose.
     """
+    default = _strategy(strategy)
     actions: list[Action] = []
     for wid, assignment in sorted(snapshot.assignments.items()):
         if wid not in snapshot.workloads:
@@ -133,16 +230,25 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
         if wid not in snapshot.workloads:
             actions.append(Action("refuse-move", wid, "no such workload", 0, None,
                                   "move-refused", clear_move=True))
+    checkpoints = latest_checkpoints(snapshot)
     needs: list[Need] = []
+    settled: list[str] = []
     for wid in sorted(snapshot.workloads):
-        outcome = _assess(snapshot, wid, now, cooldown, allow_failover)
+        outcome = _assess(snapshot, wid, now, cooldown, allow_failover, checkpoints)
         if isinstance(outcome, Action):
             actions.append(outcome)
         elif isinstance(outcome, Need):
             needs.append(outcome)
-    releasing = [n.request.workload for n in needs]
+        else:
+            settled.append(wid)
+    releasing = {n.request.workload for n in needs}
     capacity = capacity_from(snapshot, releasing)
-    results = place_batch([n.request for n in needs], capacity, now)
+    waiting = waiting_preemptors(snapshot)
+    preempting = (_Preempting(snapshot, settled, capacity, waiting, now)
+                  if any(n.request.spec.preempt for n in needs) else None)
+    results = place_batch(_requests(needs, waiting, capacity), capacity, now, default,
+                          preempting)
+    preemptions = preempting.chosen if preempting is not None else {}
     for need in needs:
         wid = need.request.workload
         result = results[wid]
@@ -164,13 +270,15 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
             actions.append(Action("finish", wid, reason, _revision(previous), failed,
                                   "failed"))
             continue
+        reason = _waiting_reason(wid, preemptions, waiting, releasing) or result.reason
         unchanged = previous is not None and previous.phase == "pending" \
-            and previous.reason == result.reason
+            and previous.reason == reason
         if unchanged:
             continue  # already pending for the same reason: nothing to write
         pending = Assignment(workload=wid, phase="pending", node=None, restarts=need.restarts,
-                             restart_times=need.restart_times, reason=result.reason,
+                             restart_times=need.restart_times, reason=reason,
                              avoid=avoid, failed_on=failed_on)
-        actions.append(Action("pending", wid, f"{need.why}; {result.reason}",
+        actions.append(Action("pending", wid, f"{need.why}; {reason}",
                               _revision(previous), pending, "pending"))
+    actions.extend(_victim_actions(snapshot, preemptions))
     return Plan(tuple(actions))

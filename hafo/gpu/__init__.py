@@ -18,7 +18,8 @@ def backend_for(node: NodeConfig) -> GpuBackend:
         return NoGpus("no GPUs (gpus: none)")
     if node.gpus == "simulate" and node.simulate is not None:
         sim = node.simulate
-        return SimulatedGpus(node.name, sim.count, sim.model, sim.memory_mib, sim.faults_file)
+        return SimulatedGpus(node.name, sim.count, sim.model, sim.memory_mib, sim.faults_file,
+                             utilization=sim.utilization, mig=sim.mig)
     try:
         return NvmlGpus()
     except NvmlUnavailable as exc:

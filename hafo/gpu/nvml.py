@@ -8,6 +8,13 @@ Three sources of findings (see ``hafo.model.health``):
 - an event thread waiting on NVML's Xid (and ECC) events;
 - the kernel log's ``NVRM: Xid`` lines (``hafo.gpu.kernel_log``).
 
+Inventory: each GPU with its utilization (``nvmlDeviceGetUtilizationRates``, rounded to the
+nearest 10 % so node records are not rewritten for noise; None where unsupported). A GPU in
+MIG mode (``nvmlDeviceGetMigMode``) is listed as its MIG devices instead
+(``nvmlDeviceGetMigDeviceHandleByIndex``; index ``mig_index(gpu, slot)``, the profile from the
+device's name, e.g. "NVIDIA H100 80GB HBM3 MIG 1g.10gb", or its attributes); a GPU that cannot
+say (NotSupported, an old binding) is listed whole. Findings always name physical GPUs.
+
 Xid meanings: NVIDIA's catalog, https://docs.nvidia.com/deploy/xid-errors/. The same Xid from
 the event thread and the kernel log counts once per burst (``XidBursts``). Any query a GPU or
 binding does not support is remembered per GPU and not asked again; nothing here raises.
@@ -19,6 +26,7 @@ import collections
 import contextlib
 import ctypes
 import importlib
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +36,7 @@ import structlog
 
 from hafo.gpu.kernel_log import KernelLogReader, XidBursts, normalise_bus_id
 from hafo.model import health as h
-from hafo.model.cluster import Gpu
+from hafo.model.cluster import Gpu, mig_index
 from hafo.model.health import Finding
 
 log = structlog.get_logger("hafo.gpu")
@@ -38,6 +46,7 @@ _HW_REASONS = ((h.HW_SLOWDOWN, "HwSlowdown", 0x08),
                (h.HW_THERMAL_SLOWDOWN, "HwThermalSlowdown", 0x40),
                (h.HW_POWER_BRAKE, "HwPowerBrakeSlowdown", 0x80))
 _VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+_PROFILE_RE = re.compile(r"(\d+g\.\d+gb(?:\+[a-z]+)?)")
 
 
 class NvmlUnavailable(Exception):
@@ -167,7 +176,8 @@ class NvmlGpus:
         return handle
 
     def inventory(self) -> list[Gpu]:
-        """Every GPU's identity; health comes from ``findings``."""
+        """Every GPU's identity and utilization, or its MIG devices if it is in MIG mode;
+        health comes from ``findings``."""
         nvml = self._nvml
         gpus: list[Gpu] = []
         for index in range(self.count):
@@ -178,12 +188,82 @@ class NvmlGpus:
                 name = _text(nvml.nvmlDeviceGetName(handle))
                 uuid = _text(nvml.nvmlDeviceGetUUID(handle))
                 memory = int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024)
-                gpus.append(Gpu(index=index, uuid=uuid, model=name, memory_mib=memory))
             except (nvml.NVMLError, _Unsupported) as exc:
                 self._warn_once(("inventory", index), "GPU identity unreadable", index, exc)
                 gpus.append(Gpu(index=index, uuid=f"unknown-{index}", model="unknown",
                                 memory_mib=0))
+                continue
+            mig = self._mig_devices(index, handle, name)
+            if mig is not None:
+                gpus.extend(mig)
+                continue
+            gpus.append(Gpu(index=index, uuid=uuid, model=name, memory_mib=memory,
+                            utilization=self._utilization(index, handle)))
         return gpus
+
+    def _utilization(self, index: int, handle: Any) -> float | None:
+        """Percent busy, rounded to the nearest 10; None where NVML cannot say."""
+        if "utilization" in self._skip[index]:
+            return None
+        try:
+            busy = int(_function(self._nvml, "nvmlDeviceGetUtilizationRates")(handle).gpu)
+        except self._unsupported:
+            self._skip[index].add("utilization")
+            return None
+        except self._error as exc:
+            self._warn_once(("utilization", index), "GPU utilization unreadable", index, exc)
+            return None
+        return float(min(100, max(0, (busy + 5) // 10 * 10)))
+
+    def _mig_devices(self, index: int, handle: Any, model: str) -> list[Gpu] | None:
+        """The MIG devices of a GPU in MIG mode, None if it is not in MIG mode (or NVML or
+        the binding cannot tell: then it is used whole)."""
+        nvml = self._nvml
+        if "mig" in self._skip[index]:
+            return None
+        try:
+            current = _function(nvml, "nvmlDeviceGetMigMode")(handle)[0]
+            if int(current) != int(getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1)):
+                return None
+            slots = int(_function(nvml, "nvmlDeviceGetMaxMigDeviceCount")(handle))
+        except self._unsupported:
+            self._skip[index].add("mig")
+            return None
+        except self._error as exc:
+            self._warn_once(("mig", index), "GPU MIG mode unreadable", index, exc)
+            return None
+        devices: list[Gpu] = []
+        for slot in range(slots):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except (self._error, AttributeError):
+                continue  # an empty slot (NVML_ERROR_NOT_FOUND)
+            try:
+                uuid = _text(nvml.nvmlDeviceGetUUID(mig))
+                memory = int(nvml.nvmlDeviceGetMemoryInfo(mig).total) // (1024 * 1024)
+                profile = self._mig_profile(mig)
+            except (self._error, AttributeError, _Unsupported) as exc:
+                self._warn_once(("mig-device", index, slot), "MIG device unreadable", index,
+                                exc, slot=slot)
+                continue
+            devices.append(Gpu(index=mig_index(index, slot), uuid=uuid, model=model,
+                               memory_mib=memory, profile=profile, parent=index))
+        return devices
+
+    def _mig_profile(self, mig: Any) -> str:
+        """The MIG device's profile (e.g. 1g.10gb) from its name, else from its slice count
+        and memory."""
+        nvml = self._nvml
+        with contextlib.suppress(self._error, AttributeError):
+            match = _PROFILE_RE.search(_text(nvml.nvmlDeviceGetName(mig)))
+            if match:
+                return match.group(1)
+        attributes = nvml.nvmlDeviceGetAttributes(mig)
+        slices = int(attributes.gpuInstanceSliceCount)
+        gigabytes = round(int(attributes.memorySizeMB) / 1024)
+        if slices <= 0 or gigabytes <= 0:
+            raise _Unsupported("no MIG profile")
+        return f"{slices}g.{gigabytes}gb"
 
     # findings ---------------------------------------------------------------------------------
 
@@ -421,6 +501,14 @@ def _err(nvml: Any, name: str) -> type[BaseException]:
     """An NVMLError subclass of the binding, or one never raised if the binding lacks it."""
     cls = getattr(nvml, name, None)
     return cls if isinstance(cls, type) and issubclass(cls, BaseException) else _Missing
+
+
+def _function(nvml: Any, name: str) -> Any:
+    """A function of the binding; ``_Unsupported`` if this binding lacks it."""
+    fn = getattr(nvml, name, None)
+    if fn is None:
+        raise _Unsupported(f"{name} not in this binding")
+    return fn
 
 
 def _handle_key(handle: Any) -> Any:

@@ -8,19 +8,26 @@ file or ``{}`` means healthy. Each key of a GPU's entry becomes a finding (see
 (NVML value), and the flags ``lost``, ``remap_pending``, ``remap_failed``,
 ``retired_pages_pending``, ``hw_slowdown``, ``hw_thermal_slowdown``, ``hw_power_brake``.
 A fault stays while it is in the file, as a persistent hardware fault would.
+
+``utilization`` (GPU index -> percent) is reported with the inventory (unlisted: unknown).
+``mig`` (GPU index -> profiles like "1g.10gb") puts a GPU in MIG mode: it is listed as one
+MIG device per profile instead (index ``mig_index(gpu, slot)``, a stable "MIG-..." UUID, the
+profile's memory); faults still name the physical GPU.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from hafo.model import health as h
-from hafo.model.cluster import Gpu
+from hafo.model.cluster import Gpu, mig_index
 from hafo.model.health import Finding
 
 log = structlog.get_logger("hafo.gpu")
@@ -30,18 +37,29 @@ class SimulatedGpus:
     """A node's simulated GPUs."""
 
     def __init__(self, node: str, count: int, model: str, memory_mib: int,
-                 faults_file: str | None = None) -> None:
+                 faults_file: str | None = None, *,
+                 utilization: Mapping[int, float] | None = None,
+                 mig: Mapping[int, tuple[str, ...]] | None = None) -> None:
         self.node = node
         self.count = count
         self.model = model
         self.memory_mib = memory_mib
         self.faults_file = Path(faults_file) if faults_file else None
-        self.description = f"{count} simulated {model}"
+        self.utilization = dict(utilization or {})
+        self.mig = {i: tuple(p) for i, p in (mig or {}).items() if 0 <= i < count}
+        self.description = f"{count} simulated {model}" + (
+            f" ({len(self.mig)} in MIG mode)" if self.mig else "")
 
     def uuid(self, index: int) -> str:
         """A stable, node-unique UUID in NVIDIA's textual form."""
         digest = hashlib.sha256(f"{self.node}/{index}".encode()).hexdigest()
         return (f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-"
+                f"{digest[20:32]}")
+
+    def mig_uuid(self, parent: int, slot: int) -> str:
+        """A stable, node-unique MIG device UUID in NVIDIA's textual form."""
+        digest = hashlib.sha256(f"{self.node}/{parent}/mig/{slot}".encode()).hexdigest()
+        return (f"MIG-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-"
                 f"{digest[20:32]}")
 
     def faults(self) -> dict[int, dict[str, Any]]:
@@ -56,9 +74,21 @@ class SimulatedGpus:
             return {}
 
     def inventory(self) -> list[Gpu]:
-        """Every simulated GPU."""
-        return [Gpu(index=i, uuid=self.uuid(i), model=self.model, memory_mib=self.memory_mib)
-                for i in range(self.count)]
+        """Every simulated GPU, or its MIG devices if it is in MIG mode."""
+        out: list[Gpu] = []
+        for i in range(self.count):
+            profiles = self.mig.get(i)
+            if profiles is None:
+                out.append(Gpu(index=i, uuid=self.uuid(i), model=self.model,
+                               memory_mib=self.memory_mib,
+                               utilization=self.utilization.get(i)))
+                continue
+            for slot, profile in enumerate(profiles):
+                out.append(Gpu(index=mig_index(i, slot), uuid=self.mig_uuid(i, slot),
+                               model=self.model,
+                               memory_mib=min(_profile_mib(profile), self.memory_mib),
+                               profile=profile, parent=i))
+        return out
 
     def findings(self) -> list[Finding]:
         """The faults file as findings; unknown keys and bad values are logged and skipped."""
@@ -76,6 +106,12 @@ class SimulatedGpus:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+def _profile_mib(profile: str) -> int:
+    """A MIG profile's memory: "3g.40gb" -> 40960 MiB."""
+    match = re.match(r"^\d+g\.(\d+)gb", profile)
+    return int(match.group(1)) * 1024 if match else 0
 
 
 _CODED = {"xid": h.XID, "recovery_action": h.RECOVERY_ACTION}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 from hafo.model.spec import WorkloadSpec
@@ -19,9 +20,29 @@ InstanceState = Literal["starting", "running", "stopping", "exited"]
 AfterStop = Literal["move", "restart"]
 
 
+MIG_INDEX_BASE = 100
+
+
+def mig_index(parent: int, slot: int) -> int:
+    """The index of MIG device ``slot`` of physical GPU ``parent``: ``100 * (parent + 1) +
+    slot`` (GPU 0's MIG devices are 100, 101, ...; GPU 1's 200, ...). Whole GPUs keep their
+    NVML index 0..n-1, so the two never collide (a node has at most 64 GPUs, a GPU at most 7
+    MIG devices)."""
+    return MIG_INDEX_BASE * (parent + 1) + slot
+
+
+def physical_of(index: int) -> int:
+    """The physical GPU behind a GPU index (itself for a whole GPU, see ``mig_index``)."""
+    return index // MIG_INDEX_BASE - 1 if index >= MIG_INDEX_BASE else index
+
+
 @dataclass(frozen=True)
 class Gpu:
-    """One GPU of a node, as its agent reports it."""
+    """One schedulable GPU of a node, as its agent reports it: a whole GPU, or one MIG device
+    of a GPU in MIG mode (``profile`` like "1g.10gb", ``parent`` the physical GPU's index,
+    ``index`` from ``mig_index``, ``uuid`` "MIG-...", ``memory_mib`` the slice's). A GPU in MIG
+    mode is not listed itself: only its MIG devices are. ``utilization``: percent busy (0-100)
+    as last measured, None when unknown."""
 
     index: int
     uuid: str
@@ -31,27 +52,43 @@ class Gpu:
     reason: str = ""
     degraded: bool = False
     lost: bool = False
+    utilization: float | None = None
+    profile: str | None = None
+    parent: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form. ``reason`` says why it is unhealthy or degraded; ``degraded``: still
         usable but failing (work is moved off with a fresh checkpoint, nothing new placed);
-        ``lost``: it does not answer at all (no checkpoint can be taken from it)."""
+        ``lost``: it does not answer at all (no checkpoint can be taken from it);
+        ``utilization``, ``profile``, ``parent``: see the class (null when not applicable)."""
         return {"index": self.index, "uuid": self.uuid, "model": self.model,
                 "memory_mib": self.memory_mib, "healthy": self.healthy, "reason": self.reason,
-                "degraded": self.degraded, "lost": self.lost}
+                "degraded": self.degraded, "lost": self.lost, "utilization": self.utilization,
+                "profile": self.profile, "parent": self.parent}
 
     @property
     def usable(self) -> bool:
         """May new work be placed on it."""
         return self.healthy and not self.degraded
 
+    @property
+    def physical(self) -> int:
+        """The index of the physical GPU (its own for a whole GPU, the parent's for MIG)."""
+        return self.parent if self.parent is not None else physical_of(self.index)
+
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> Gpu:
         """Inverse of ``to_dict``."""
+        utilization = d.get("utilization")
+        profile = d.get("profile")
+        parent = d.get("parent")
         return Gpu(index=int(d["index"]), uuid=str(d["uuid"]), model=str(d["model"]),
                    memory_mib=int(d["memory_mib"]), healthy=bool(d.get("healthy", True)),
                    reason=str(d.get("reason", "")), degraded=bool(d.get("degraded", False)),
-                   lost=bool(d.get("lost", False)))
+                   lost=bool(d.get("lost", False)),
+                   utilization=None if utilization is None else float(utilization),
+                   profile=None if profile is None else str(profile),
+                   parent=None if parent is None else int(parent))
 
 
 @dataclass(frozen=True)
@@ -123,6 +160,7 @@ class Assignment:
     after_stop: AfterStop = "move"
     not_before: float = 0.0
     failed_on: Mapping[str, float] = field(default_factory=dict)
+    preempted_for: str | None = None
 
     @property
     def holds_node(self) -> bool:
@@ -136,13 +174,16 @@ class Assignment:
         checkpoint, unless ``urgent``), then, not before ``not_before``, the workload is placed
         again: ``after_stop`` ``restart`` prefers the same node, ``move`` another one (or
         ``move_to``). ``failed_on``: nodes where it failed too often, excluded until then.
+        ``preempted_for``: the higher-priority workload this move makes room for (its GPUs
+        are held for that workload, on this node, until it is placed).
         """
         return {"workload": self.workload, "phase": self.phase, "node": self.node,
                 "gpus": list(self.gpus), "restarts": self.restarts,
                 "restart_times": list(self.restart_times), "reason": self.reason,
                 "avoid": dict(self.avoid), "stopping": self.stopping, "move_to": self.move_to,
                 "urgent": self.urgent, "after_stop": self.after_stop,
-                "not_before": self.not_before, "failed_on": dict(self.failed_on)}
+                "not_before": self.not_before, "failed_on": dict(self.failed_on),
+                "preempted_for": self.preempted_for}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any], epoch: int) -> Assignment:
@@ -158,7 +199,9 @@ class Assignment:
                           after_stop="restart" if d.get("after_stop") == "restart" else "move",
                           not_before=float(d.get("not_before", 0.0)),
                           failed_on={str(k): float(v)
-                                     for k, v in (d.get("failed_on") or {}).items()})
+                                     for k, v in (d.get("failed_on") or {}).items()},
+                          preempted_for=(None if d.get("preempted_for") is None
+                                         else str(d["preempted_for"])))
 
 
 @dataclass(frozen=True)
@@ -319,6 +362,16 @@ class ClusterSnapshot:
         if name in self.cordoned:
             return "cordoned"
         return "ready"
+
+    @cached_property
+    def holders(self) -> Mapping[str, tuple[str, ...]]:
+        """node -> the workloads whose assignments hold it (placed or moving there), sorted;
+        computed once per snapshot."""
+        by_node: dict[str, list[str]] = {}
+        for wid, assignment in self.assignments.items():
+            if assignment.holds_node and assignment.node is not None:
+                by_node.setdefault(assignment.node, []).append(wid)
+        return {node: tuple(sorted(wids)) for node, wids in by_node.items()}
 
     def current_status(self, workload: str) -> InstanceStatus | None:
         """The agent's report for the workload's current assignment (same node and epoch)."""

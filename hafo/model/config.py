@@ -62,14 +62,25 @@ class ApiConfig:
         return int(self.listen.rsplit(":", 1)[1])
 
 
+MIG_PROFILE_RE = re.compile(r"^([1-8])g\.([1-9][0-9]{0,3})gb(\+[a-z]+)?$")
+MAX_MIG_DEVICES = 7
+STRATEGIES = ("spread", "binpack")
+
+
 @dataclass(frozen=True)
 class SimulatedGpus:
-    """The simulated GPU backend's description of a node's GPUs."""
+    """The simulated GPU backend's description of a node's GPUs.
+
+    ``utilization``: GPU index -> percent busy reported for it (unlisted: unknown). ``mig``:
+    GPU index -> the profiles of its MIG devices (that GPU is then listed as those devices).
+    """
 
     count: int = 4
     model: str = "NVIDIA H100 80GB HBM3"
     memory_mib: int = 81559
     faults_file: str | None = None
+    utilization: Mapping[int, float] = field(default_factory=dict)
+    mig: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,7 @@ class Config:
     controller_name: str | None = None
     log_format: str = "auto"
     health: HealthConfig = field(default_factory=HealthConfig)
+    placement_strategy: str = "spread"
 
 
 def parse_endpoints(value: Any, field_name: str) -> tuple[str, ...]:
@@ -153,6 +165,43 @@ def _parse_api(raw: Any) -> ApiConfig:
     return ApiConfig(listen=listen, token_file=get_str(data, "token_file", "api"))
 
 
+def _gpu_key(key: str, count: int, where: str) -> int:
+    """A GPU index written as a mapping key ("0"), within ``count``."""
+    if not key.isdigit() or int(key) >= count:
+        raise ValidationError(f"{where}.{key}",
+                              f"must be a GPU index from 0 to {count - 1}" if count
+                              else "no GPUs to refer to (count is 0)")
+    return int(key)
+
+
+def _parse_utilization(raw: Any, count: int, where: str) -> dict[int, float]:
+    data = as_mapping(raw or {}, where)
+    out: dict[int, float] = {}
+    for key in data:
+        index = _gpu_key(key, count, where)
+        value = get_number(data, key, where, 0.0, minimum=0)
+        if value > 100:
+            raise ValidationError(f"{where}.{key}", f"must be a percentage (0-100), got {value}")
+        out[index] = value
+    return out
+
+
+def _parse_mig(raw: Any, count: int, where: str) -> dict[int, tuple[str, ...]]:
+    data = as_mapping(raw or {}, where)
+    out: dict[int, tuple[str, ...]] = {}
+    for key, profiles in data.items():
+        index = _gpu_key(key, count, where)
+        if not isinstance(profiles, list) or not 0 < len(profiles) <= MAX_MIG_DEVICES:
+            raise ValidationError(f"{where}.{key}", f"must be a list of 1 to {MAX_MIG_DEVICES} "
+                                  "MIG profiles like 1g.10gb")
+        for i, profile in enumerate(profiles):
+            if not isinstance(profile, str) or not MIG_PROFILE_RE.fullmatch(profile):
+                raise ValidationError(f"{where}.{key}[{i}]",
+                                      f"must be a MIG profile like 1g.10gb, got {profile!r}")
+        out[index] = tuple(profiles)
+    return out
+
+
 def _parse_gpus(raw: Any) -> tuple[str, SimulatedGpus | None]:
     if raw is None or raw == "auto":
         return "auto", None
@@ -161,14 +210,28 @@ def _parse_gpus(raw: Any) -> tuple[str, SimulatedGpus | None]:
     if isinstance(raw, Mapping) and set(raw) == {"simulate"}:
         sim = as_mapping(raw["simulate"] or {}, "node.gpus.simulate")
         where = "node.gpus.simulate"
-        reject_unknown(sim, {"count", "model", "memory_mib", "faults_file"}, where)
+        reject_unknown(sim, {"count", "model", "memory_mib", "faults_file", "utilization",
+                             "mig"}, where)
+        count = get_int(sim, "count", where, 4, minimum=0, maximum=64)
         return "simulate", SimulatedGpus(
-            count=get_int(sim, "count", where, 4, minimum=0, maximum=64),
+            count=count,
             model=get_str(sim, "model", where, "NVIDIA H100 80GB HBM3") or "",
             memory_mib=get_int(sim, "memory_mib", where, 81559, minimum=1),
             faults_file=get_str(sim, "faults_file", where),
+            utilization=_parse_utilization(sim.get("utilization"), count,
+                                           f"{where}.utilization"),
+            mig=_parse_mig(sim.get("mig"), count, f"{where}.mig"),
         )
     raise ValidationError("node.gpus", "must be 'auto', 'none' or {simulate: {...}}")
+
+
+def _parse_placement(raw: Any) -> str:
+    data = as_mapping(raw or {}, "placement")
+    reject_unknown(data, {"strategy"}, "placement")
+    strategy = get_str(data, "strategy", "placement", "spread") or "spread"
+    if strategy not in STRATEGIES:
+        raise ValidationError("placement.strategy", "must be spread or binpack")
+    return strategy
 
 
 def _parse_node(raw: Any) -> NodeConfig:
@@ -188,7 +251,7 @@ def parse_config(raw: Any, role: str) -> Config:
     """Validate a daemon config mapping. ``role`` is 'agent', 'controller' or 'client'."""
     data = as_mapping(raw if raw is not None else {}, "config")
     reject_unknown(data, {"cluster", "etcd", "timing", "api", "node", "checkpoint",
-                          "controller", "log", "health"}, "")
+                          "controller", "log", "health", "placement"}, "")
     cluster = get_str(data, "cluster", "", "default") or "default"
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", cluster):
         raise ValidationError("cluster", "must be lowercase letters, digits and '-'")
@@ -223,4 +286,5 @@ def parse_config(raw: Any, role: str) -> Config:
         controller_name=controller_name,
         log_format=log_format,
         health=parse_health(data.get("health")),
+        placement_strategy=_parse_placement(data.get("placement")),
     )

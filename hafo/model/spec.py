@@ -19,6 +19,8 @@ from hafo.model.parsing import (
 )
 
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?$")
+MIG_PROFILE_RE = re.compile(r"^[1-8]g\.[1-9][0-9]{0,3}gb(\+[a-z]+)?$")
+STRATEGIES = ("spread", "binpack")
 CHECK_TYPES_BUILTIN = ("http", "tcp", "exec", "process", "progress")
 
 
@@ -53,7 +55,13 @@ class CheckSpec:
 
 @dataclass(frozen=True)
 class WorkloadSpec:
-    """What the user asked to run (part B of DESIGN.md, 'Workload spec')."""
+    """What the user asked to run (part B of DESIGN.md, 'Workload spec').
+
+    ``gpu_profile``: run on ``gpus`` MIG devices of this profile (e.g. "1g.10gb") instead of
+    whole GPUs. ``placement``: ``spread`` or ``binpack`` for this workload (None: the
+    controller's ``placement.strategy``). ``preempt``: when it cannot be placed, it may stop
+    (checkpoint first) strictly lower-priority work to make room on one node.
+    """
 
     name: str
     command: tuple[str, ...]
@@ -68,6 +76,9 @@ class WorkloadSpec:
     priority: int = 0
     node_selector: Mapping[str, str] = field(default_factory=dict)
     checkpoint_mode: str = "cooperative"
+    gpu_profile: str | None = None
+    placement: str | None = None
+    preempt: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """The canonical JSON form (round-trips through ``parse_spec``)."""
@@ -97,12 +108,19 @@ class WorkloadSpec:
             out["workdir"] = self.workdir
         if self.checkpoint_mode != "cooperative":
             out["checkpoint"] = {"mode": self.checkpoint_mode}
+        if self.gpu_profile is not None:
+            out["gpu_profile"] = self.gpu_profile
+        if self.placement is not None:
+            out["placement"] = self.placement
+        if self.preempt:
+            out["preempt"] = True
         return out
 
 
 _SPEC_FIELDS = {
     "name", "command", "gpus", "gpu_model", "gpu_memory_mib", "env", "restart", "checks",
-    "stop_grace", "workdir", "priority", "node_selector", "checkpoint",
+    "stop_grace", "workdir", "priority", "node_selector", "checkpoint", "gpu_profile",
+    "placement", "preempt",
 }
 
 
@@ -157,6 +175,18 @@ def parse_spec(raw: Any, field_prefix: str = "spec") -> WorkloadSpec:
     if mode not in ("cooperative", "transparent"):
         raise ValidationError(f"{field_prefix}.checkpoint.mode",
                               "must be 'cooperative' (the SDK) or 'transparent' (CRIU)")
+    profile = get_str(data, "gpu_profile", field_prefix)
+    if profile is not None and not MIG_PROFILE_RE.fullmatch(profile):
+        raise ValidationError(f"{field_prefix}.gpu_profile",
+                              f"must be a MIG profile like 1g.10gb, got {profile!r}")
+    placement = get_str(data, "placement", field_prefix)
+    if placement is not None and placement not in STRATEGIES:
+        raise ValidationError(f"{field_prefix}.placement", "must be spread or binpack")
+    preempt = data.get("preempt", False)
+    if preempt is None:
+        preempt = False
+    if not isinstance(preempt, bool):
+        raise ValidationError(f"{field_prefix}.preempt", f"must be true or false, got {preempt!r}")
     return WorkloadSpec(
         name=name,
         command=tuple(get_argv(data, "command", field_prefix)),
@@ -182,4 +212,7 @@ def parse_spec(raw: Any, field_prefix: str = "spec") -> WorkloadSpec:
         priority=get_int(data, "priority", field_prefix, 0, minimum=-1000, maximum=1000),
         node_selector=get_str_map(data, "node_selector", field_prefix),
         checkpoint_mode=mode or "cooperative",
+        gpu_profile=profile,
+        placement=placement,
+        preempt=preempt,
     )

@@ -77,10 +77,9 @@ def workload_view(snapshot: ClusterSnapshot, workload_id: str) -> dict[str, Any]
 def allocations(snapshot: ClusterSnapshot, node: str) -> dict[int, str]:
     """GPU index -> workload id for the placed workloads of ``node``."""
     out: dict[int, str] = {}
-    for wid, assignment in snapshot.assignments.items():
-        if assignment.holds_node and assignment.node == node:
-            for index in assignment.gpus:
-                out[index] = wid
+    for wid in snapshot.holders.get(node, ()):
+        for index in snapshot.assignments[wid].gpus:
+            out[index] = wid
     return out
 
 
@@ -95,11 +94,11 @@ def node_view(snapshot: ClusterSnapshot, name: str) -> dict[str, Any]:
         "gpus": [
             {"index": g.index, "uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib,
              "healthy": g.healthy, "allocated_to": alloc.get(g.index),
-             "degraded": g.degraded, "reason": g.reason}
+             "degraded": g.degraded, "reason": g.reason, "utilization": g.utilization,
+             "profile": g.profile, "parent": g.parent}
             for g in record.gpus
         ],
-        "workloads": sorted(wid for wid, a in snapshot.assignments.items()
-                            if a.holds_node and a.node == name),
+        "workloads": sorted(snapshot.holders.get(name, ())),
         "reason": record.reason,
     }
 

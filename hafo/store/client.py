@@ -284,6 +284,15 @@ class EtcdStore:
 
         return await self.call(_wrap_rpc(op))
 
+    async def write_many(self, ops: Sequence[Put | Delete], per_txn: int = 100) -> int:
+        """Unconditional writes, batched ``per_txn`` to a transaction (etcd allows 128
+        operations per txn by default); returns the last revision written (0 if none)."""
+        revision = 0
+        for start in range(0, len(ops), per_txn):
+            result = await self.txn([], ops[start:start + per_txn])
+            revision = result.revision
+        return revision
+
     # -- leases --------------------------------------------------------------------------
 
     async def grant_lease(self, ttl: int) -> tuple[int, int]:
@@ -301,6 +310,33 @@ class EtcdStore:
         client, generation = await self._current()
         try:
             return await asyncio.wait_for(_wrap_rpc(op)(client), timeout)
+        except TRANSIENT as exc:
+            await self._rotate(generation, exc)
+            raise
+
+    async def keepalive_many(self, lease_ids: Sequence[int], timeout: float) -> dict[int, int]:
+        """Keep many leases alive over one LeaseKeepAlive stream (as etcd's Go client
+        multiplexes them): one RPC carries every id. Returns lease id -> granted TTL (0: the
+        lease is gone). No retry; ids without a reply before ``timeout`` are left out."""
+        if not lease_ids:
+            return {}
+        wanted = list(lease_ids)
+
+        async def op(client: aetcd.Client) -> dict[int, int]:
+            requests = (aetcd.rpc.LeaseKeepAliveRequest(ID=i) for i in wanted)
+            replies: dict[int, int] = {}
+            stream = client.leasestub.LeaseKeepAlive(requests, timeout=timeout,
+                                                     metadata=client.metadata)
+            async for reply in stream:
+                replies[int(reply.ID)] = int(reply.TTL)
+                if len(replies) == len(wanted):
+                    stream.cancel()
+                    break
+            return replies
+
+        client, generation = await self._current()
+        try:
+            return await asyncio.wait_for(_wrap_rpc(op)(client), timeout + 0.5)
         except TRANSIENT as exc:
             await self._rotate(generation, exc)
             raise

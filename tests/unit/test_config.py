@@ -210,3 +210,57 @@ def test_api_listen_invalid(listen: Any) -> None:
 ])
 def test_other_bad_values(raw: Any, field: str) -> None:
     expect_error(raw, "client", field)
+
+
+@pytest.mark.parametrize(("simulate", "expected"), [
+    pytest.param({"utilization": {"0": 50, "3": 12.5}},
+                 SimulatedGpus(utilization={0: 50.0, 3: 12.5}), id="utilization"),
+    pytest.param({"count": 2, "mig": {"1": ["1g.10gb", "1g.10gb", "3g.40gb"]}},
+                 SimulatedGpus(count=2, mig={1: ("1g.10gb", "1g.10gb", "3g.40gb")}),
+                 id="mig"),
+    pytest.param({"mig": {}, "utilization": None}, SimulatedGpus(), id="empty"),
+])
+def test_simulated_utilization_and_mig(simulate: dict[str, Any],
+                                       expected: SimulatedGpus) -> None:
+    config = parse_config({"node": {"name": "n", "gpus": {"simulate": simulate}}}, "agent")
+    assert config.node is not None and config.node.simulate == expected
+
+
+@pytest.mark.parametrize(("simulate", "field"), [
+    ({"utilization": {"4": 10}}, "node.gpus.simulate.utilization.4"),
+    ({"utilization": {"x": 10}}, "node.gpus.simulate.utilization.x"),
+    ({"utilization": {"0": 101}}, "node.gpus.simulate.utilization.0"),
+    ({"utilization": {"0": -1}}, "node.gpus.simulate.utilization.0"),
+    ({"utilization": {"0": "busy"}}, "node.gpus.simulate.utilization.0"),
+    ({"utilization": [50]}, "node.gpus.simulate.utilization"),
+    ({"mig": {"4": ["1g.10gb"]}}, "node.gpus.simulate.mig.4"),
+    ({"count": 0, "mig": {"0": ["1g.10gb"]}}, "node.gpus.simulate.mig.0"),
+    ({"mig": {"0": "1g.10gb"}}, "node.gpus.simulate.mig.0"),
+    ({"mig": {"0": []}}, "node.gpus.simulate.mig.0"),
+    ({"mig": {"0": ["1g.10gb"] * 8}}, "node.gpus.simulate.mig.0"),
+    ({"mig": {"0": ["1g.10gb", "huge"]}}, "node.gpus.simulate.mig.0[1]"),
+    ({"mig": {"0": ["10g.10gb"]}}, "node.gpus.simulate.mig.0[0]"),
+])
+def test_bad_simulated_utilization_and_mig(simulate: dict[str, Any], field: str) -> None:
+    expect_error({"node": {"name": "n", "gpus": {"simulate": simulate}}}, "agent", field)
+
+
+@pytest.mark.parametrize(("raw", "strategy"), [
+    ({}, "spread"),
+    ({"placement": None}, "spread"),
+    ({"placement": {}}, "spread"),
+    ({"placement": {"strategy": "binpack"}}, "binpack"),
+    ({"placement": {"strategy": "spread"}}, "spread"),
+])
+def test_placement_strategy(raw: dict[str, Any], strategy: str) -> None:
+    config = parse_config({**raw, "controller": {"name": "c"}}, "controller")
+    assert config.placement_strategy == strategy
+
+
+@pytest.mark.parametrize(("raw", "field"), [
+    ({"placement": {"strategy": "random"}}, "placement.strategy"),
+    ({"placement": {"mode": "spread"}}, "placement.mode"),
+    ({"placement": "binpack"}, "placement"),
+])
+def test_bad_placement_strategy(raw: dict[str, Any], field: str) -> None:
+    expect_error(raw, "client", field)

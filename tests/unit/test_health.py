@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hafo.decisions.classify import classify
-from hafo.decisions.health import Assessment, HealthState, apply_to_inventory, assess
+from hafo.decisions.health import (
+    Assessment,
+    HealthState,
+    apply_to_inventory,
+    assess,
+    physical_index,
+)
 from hafo.model import health as h
-from hafo.model.cluster import Gpu
+from hafo.model.cluster import Gpu, mig_index, physical_of
 from hafo.model.health import Finding
 from hafo.model.health_config import HealthConfig
 
@@ -82,3 +90,43 @@ def test_inventory_gets_the_flags() -> None:
     lost, hot = apply_to_inventory(inventory, state)
     assert (lost.healthy, lost.lost, lost.usable) == (False, True, False)
     assert (hot.healthy, hot.degraded, hot.usable) == (True, True, False)
+
+
+# GPU 0 whole; GPU 1 in MIG mode, listed as MIG devices 200 and 201
+MIG_INVENTORY = [Gpu(0, "u0", "m", 1, utilization=50.0),
+                 Gpu(mig_index(1, 0), "MIG-a", "m", 1, profile="1g.10gb", parent=1),
+                 Gpu(mig_index(1, 1), "MIG-b", "m", 1, profile="1g.10gb", parent=1)]
+
+
+@pytest.mark.parametrize(("gpu", "physical"), [
+    (MIG_INVENTORY[0], 0), (MIG_INVENTORY[1], 1), (MIG_INVENTORY[2], 1),
+    (Gpu(mig_index(3, 6), "MIG-c", "m", 1), 3),  # parent unset: from the index scheme
+])
+def test_physical_index(gpu: Gpu, physical: int) -> None:
+    assert physical_index(gpu) == physical and physical_of(gpu.index) == physical
+
+
+@pytest.mark.parametrize(("finding", "flags"), [
+    pytest.param(Finding(h.XID, 1, code=48), [(True, False), (False, False), (False, False)],
+                 id="unhealthy-gpu-marks-its-mig-devices"),
+    pytest.param(Finding(h.REMAP_PENDING, 1), [(True, False), (True, True), (True, True)],
+                 id="degraded-gpu-marks-its-mig-devices"),
+    pytest.param(Finding(h.XID, 0, code=48), [(False, False), (True, False), (True, False)],
+                 id="whole-gpu-alone"),
+])
+def test_mig_devices_take_their_physical_gpus_condition(
+        finding: Finding, flags: list[tuple[bool, bool]]) -> None:
+    indices = [g.index for g in MIG_INVENTORY]
+    out = assess(HealthState(), [classify(finding, CONFIG)], indices, 0.0, HOLD)
+    assert sorted(out.state.gpus) == [0, 1]
+    inventory = apply_to_inventory(MIG_INVENTORY, out.state)
+    assert [(g.healthy, g.degraded) for g in inventory] == flags
+    assert inventory[0].utilization == 50.0 and inventory[1].profile == "1g.10gb"
+    assert inventory[2].parent == 1 and inventory[2].uuid == "MIG-b"
+
+
+def test_restart_app_on_a_mig_gpu_names_its_devices() -> None:
+    indices = [g.index for g in MIG_INVENTORY]
+    out = assess(HealthState(), [classify(Finding(h.XID, 1, code=13), CONFIG)], indices, 0.0,
+                 HOLD)
+    assert sorted(out.restart_apps) == [1, 200, 201]

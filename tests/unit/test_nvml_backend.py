@@ -46,6 +46,19 @@ class NVMLError_LibraryNotFound(NVMLError):
     pass
 
 
+class NVMLError_NotFound(NVMLError):
+    pass
+
+
+@dataclass(eq=False)
+class FakeMig:
+    """One MIG device; also its handle."""
+
+    uuid: str
+    name: str
+    memory_mib: int
+
+
 @dataclass(eq=False)
 class FakeGpu:
     """One GPU's state; also its handle."""
@@ -63,6 +76,9 @@ class FakeGpu:
     recovery: int = 0
     lost: bool = False
     unsupported: set[str] = field(default_factory=set)
+    util: int | None = None           # None: utilization not supported
+    mig: dict[int, FakeMig] | None = None  # slot -> device; None: MIG mode off
+    mig_slots: int = 7
 
 
 class FakeNvml:
@@ -80,6 +96,7 @@ class FakeNvml:
     NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 1
     NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: int | None = 230
     NVML_GPU_RECOVERY_ACTION_NONE = 0
+    NVML_DEVICE_MIG_ENABLE = 1
     nvmlClocksEventReasonHwSlowdown = 0x08
     nvmlClocksEventReasonHwThermalSlowdown = 0x40
     nvmlClocksEventReasonHwPowerBrakeSlowdown = 0x80
@@ -122,14 +139,34 @@ class FakeNvml:
     def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
         return self.gpus[index]
 
-    def nvmlDeviceGetUUID(self, handle: FakeGpu) -> bytes:
+    def nvmlDeviceGetUUID(self, handle: FakeGpu | FakeMig) -> bytes:
         return handle.uuid.encode()
 
-    def nvmlDeviceGetName(self, handle: FakeGpu) -> str:
-        return "NVIDIA H100 80GB HBM3"
+    def nvmlDeviceGetName(self, handle: FakeGpu | FakeMig) -> str:
+        return handle.name if isinstance(handle, FakeMig) else "NVIDIA H100 80GB HBM3"
 
-    def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu) -> SimpleNamespace:
-        return SimpleNamespace(total=81559 * 1024 * 1024)
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu | FakeMig) -> SimpleNamespace:
+        mib = handle.memory_mib if isinstance(handle, FakeMig) else 81559
+        return SimpleNamespace(total=mib * 1024 * 1024)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeGpu) -> SimpleNamespace:
+        gpu = self._use(handle, "nvmlDeviceGetUtilizationRates")
+        if gpu.util is None:
+            raise NVMLError_NotSupported(3)
+        return SimpleNamespace(gpu=gpu.util, memory=0)
+
+    def nvmlDeviceGetMigMode(self, handle: FakeGpu) -> list[int]:
+        gpu = self._use(handle, "nvmlDeviceGetMigMode")
+        return [0, 0] if gpu.mig is None else [1, 1]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: FakeGpu) -> int:
+        return self._use(handle, "nvmlDeviceGetMaxMigDeviceCount").mig_slots
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeGpu, index: int) -> FakeMig:
+        gpu = self._use(handle, "nvmlDeviceGetMigDeviceHandleByIndex")
+        if gpu.mig is None or index not in gpu.mig:
+            raise NVMLError_NotFound(6)
+        return gpu.mig[index]
 
     def nvmlDeviceGetPciInfo(self, handle: FakeGpu) -> SimpleNamespace:
         return SimpleNamespace(busId=handle.bus.encode())
@@ -192,10 +229,13 @@ class FakeNvml:
 
 
 class OldNvml(FakeNvml):
-    """An old binding: throttle reasons only, no recovery-action field."""
+    """An old binding: throttle reasons only, no recovery-action field, no MIG, no
+    utilization."""
 
     nvmlDeviceGetCurrentClocksEventReasons = None  # type: ignore[assignment]
     NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = None
+    nvmlDeviceGetMigMode = None  # type: ignore[assignment]
+    nvmlDeviceGetUtilizationRates = None  # type: ignore[assignment]
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: FakeGpu) -> int:
         return self._use(handle, "nvmlDeviceGetCurrentClocksThrottleReasons").reasons
@@ -273,6 +313,63 @@ def test_inventory_and_description(make: Make) -> None:
         Gpu(index=1, uuid="GPU-bbbb", model="NVIDIA H100 80GB HBM3", memory_mib=81559)]
     assert gpus.description == "2 GPU(s) via NVML, driver 550.54.15 (XID events, kernel log)"
     assert gpus.findings() == []  # healthy GPUs yield nothing
+
+
+@pytest.mark.parametrize(("util", "unsupported", "expected"), [
+    pytest.param(None, set(), None, id="not-supported"),
+    pytest.param(0, set(), 0.0, id="idle"),
+    pytest.param(44, set(), 40.0, id="rounded-down"),
+    pytest.param(45, set(), 50.0, id="rounded-half-up"),
+    pytest.param(97, set(), 100.0, id="rounded-to-100"),
+    pytest.param(70, {"nvmlDeviceGetUtilizationRates"}, None, id="unsupported-query"),
+])
+def test_inventory_reports_rounded_utilization(make: Make, util: int | None,
+                                               unsupported: set[str],
+                                               expected: float | None) -> None:
+    fake = FakeNvml(two_gpus())
+    fake.gpus[0].util, fake.gpus[0].unsupported = util, unsupported
+    gpus, _, _ = make(fake)
+    assert [g.utilization for g in gpus.inventory()] == [expected, None]
+    gpus.inventory()
+    if util is None or unsupported:  # not asked again
+        assert fake.calls["nvmlDeviceGetUtilizationRates"] <= 2
+
+
+def test_mig_gpu_is_listed_as_its_mig_devices(make: Make) -> None:
+    fake = FakeNvml(two_gpus())
+    fake.gpus[1].mig = {
+        0: FakeMig("MIG-1111", "NVIDIA H100 80GB HBM3 MIG 3g.40gb", 40192),
+        2: FakeMig("MIG-2222", "NVIDIA H100 80GB HBM3 MIG 1g.10gb", 9856)}
+    fake.gpus[1].util = 30  # the physical GPU's utilization is not used for MIG devices
+    gpus, _, _ = make(fake)
+    assert gpus.inventory() == [
+        Gpu(index=0, uuid="GPU-aaaa", model="NVIDIA H100 80GB HBM3", memory_mib=81559),
+        Gpu(index=200, uuid="MIG-1111", model="NVIDIA H100 80GB HBM3", memory_mib=40192,
+            profile="3g.40gb", parent=1),
+        Gpu(index=202, uuid="MIG-2222", model="NVIDIA H100 80GB HBM3", memory_mib=9856,
+            profile="1g.10gb", parent=1)]
+    fake.gpus[1].dbe = 1
+    assert kinds(gpus.findings()) == [(h.ECC_DBE, 1)]  # findings name the physical GPU
+
+
+@pytest.mark.parametrize("unsupported", ["nvmlDeviceGetMigMode",
+                                         "nvmlDeviceGetMaxMigDeviceCount"])
+def test_mig_queries_not_supported_mean_a_whole_gpu(make: Make, unsupported: str) -> None:
+    fake = FakeNvml(two_gpus())
+    fake.gpus[0].mig = {0: FakeMig("MIG-1111", "NVIDIA H100 80GB HBM3 MIG 1g.10gb", 9856)}
+    fake.gpus[0].unsupported = {unsupported}
+    gpus, _, _ = make(fake)
+    for _ in range(2):
+        inventory = gpus.inventory()
+        assert [(g.index, g.profile) for g in inventory] == [(0, None), (1, None)]
+    assert fake.calls["nvmlDeviceGetMigMode"] <= 3  # GPU 0 asked once, GPU 1 each time
+
+
+def test_old_binding_without_mig_or_utilization(make: Make) -> None:
+    fake = OldNvml(two_gpus())
+    gpus, _, _ = make(fake)
+    assert [(g.index, g.profile, g.utilization) for g in gpus.inventory()] == [
+        (0, None, None), (1, None, None)]
 
 
 @pytest.mark.parametrize(("fault", "expected"), [
@@ -415,6 +512,8 @@ def test_fake_matches_the_real_binding() -> None:
     used = [n for n in vars(FakeNvml) if n.startswith(("nvml", "NVML"))]
     used += [n for n in vars(OldNvml) if n.startswith("nvml")]
     assert [n for n in used if not hasattr(pynvml, n)] == []
+    assert "gpu" in {name for name, *_ in pynvml.c_nvmlUtilization_t._fields_}
+    assert hasattr(pynvml, "NVMLError_NotFound")
     fields = {name for name, *_ in pynvml.c_nvmlEventData_t._fields_}
     assert {"device", "eventType", "eventData"} <= fields
     fields = {name for name, *_ in pynvml.c_nvmlFieldValue_t._fields_}

@@ -11,15 +11,26 @@ import pytest
 from hafo.decisions.placement import (
     Placed,
     PlacementRequest,
+    Strategy,
     Unplaceable,
     batch_order,
     capacity_from,
+    node_capacity,
     place_batch,
     place_one,
 )
-from hafo.model.cluster import Assignment, ClusterSnapshot, NodeRecord
+from hafo.model.cluster import Assignment, ClusterSnapshot, Gpu, NodeRecord, mig_index
 
-from .conftest import A100, A100_MIB, make_node, make_snapshot, make_spec, placed
+from .conftest import (
+    A100,
+    A100_MIB,
+    H100,
+    H100_MIB,
+    make_node,
+    make_snapshot,
+    make_spec,
+    placed,
+)
 
 NOW = 1_000.0
 
@@ -159,7 +170,7 @@ def test_place_one_takes_lowest_free_healthy_indices_and_does_not_mutate() -> No
         request(gpus=2, node_selector={"rack": "r9"}, avoid={"b": NOW + 1}),
         ["no node fits (", "1 node(s): cooling down after a failure",
          "1 node(s): label rack=r9 not matched",
-         "1 node(s): not enough free healthy GPUs of the requested model/memory"],
+         "1 node(s): not enough free healthy GPUs (needs 2)"],
         id="mixed"),
     pytest.param(make_snapshot([make_node("a", 1), make_node("b", 1)]), request(gpus=2),
                  ["2 node(s): not enough free healthy GPUs"], id="counted"),
@@ -245,3 +256,200 @@ def test_batch_spreads_over_equal_nodes() -> None:
     nodes = Counter(o.node for o in results.values() if isinstance(o, Placed))
     assert nodes == {"a": 2, "b": 2, "c": 2}
     assert results["w0"] == Placed("a", (0,)) and results["w3"] == Placed("a", (1,))
+
+
+# -- strategies, utilization, MIG, reasons ---------------------------------------------------
+
+
+def node_with(name: str, *gpus: Gpu, labels: dict[str, str] | None = None) -> NodeRecord:
+    return NodeRecord(name=name, labels=labels or {}, gpus=gpus)
+
+
+def whole(index: int, node: str = "x", *, model: str = H100, memory_mib: int = H100_MIB,
+          utilization: float | None = None, healthy: bool = True) -> Gpu:
+    return Gpu(index, f"GPU-{node}-{index}", model, memory_mib, healthy=healthy,
+               utilization=utilization)
+
+
+def mig(parent: int, slot: int, profile: str, node: str = "x", *,
+        healthy: bool = True) -> Gpu:
+    memory = int(profile.split(".")[1][:-2]) * 1024
+    return Gpu(mig_index(parent, slot), f"MIG-{node}-{parent}-{slot}", H100, memory,
+               healthy=healthy, profile=profile, parent=parent)
+
+
+@pytest.mark.parametrize(("allocations", "gpus", "strategy", "placement", "expected"), [
+    pytest.param({"a": [1], "b": [3], "c": []}, 1, "binpack", None, "b", id="binpack-fullest"),
+    pytest.param({"a": [1], "b": [3], "c": []}, 2, "binpack", None, "a",
+                 id="binpack-fullest-that-fits"),
+    pytest.param({"a": [2], "b": [2]}, 1, "binpack", None, "a", id="binpack-then-name"),
+    pytest.param({"a": [], "b": []}, 1, "binpack", None, "a", id="binpack-empty-name"),
+    pytest.param({"a": [1, 1], "b": [2]}, 1, "binpack", None, "a",
+                 id="binpack-ignores-workload-count"),
+    pytest.param({"a": [1], "b": [3], "c": []}, 1, "spread", "binpack", "b",
+                 id="spec-binpack-overrides"),
+    pytest.param({"a": [1], "b": [3], "c": []}, 1, "binpack", "spread", "c",
+                 id="spec-spread-overrides"),
+    pytest.param({"a": [1], "b": [3], "c": []}, 1, "spread", None, "c", id="spread-default"),
+])
+def test_strategy_choice(allocations: dict[str, list[int]], gpus: int, strategy: Strategy,
+                         placement: str | None, expected: str) -> None:
+    req = request(gpus=gpus, placement=placement)
+    outcome = place_one(req, capacity_from(loaded(allocations)), NOW, strategy)
+    assert isinstance(outcome, Placed) and outcome.node == expected
+
+
+def test_binpack_still_prefers_the_preferred_node() -> None:
+    req = request(prefer="c", placement="binpack")
+    outcome = place_one(req, capacity_from(loaded({"a": [1], "b": [3], "c": []})), NOW)
+    assert isinstance(outcome, Placed) and outcome.node == "c"
+
+
+def test_binpack_batch_fills_one_node_before_the_next() -> None:
+    snapshot = make_snapshot([make_node(n, 4) for n in "abc"])
+    reqs = [request(f"w{i}", 1, submitted_at=float(i)) for i in range(6)]
+    results = place_batch(reqs, capacity_from(snapshot), NOW, "binpack")
+    assert [(o.node, o.gpus) for o in results.values() if isinstance(o, Placed)] == [
+        ("a", (0,)), ("a", (1,)), ("a", (2,)), ("a", (3,)), ("b", (0,)), ("b", (1,))]
+
+
+@pytest.mark.parametrize(("utilization", "allocations", "expected"), [
+    pytest.param({"a": [90, 90], "b": [0, 0]}, {}, "b", id="idle-node-first"),
+    pytest.param({"a": [90, None], "b": [50, 50]}, {}, "a", id="none-counts-as-zero"),
+    pytest.param({"a": [None, None], "b": [0, 0]}, {}, "a", id="unknown-is-idle-then-name"),
+    pytest.param({"a": [0, 0], "b": [80, 80]}, {"a": 1}, "b",
+                 id="allocated-gpus-before-utilization"),
+    pytest.param({"a": [40, 40], "b": [40, 40]}, {"a": 0}, "b",
+                 id="utilization-before-workloads"),
+])
+def test_spread_uses_mean_utilization_after_allocated_gpus(
+        utilization: dict[str, list[float | None]], allocations: dict[str, int],
+        expected: str) -> None:
+    nodes = [node_with(n, *(whole(i, n, utilization=u) for i, u in enumerate(utils)))
+             for n, utils in utilization.items()]
+    # "a": 0 in allocations: one workload with no GPUs (more workloads, same GPUs)
+    assignments = [placed(f"{n}-x", n, range(k)) for n, k in allocations.items()]
+    snapshot = make_snapshot(nodes, assignments=assignments)
+    assert choose(snapshot, request(gpus=1)) == expected
+
+
+def test_capacity_records_mean_utilization_and_inventory() -> None:
+    node = node_with("a", whole(0, "a", utilization=30), whole(1, "a"),
+                     whole(2, "a", utilization=60, healthy=False))
+    cap = capacity_from(make_snapshot([node]))["a"]
+    assert cap.utilization == 30.0
+    assert cap.inventory == node.gpus and [g.index for g in cap.free] == [0, 1]
+
+
+MIG_NODE = node_with("m", whole(0, "m"), mig(1, 0, "1g.10gb", "m"), mig(1, 1, "1g.10gb", "m"),
+                     mig(1, 2, "3g.40gb", "m"))
+
+
+@pytest.mark.parametrize(("kwargs", "expected"), [
+    pytest.param({"gpus": 1}, (0,), id="whole-gpu-only"),
+    pytest.param({"gpus": 2, "gpu_profile": "1g.10gb"}, (200, 201), id="two-1g"),
+    pytest.param({"gpus": 1, "gpu_profile": "3g.40gb"}, (202,), id="one-3g"),
+    pytest.param({"gpus": 3, "gpu_profile": "1g.10gb"}, None, id="not-enough-1g"),
+    pytest.param({"gpus": 2}, None, id="mig-devices-are-not-whole-gpus"),
+    pytest.param({"gpus": 1, "gpu_profile": "7g.80gb"}, None, id="unknown-profile"),
+    pytest.param({"gpus": 1, "gpu_profile": "1g.10gb", "gpu_memory_mib": 20_000}, None,
+                 id="profile-and-memory"),
+])
+def test_mig_devices_are_schedulable_units(kwargs: dict[str, Any],
+                                           expected: tuple[int, ...] | None) -> None:
+    outcome = place_one(request(**kwargs), capacity_from(make_snapshot([MIG_NODE])), NOW)
+    assert (outcome.gpus if isinstance(outcome, Placed) else None) == expected
+
+
+def test_mig_batch_shares_one_gpu_between_workloads() -> None:
+    reqs = [request(f"w{i}", 1, submitted_at=float(i), gpu_profile="1g.10gb")
+            for i in range(3)]
+    results = place_batch(reqs, capacity_from(make_snapshot([MIG_NODE])), NOW)
+    assert [r.gpus if isinstance(r, Placed) else None for r in results.values()] == [
+        (200,), (201,), None]
+
+
+@pytest.mark.parametrize(("nodes", "kwargs", "reason"), [
+    pytest.param([make_node("a", 2)], {"gpus": 4},
+                 "1 node(s): not enough free healthy GPUs (needs 4)", id="capacity"),
+    pytest.param([make_node("a", 4, unhealthy_gpus=[0, 1, 2])], {"gpus": 2},
+                 "1 node(s): not enough free healthy GPUs (needs 2)", id="unhealthy"),
+    pytest.param([make_node("a")], {"gpu_model": "*A100*"},
+                 "1 node(s): no GPU of model *A100*", id="model-glob"),
+    pytest.param([make_node("a", model=A100, memory_mib=A100_MIB)], {"gpu_memory_mib": 80_000},
+                 "1 node(s): no GPU with at least 80000 MiB", id="memory"),
+    pytest.param([make_node("a"), make_node("b", model=A100, memory_mib=A100_MIB)],
+                 {"gpu_model": "*A100*", "gpu_memory_mib": 80_000},
+                 "1 node(s): no GPU of model *A100*, "
+                 "1 node(s): no GPU of model *A100* with at least 80000 MiB",
+                 id="model-and-memory"),
+    pytest.param([make_node("a", 2, model=A100, memory_mib=A100_MIB)],
+                 {"gpus": 3, "gpu_model": "*A100*"},
+                 "1 node(s): not enough free healthy GPUs of model *A100* (needs 3)",
+                 id="model-but-too-few"),
+    pytest.param([make_node("a")], {"gpu_profile": "1g.10gb"},
+                 "1 node(s): no 1g.10gb MIG device", id="profile-missing"),
+    pytest.param([MIG_NODE], {"gpus": 3, "gpu_profile": "1g.10gb"},
+                 "1 node(s): not enough free healthy 1g.10gb MIG devices (needs 3)",
+                 id="profile-too-few"),
+    pytest.param([node_with("m", mig(0, 0, "1g.10gb", "m"))], {"gpus": 1},
+                 "1 node(s): no whole GPU (only MIG devices)", id="mig-only-node"),
+    pytest.param([make_node("a", labels={"rack": "r1"}), make_node("b")],
+                 {"node_selector": {"rack": "r2"}},
+                 "2 node(s): label rack=r2 not matched", id="labels"),
+    pytest.param([make_node("a", labels={"rack": "r2"})],
+                 {"node_selector": {"rack": "r2", "ib": "yes"}},
+                 "1 node(s): label ib=yes not matched", id="second-label"),
+])
+def test_pending_reason_names_the_constraint(nodes: list[NodeRecord], kwargs: dict[str, Any],
+                                             reason: str) -> None:
+    outcome = place_one(request(**kwargs), capacity_from(make_snapshot(nodes)), NOW)
+    assert outcome == Unplaceable(f"no node fits ({reason})")
+
+
+@pytest.mark.parametrize(("req", "reason"), [
+    pytest.param(PlacementRequest("w", make_spec("w", 1), 0.0, only="b"),
+                 "1 node(s): not enough free healthy GPUs (needs 1), "
+                 "1 node(s): not the requested node b", id="only-full"),
+    pytest.param(PlacementRequest("w", make_spec("w", 1), 0.0, only="zz"),
+                 "2 node(s): not the requested node zz", id="only-unknown"),
+])
+def test_only_reasons(req: PlacementRequest, reason: str) -> None:
+    snapshot = make_snapshot([make_node("a"), make_node("b", 1)],
+                             assignments=[placed("x", "b", [0])])
+    outcome = place_one(req, capacity_from(snapshot), NOW)
+    assert outcome == Unplaceable(f"no node fits ({reason})")
+
+
+def test_exhausted_only_when_excluded_nodes_could_take_it() -> None:
+    snapshot = make_snapshot([make_node("a"), make_node("b", 1)])
+    exclude = {"a": NOW + 50}
+    fits = PlacementRequest("w", make_spec("w", 2), 0.0, exclude=exclude)
+    assert place_one(fits, capacity_from(snapshot), NOW) == Unplaceable(
+        "no node fits (1 node(s): not enough free healthy GPUs (needs 2), "
+        "1 node(s): the workload failed there too often)", exhausted=True)
+    too_big = PlacementRequest("w", make_spec("w", 8), 0.0, exclude=exclude)
+    outcome = place_one(too_big, capacity_from(snapshot), NOW)
+    assert isinstance(outcome, Unplaceable) and not outcome.exhausted
+
+
+def test_reserved_gpus_are_only_for_their_request() -> None:
+    snapshot = make_snapshot([make_node("a", 2)])
+    capacity = capacity_from(snapshot)
+    held = tuple(capacity["a"].free)
+    capacity["a"].free = []
+    owner = PlacementRequest("owner", make_spec("owner", 2), 5.0, only="a", reserved=held)
+    other = PlacementRequest("other", make_spec("other", 1, priority=9), 0.0)
+    results = place_batch([owner, other], capacity, NOW)
+    assert results["owner"] == Placed("a", (0, 1))
+    assert isinstance(results["other"], Unplaceable)
+
+
+def test_node_capacity_is_capacity_from_for_one_node() -> None:
+    snapshot = make_snapshot([make_node("a"), make_node("b")], cordoned=["b"],
+                             assignments=[placed("x", "a", [1]), placed("y", "a", [2, 3]),
+                                          placed("z", "b", [0])])
+    assert node_capacity(snapshot, "a") == {"a": capacity_from(snapshot)["a"]}
+    assert node_capacity(snapshot, "a", ["y"]) == {"a": capacity_from(snapshot, ["y"])["a"]}
+    assert node_capacity(snapshot, "b") == {} and node_capacity(snapshot, "zz") == {}
+    assert snapshot.holders == {"a": ("x", "y"), "b": ("z",)}

@@ -6,8 +6,21 @@ from typing import Any
 
 import pytest
 
+from hafo.decisions.classify import classify
+from hafo.decisions.health import HealthState, apply_to_inventory, assess
 from hafo.decisions.reconcile import FAILED_NODE_COOLDOWN, Action, reconcile
-from hafo.model.cluster import Assignment, ClusterSnapshot, InstanceStatus, NodeRecord
+from hafo.model import health as h
+from hafo.model.cluster import (
+    Assignment,
+    CheckpointInfo,
+    ClusterSnapshot,
+    Gpu,
+    InstanceStatus,
+    NodeRecord,
+    mig_index,
+)
+from hafo.model.health import Finding
+from hafo.model.health_config import HealthConfig
 from hafo.model.spec import RestartPolicy
 
 from .conftest import make_node, make_snapshot, placed, status, submit
@@ -332,3 +345,55 @@ def test_failover_event_says_where_the_workload_resumes() -> None:
                                               checkpoint=CheckpointInfo(40, 10, "/ck"))])
     (action,) = reconcile(snapshot, 1000.0).actions
     assert "resumes from its latest checkpoint (last reported: step 40)" in action.why
+
+
+@pytest.mark.parametrize(("strategy", "placement", "expected"), [
+    pytest.param("spread", None, "c", id="spread-default"),
+    pytest.param("binpack", None, "b", id="binpack-default"),
+    pytest.param("spread", "binpack", "b", id="spec-binpack"),
+    pytest.param("binpack", "spread", "c", id="spec-spread"),
+])
+def test_reconcile_takes_the_cluster_strategy(strategy: str, placement: str | None,
+                                              expected: str) -> None:
+    snap = make_snapshot(three_nodes(), workloads=[submit("w1", placement=placement),
+                                                   submit("a1"), submit("b1", 2)],
+                         assignments=[placed("a1", "a", [0], epoch=5),
+                                      placed("b1", "b", [0, 1], epoch=6)],
+                         statuses=[status("a1", "a", 5), status("b1", "b", 6)])
+    (action,) = reconcile(snap, NOW, strategy=strategy).actions
+    assert action.assignment is not None and action.assignment.node == expected
+
+
+def test_reconcile_refuses_an_unknown_strategy() -> None:
+    with pytest.raises(ValueError, match="unknown placement strategy"):
+        reconcile(make_snapshot(three_nodes()), NOW, strategy="random")
+
+
+def test_bad_physical_gpu_moves_work_off_its_mig_devices() -> None:
+    inventory = [Gpu(0, "GPU-0", "H100", 81559),
+                 Gpu(mig_index(1, 0), "MIG-0", "H100", 10240, profile="1g.10gb", parent=1),
+                 Gpu(mig_index(1, 1), "MIG-1", "H100", 10240, profile="1g.10gb", parent=1)]
+    verdict = classify(Finding(h.XID, 1, code=48), HealthConfig())
+    state = assess(HealthState(), [verdict], [g.index for g in inventory], NOW, 60.0).state
+    node_a = NodeRecord(name="a", gpus=tuple(apply_to_inventory(inventory, state)))
+    snap = make_snapshot(three_nodes(a=node_a),
+                         workloads=[submit("w1", gpu_profile="1g.10gb"), submit("w2")],
+                         assignments=[placed("w1", "a", [201], epoch=10),
+                                      placed("w2", "a", [0], epoch=11)],
+                         statuses=[status("w1", "a", 10), status("w2", "a", 11)])
+    action = only(snap)
+    assert (action.workload, action.kind, action.event) == ("w1", "move", "gpu-unhealthy")
+    assert action.why.startswith("GPU 201 on a is unhealthy (GPU 1: xid 48")
+
+
+def test_mass_failover_resumes_each_from_its_own_checkpoint() -> None:
+    wids = [f"w{i}" for i in range(50)]
+    snap = make_snapshot(
+        [make_node("a", 50), make_node("b", 50)], down=["a"],
+        workloads=[submit(w) for w in wids],
+        assignments=[placed(w, "a", [i], epoch=20 + i) for i, w in enumerate(wids)],
+        statuses=[status(w, "a", 20 + i, checkpoint=CheckpointInfo(i, 20 + i, f"/ck/{w}"))
+                  for i, w in enumerate(wids)])
+    plan = reconcile(snap, NOW)
+    assert len(plan.actions) == 50
+    assert all(f"(last reported: step {a.workload[1:]})" in a.why for a in plan.actions)

@@ -180,3 +180,41 @@ def test_transparent_checkpoint_mode_round_trips() -> None:
     assert spec.checkpoint_mode == "transparent"
     assert parse_spec(spec.to_dict()) == spec
     assert parse_spec({"name": "plain", "command": ["x"]}).checkpoint_mode == "cooperative"
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    pytest.param({}, {"gpu_profile": None, "placement": None, "preempt": False}, id="defaults"),
+    pytest.param({"gpu_profile": "1g.10gb", "gpus": 2},
+                 {"gpu_profile": "1g.10gb", "gpus": 2}, id="profile"),
+    pytest.param({"gpu_profile": "1g.20gb+me"}, {"gpu_profile": "1g.20gb+me"},
+                 id="profile-with-media-extensions"),
+    pytest.param({"placement": "binpack"}, {"placement": "binpack"}, id="binpack"),
+    pytest.param({"placement": "spread"}, {"placement": "spread"}, id="spread"),
+    pytest.param({"preempt": True, "priority": 10}, {"preempt": True, "priority": 10},
+                 id="preempt"),
+    pytest.param({"preempt": None}, {"preempt": False}, id="preempt-null"),
+])
+def test_placement_fields(extra: dict[str, Any], expected: dict[str, Any]) -> None:
+    spec = parse_spec(with_(**extra))
+    assert {k: getattr(spec, k) for k in expected} == expected
+    assert parse_spec(spec.to_dict()) == spec
+    out = spec.to_dict()
+    assert ("gpu_profile" in out) == (spec.gpu_profile is not None)
+    assert ("placement" in out) == (spec.placement is not None)
+    assert out.get("preempt", False) == spec.preempt
+
+
+@pytest.mark.parametrize(("extra", "field"), [
+    pytest.param({"gpu_profile": "big"}, "spec.gpu_profile", id="profile-shape"),
+    pytest.param({"gpu_profile": "9g.10gb"}, "spec.gpu_profile", id="profile-slices"),
+    pytest.param({"gpu_profile": "1g.10GB"}, "spec.gpu_profile", id="profile-case"),
+    pytest.param({"gpu_profile": 1}, "spec.gpu_profile", id="profile-int"),
+    pytest.param({"placement": "random"}, "spec.placement", id="placement-unknown"),
+    pytest.param({"placement": ""}, "spec.placement", id="placement-empty"),
+    pytest.param({"preempt": "yes"}, "spec.preempt", id="preempt-string"),
+    pytest.param({"preempt": 1}, "spec.preempt", id="preempt-int"),
+])
+def test_bad_placement_fields(extra: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        parse_spec(with_(**extra))
+    assert info.value.field == field

@@ -60,7 +60,8 @@ def test_node_view_shape() -> None:
         assert set(gpu) >= GPU_KEYS
     assert view["gpus"][0] == {"index": 0, "uuid": "GPU-a-0", "model": H100,
                                "memory_mib": 81559, "healthy": True, "allocated_to": "run",
-                               "degraded": False, "reason": ""}
+                               "degraded": False, "reason": "", "utilization": None,
+                               "profile": None, "parent": None}
     assert [g["allocated_to"] for g in view["gpus"]] == ["run", None, "run", None]
     assert [g["healthy"] for g in view["gpus"]] == [True, True, True, False]
     states = {n["name"]: n["state"] for n in all_nodes(snap)}

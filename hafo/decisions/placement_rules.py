@@ -1,0 +1,167 @@
+"""What placement means, node by node: the records, the filter and its reasons, the score.
+Pure. ``hafo.decisions.placement_index`` gives the same answers as scanning every node with
+these functions, only faster.
+
+Filter, in this order (the first failure is the node's reason): the requested node
+(``only``), the workload's own failures there (``exclude``, hard), a failure cool-down
+(``avoid``, soft: such nodes are used only when nothing else fits), the node selector labels,
+then enough free usable GPUs of the requested kind: whole GPUs, or MIG devices of
+``gpu_profile``, of the ``gpu_model`` glob and with at least ``gpu_memory_mib``.
+
+Score (lowest wins): the preferred node (a restart in place) first, then
+- ``spread``: fewest allocated GPUs, then lowest mean measured utilization of the node's GPUs
+  (unknown counts as 0), then fewest workloads, then the name;
+- ``binpack``: most allocated GPUs (of nodes where it still fits), then the name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Literal
+
+from hafo.model.cluster import Gpu
+from hafo.model.spec import WorkloadSpec
+
+Strategy = Literal["spread", "binpack"]
+EXCLUDED = "the workload failed there too often"
+COOLING = "cooling down after a failure"
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    """One workload to place. ``reserved``: GPUs of the ``only`` node held for this request
+    (room made by preemption), invisible to every other request."""
+
+    workload: str
+    spec: WorkloadSpec
+    submitted_at: float
+    avoid: Mapping[str, float] = field(default_factory=dict)
+    prefer: str | None = None
+    only: str | None = None
+    exclude: Mapping[str, float] = field(default_factory=dict)
+    reserved: tuple[Gpu, ...] = ()
+
+
+@dataclass
+class NodeCapacity:
+    """Mutable during one placement pass: what is still free on a node. ``inventory``: every
+    GPU it lists (for reasons); ``utilization``: the mean of its GPUs' utilization."""
+
+    name: str
+    labels: Mapping[str, str]
+    free: list[Gpu]
+    allocated_gpus: int
+    workloads: int
+    utilization: float = 0.0
+    inventory: tuple[Gpu, ...] = ()
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A successful placement."""
+
+    node: str
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Unplaceable:
+    """Why a workload could not be placed now. ``exhausted``: only nodes it failed on (see
+    ``PlacementRequest.exclude``) could take it."""
+
+    reason: str
+    exhausted: bool = False
+
+
+def strategy_of(spec: WorkloadSpec, default: Strategy) -> Strategy:
+    """The workload's own strategy, else the cluster's."""
+    if spec.placement == "binpack":
+        return "binpack"
+    if spec.placement == "spread":
+        return "spread"
+    return default
+
+
+def gpu_matches(spec: WorkloadSpec, gpu: Gpu) -> bool:
+    """Is ``gpu`` of the kind, model and memory ``spec`` asks for (health aside)."""
+    return (gpu.profile == spec.gpu_profile
+            and (spec.gpu_model is None or fnmatchcase(gpu.model, spec.gpu_model))
+            and (spec.gpu_memory_mib is None or gpu.memory_mib >= spec.gpu_memory_mib))
+
+
+def count_matching(spec: WorkloadSpec, gpus: list[Gpu] | tuple[Gpu, ...]) -> int:
+    """How many of ``gpus`` match ``spec``."""
+    if spec.gpu_model is None and spec.gpu_memory_mib is None:
+        profile = spec.gpu_profile
+        return sum(1 for g in gpus if g.profile == profile)
+    return sum(1 for g in gpus if gpu_matches(spec, g))
+
+
+def take_gpus(spec: WorkloadSpec, free: list[Gpu]) -> tuple[int, ...]:
+    """The lowest ``spec.gpus`` indices of the matching ``free`` GPUs."""
+    indices = sorted(g.index for g in free if gpu_matches(spec, g))
+    return tuple(indices[:spec.gpus])
+
+
+def _noun(spec: WorkloadSpec, plural: bool) -> str:
+    s = "s" if plural else ""
+    return f"{spec.gpu_profile} MIG device{s}" if spec.gpu_profile else f"GPU{s}"
+
+
+def _qualified(spec: WorkloadSpec, plural: bool) -> str:
+    out = _noun(spec, plural)
+    if spec.gpu_model is not None:
+        out += f" of model {spec.gpu_model}"
+    if spec.gpu_memory_mib is not None:
+        out += f" with at least {spec.gpu_memory_mib} MiB"
+    return out
+
+
+def missing_kind(spec: WorkloadSpec, inventory: tuple[Gpu, ...]) -> str | None:
+    """Why no GPU the node lists, healthy or not, free or not, can ever serve ``spec`` (None
+    if some can). Depends only on the node's inventory."""
+    kind = [g for g in inventory if g.profile == spec.gpu_profile]
+    if not kind:
+        if spec.gpu_profile is not None:
+            return f"no {spec.gpu_profile} MIG device"
+        return "no whole GPU (only MIG devices)" if inventory else None
+    if spec.gpu_model is not None:
+        kind = [g for g in kind if fnmatchcase(g.model, spec.gpu_model)]
+        if not kind:
+            return f"no {_noun(spec, False)} of model {spec.gpu_model}"
+    if spec.gpu_memory_mib is not None and not any(g.memory_mib >= spec.gpu_memory_mib
+                                                   for g in kind):
+        return f"no {_qualified(spec, False)}"
+    return None
+
+
+def not_enough(spec: WorkloadSpec) -> str:
+    """The reason of a node that has such GPUs, just not enough of them free and healthy."""
+    return f"not enough free healthy {_qualified(spec, True)} (needs {spec.gpus})"
+
+
+def label_reason(selector: Mapping[str, str], labels: Mapping[str, str]) -> str | None:
+    """The first selector label the node lacks, as a reason."""
+    for key, value in selector.items():
+        if labels.get(key) != value:
+            return f"label {key}={value} not matched"
+    return None
+
+
+def filter_reason(request: PlacementRequest, cap: NodeCapacity, now: float,
+                  honour_cooldown: bool = True, honour_exclude: bool = True) -> str | None:
+    """None if the node fits, else the reason it does not (the first failing rule)."""
+    if request.only is not None and cap.name != request.only:
+        return f"not the requested node {request.only}"
+    if honour_exclude and request.exclude.get(cap.name, 0.0) > now:
+        return EXCLUDED
+    if honour_cooldown and request.avoid.get(cap.name, 0.0) > now:
+        return COOLING
+    why = label_reason(request.spec.node_selector, cap.labels)
+    if why is not None:
+        return why
+    if count_matching(request.spec, cap.free) < request.spec.gpus:
+        return missing_kind(request.spec, cap.inventory) or not_enough(request.spec)
+    return None

@@ -1,0 +1,91 @@
+"""Preemption: make room for a workload that cannot be placed by stopping lower-priority
+work on one node, checkpoint first. Pure.
+
+A workload whose spec says ``preempt: true`` and that no node can take now may stop placed
+workloads of strictly lower priority. It picks ONE ready node that it could use apart from
+free room (``only``, ``exclude``, cool-down, labels) where stopping the fewest such workloads
+frees enough free usable GPUs of its kind (ties: the lowest total priority stopped, then the
+node name). Each victim is moved (phase ``moving``, checkpoint first, ``preempted_for`` the
+preemptor); the preemptor stays pending, "waiting for N preempted workload(s) on NODE".
+
+While its victims are moving, a preemptor picks no more victims, and the room on that node
+is reserved for it: its request may use only that node, and the free GPUs of its kind there
+(up to what it asks for, lowest indices first) are hidden from every other request. Once
+the victims have stopped it is placed there; the victims are placed elsewhere (or stay
+pending with their reason) like any planned move.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from hafo.decisions.placement_rules import NodeCapacity, PlacementRequest, gpu_matches
+from hafo.decisions.victims import Preemption, Victim, VictimIndex
+from hafo.model.cluster import ClusterSnapshot
+
+__all__ = ["Preemption", "Victim", "VictimIndex", "Waiting", "choose_victims", "reserve",
+           "victims_by_node", "waiting_preemptors"]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A preemptor whose victims are still being stopped on ``node``."""
+
+    node: str
+    victims: tuple[str, ...]
+
+
+def waiting_preemptors(snapshot: ClusterSnapshot) -> dict[str, Waiting]:
+    """preemptor -> the node and victims (phase ``moving`` for it) it waits for."""
+    found: dict[str, tuple[str, list[str]]] = {}
+    for wid, assignment in snapshot.assignments.items():
+        owner = assignment.preempted_for
+        if owner is None or assignment.phase != "moving" or assignment.node is None:
+            continue
+        node, victims = found.setdefault(owner, (assignment.node, []))
+        if node == assignment.node:
+            victims.append(wid)
+    return {owner: Waiting(node, tuple(sorted(victims)))
+            for owner, (node, victims) in found.items()}
+
+
+def reserve(request: PlacementRequest, node: str,
+            capacity: Mapping[str, NodeCapacity]) -> PlacementRequest:
+    """Hold the free GPUs of the request's kind on ``node`` (up to what it asks for, lowest
+    indices first) for the waiting preemptor: they leave ``capacity`` and travel with the
+    request, which may now use only ``node``. A node that is not ready reserves nothing."""
+    cap = capacity.get(node)
+    if cap is None:
+        return request
+    spec = request.spec
+    held = sorted((g for g in cap.free if gpu_matches(spec, g)), key=lambda g: g.index)
+    held = held[:spec.gpus]
+    taken = {g.index for g in held}
+    cap.free = [g for g in cap.free if g.index not in taken]
+    return replace(request, only=node, prefer=node, reserved=(*request.reserved, *held))
+
+
+def victims_by_node(snapshot: ClusterSnapshot, settled: Iterable[str],
+                    capacity: Mapping[str, NodeCapacity]) -> VictimIndex:
+    """The ``settled`` workloads (nothing else decided for them this cycle) placed with GPUs
+    on a ready node, indexed: the only ones preemption may stop."""
+    out: dict[str, list[Victim]] = {}
+    for wid in sorted(settled):
+        assignment = snapshot.assignments.get(wid)
+        submission = snapshot.workloads.get(wid)
+        if assignment is None or submission is None or assignment.phase != "placed":
+            continue
+        node = assignment.node
+        if node is None or node not in capacity or not assignment.gpus:
+            continue
+        out.setdefault(node, []).append(Victim(wid, submission.spec.priority, assignment.gpus))
+    return VictimIndex(out, capacity)
+
+
+def choose_victims(request: PlacementRequest, victims: VictimIndex,
+                   now: float) -> Preemption | None:
+    """The node and the fewest lower-priority workloads to stop there for ``request`` (see
+    ``hafo.decisions.victims``). The chosen workloads are no longer available to others this
+    cycle, and the node's free GPUs of the request's kind are held for the preemptor."""
+    return victims.choose(request, now)

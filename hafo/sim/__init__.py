@@ -1,0 +1,5 @@
+"""``hafo sim``: many simulated agents in one process, for scale tests (DESIGN.md, Scale)."""
+
+from hafo.sim.fleet import SimFleet
+
+__all__ = ["SimFleet"]

@@ -1,0 +1,272 @@
+"""Many simulated agents in one process, each with its own real etcd lease and node record.
+
+What is shared with the real agent: the store client, lease grants and keepalives, the node
+record and liveness key (``NodeRecord``, ``Liveness``), the simulated GPU inventory
+(``hafo.gpu.SimulatedGpus``), the reading of assignments (``hafo.agent.assignments.for_node``),
+the per-node instance decision (``hafo.decisions.instances.plan_instances``) and the instance
+reports (``InstanceStatus`` under the node's lease). What is simulated: workloads are not
+processes; an instance "starts" and "stops" the moment the agent would launch or stop its
+guard. Keepalives of all nodes are multiplexed over a few LeaseKeepAlive streams
+(``EtcdStore.keepalive_many``), as etcd's Go client does, and writes are batched into
+transactions: one process can then carry 10,000 nodes at the real heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from dataclasses import dataclass, field
+
+import structlog
+
+from hafo.agent.assignments import for_node
+from hafo.decisions.instances import plan_instances
+from hafo.gpu.simulated import SimulatedGpus
+from hafo.model.cluster import Assignment, FailsafeSet, Gpu, InstanceStatus, Liveness, NodeRecord
+from hafo.store import TRANSIENT, Delete, EtcdStore, Keys, Put, Resync, WatchEvent, codec
+
+log = structlog.get_logger("hafo.sim")
+
+KEEPALIVE_CHUNK = 1000
+NODES_PER_TXN = 60  # node record + liveness key: 2 ops each, under etcd's 128
+
+
+@dataclass
+class SimNode:
+    """One simulated node: its lease, inventory and the instances it "runs"."""
+
+    name: str
+    gpus: tuple[Gpu, ...]
+    labels: dict[str, str]
+    lease: int = 0
+    alive: bool = True
+    desired: dict[str, Assignment] = field(default_factory=dict)
+    running: dict[str, int] = field(default_factory=dict)  # workload -> epoch
+    exited: dict[str, int] = field(default_factory=dict)   # reported exited, not yet gone
+
+    def record(self, failsafe_seen: int) -> NodeRecord:
+        """Its node record, as the agent writes it."""
+        return NodeRecord(name=self.name, labels=self.labels, gpus=self.gpus,
+                          failsafe_seen=failsafe_seen)
+
+
+class SimFleet:
+    """``count`` simulated nodes named ``<prefix>-00001``..."""
+
+    def __init__(self, store: EtcdStore, keys: Keys, count: int, gpus_per_node: int = 8,
+                 ttl: int = 3, heartbeat: float = 1.0, prefix: str = "sim",
+                 model: str = "NVIDIA H100 80GB HBM3", memory_mib: int = 81559) -> None:
+        self.store = store
+        self.keys = keys
+        self.ttl = ttl
+        self.heartbeat = heartbeat
+        width = max(5, len(str(count)))
+        self.nodes: dict[str, SimNode] = {}
+        for i in range(1, count + 1):
+            name = f"{prefix}-{i:0{width}d}"
+            gpus = tuple(SimulatedGpus(name, gpus_per_node, model, memory_mib).inventory())
+            self.nodes[name] = SimNode(name, gpus, {"zone": f"z{i % 4}", "sim": "true"})
+        self.failsafe = FailsafeSet()
+        self._dirty: set[str] = set()
+        self._where: dict[str, str] = {}  # workload -> the node its assignment names
+        self._wake = asyncio.Event()
+        self.revision = 0
+        self.started: dict[str, float] = {}  # workload -> wall time its newest instance started
+        self.keepalive_seconds = 0.0  # time spent in keepalive rounds (for the benchmark)
+
+    # -- registration ------------------------------------------------------------------
+
+    async def _grant(self, nodes: list[SimNode]) -> None:
+        for start in range(0, len(nodes), 200):
+            chunk = nodes[start:start + 200]
+            leases = await asyncio.gather(*(self.store.grant_lease(self.ttl) for _ in chunk))
+            for node, (lease, _ttl) in zip(chunk, leases, strict=True):
+                node.lease = lease
+
+    async def _register(self, nodes: list[SimNode]) -> None:
+        ops: list[Put | Delete] = []
+        now = time.time()
+        for node in nodes:
+            ops.append(Put(self.keys.node(node.name),
+                           codec.encode(node.record(self.failsafe.version).to_dict())))
+            ops.append(Put(self.keys.alive(node.name),
+                           codec.encode(Liveness(node.name, node.lease, now).to_dict()),
+                           lease=node.lease))
+        await self.store.write_many(ops, per_txn=2 * NODES_PER_TXN)
+
+    async def start(self) -> None:
+        """Grant every lease and register every node."""
+        kv = await self.store.get(self.keys.failsafe)
+        if kv is not None:
+            self.failsafe = codec.decode_failsafe(kv.value)
+        nodes = list(self.nodes.values())
+        await self._grant(nodes)
+        await self._register(nodes)
+        log.info("simulated nodes registered", nodes=len(nodes))
+
+    # -- loops -------------------------------------------------------------------------
+
+    async def _keepalive_round(self) -> None:
+        live = [n for n in self.nodes.values() if n.alive and n.lease]
+        started = time.monotonic()
+        chunks = [live[i:i + KEEPALIVE_CHUNK] for i in range(0, len(live), KEEPALIVE_CHUNK)]
+        replies = await asyncio.gather(
+            *(self.store.keepalive_many([n.lease for n in chunk], self.heartbeat * 2)
+              for chunk in chunks), return_exceptions=True)
+        lost: list[SimNode] = []
+        for chunk, reply in zip(chunks, replies, strict=True):
+            if isinstance(reply, BaseException):
+                log.warning("keepalive round failed", error=type(reply).__name__)
+                continue
+            lost += [n for n in chunk if reply.get(n.lease, 1) == 0]
+        self.keepalive_seconds += time.monotonic() - started
+        if lost:  # as an agent does: its work is fenced, it registers anew
+            log.warning("simulated nodes lost their lease; re-registering", nodes=len(lost))
+            for node in lost:
+                node.running.clear()
+                node.exited.clear()
+            await self._grant(lost)
+            await self._register(lost)
+
+    async def _keep_leases(self) -> None:
+        while True:
+            started = time.monotonic()
+            with contextlib.suppress(*TRANSIENT):
+                await self._keepalive_round()
+            await asyncio.sleep(max(0.0, self.heartbeat - (time.monotonic() - started)))
+
+    def _apply(self, key: str, value: bytes, revision: int, deleted: bool) -> None:
+        workload = key[len(self.keys.assignments):]
+        previous = self.nodes.get(self._where.pop(workload, ""))
+        if previous is not None:
+            previous.desired.pop(workload, None)
+            self._dirty.add(previous.name)
+        if deleted:
+            return
+        assignment = codec.decode_assignment(value, revision)
+        target = self.nodes.get(assignment.node or "")
+        if target is None:
+            return
+        placed, _urgent = for_node(assignment, target.name)
+        if placed:
+            target.desired[workload] = assignment
+        self._where[workload] = target.name
+        self._dirty.add(target.name)
+
+    async def _follow_assignments(self) -> None:
+        revision, kvs = await self.store.get_prefix(self.keys.assignments)
+        for kv in kvs:
+            self._apply(kv.key, kv.value, kv.mod_revision, False)
+        self._wake.set()
+        async for event in self.store.watch_prefix(self.keys.assignments, revision + 1):
+            if isinstance(event, Resync):
+                for node in self.nodes.values():
+                    node.desired.clear()
+                    self._dirty.add(node.name)
+                self._where.clear()
+                for kv in event.kvs:
+                    self._apply(kv.key, kv.value, kv.mod_revision, False)
+            elif isinstance(event, WatchEvent):
+                self._apply(event.kv.key, event.kv.value, event.kv.mod_revision,
+                            event.kind == "delete")
+            self._wake.set()
+
+    def _pass(self, node: SimNode, now: float) -> list[Put | Delete]:
+        """One agent pass for one node: the instances to stop and start, and the reports."""
+        ops: list[Put | Delete] = []
+        desired = [(w, a.epoch) for w, a in node.desired.items()]
+        running = {(w, e): True for w, e in node.running.items()}
+        running.update({(w, e): False for w, e in node.exited.items()})
+        plan = plan_instances(desired, running, may_start=node.alive)
+        for workload, epoch in plan.stop:
+            del node.running[workload]
+            node.exited[workload] = epoch
+            status = InstanceStatus(workload, node.name, epoch, "exited", exit_code=-15,
+                                    finished_at=now)
+            ops.append(Put(self.keys.status(workload, node.name),
+                           codec.encode(status.to_dict()), lease=node.lease))
+        for workload, epoch in list(node.exited.items()):
+            if workload not in node.desired and (workload, epoch) not in plan.stop:
+                del node.exited[workload]
+                ops.append(Delete(self.keys.status(workload, node.name)))
+        for workload, epoch in plan.start:
+            node.exited.pop(workload, None)
+            node.running[workload] = epoch
+            self.started[workload] = now
+            status = InstanceStatus(workload, node.name, epoch, "running", started_at=now)
+            ops.append(Put(self.keys.status(workload, node.name),
+                           codec.encode(status.to_dict()), lease=node.lease))
+        return ops
+
+    async def _supervise(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(0.02)  # gather a burst of assignment changes into one pass
+            dirty, self._dirty = self._dirty, set()
+            now = time.time()
+            ops: list[Put | Delete] = []
+            for name in sorted(dirty):
+                node = self.nodes[name]
+                if node.alive:
+                    ops += self._pass(node, now)
+            try:
+                await self.store.write_many(ops)
+            except TRANSIENT as exc:
+                log.warning("reports not written; retrying", error=type(exc).__name__)
+                self._dirty |= dirty
+                self._wake.set()
+                await asyncio.sleep(0.2)
+
+    async def _follow_failsafe(self) -> None:
+        while True:
+            await asyncio.sleep(2.0)
+            with contextlib.suppress(*TRANSIENT):
+                kv = await self.store.get(self.keys.failsafe)
+                current = FailsafeSet() if kv is None else codec.decode_failsafe(kv.value)
+                if current.version != self.failsafe.version:
+                    self.failsafe = current
+                    live = [n for n in self.nodes.values() if n.alive]
+                    await self.store.write_many(
+                        [Put(self.keys.node(n.name),
+                             codec.encode(n.record(current.version).to_dict())) for n in live])
+
+    async def run(self) -> None:
+        """Keep leases, follow assignments and report instances until cancelled."""
+        tasks = [asyncio.create_task(coro) for coro in (
+            self._keep_leases(), self._follow_assignments(), self._supervise(),
+            self._follow_failsafe())]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- faults ------------------------------------------------------------------------
+
+    def kill(self, fraction: float, seed: int = 0) -> list[str]:
+        """Crash ``fraction`` of the live nodes at once: their keepalives stop (the leases
+        expire after the TTL) and their instances are gone. Returns their names."""
+        live = sorted(n for n, node in self.nodes.items() if node.alive)
+        count = max(1, round(len(live) * fraction)) if live and fraction > 0 else 0
+        victims = sorted(random.Random(seed).sample(live, count))
+        for name in victims:
+            node = self.nodes[name]
+            node.alive = False
+            node.running.clear()
+            node.exited.clear()
+        log.warning("simulated nodes crashed", nodes=len(victims))
+        return victims
+
+    async def revoke_all(self) -> None:
+        """Give every lease back (the nodes leave at once)."""
+        leases = [n.lease for n in self.nodes.values() if n.lease]
+        for start in range(0, len(leases), 200):
+            await asyncio.gather(*(self.store.revoke_lease(lease)
+                                   for lease in leases[start:start + 200]),
+                                 return_exceptions=True)
