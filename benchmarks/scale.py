@@ -91,7 +91,7 @@ async def run_size(base: Path, nodes: int, workloads: int, gpus: int, ttl: int,
         "timing": {"lease_ttl": ttl, "heartbeat": heartbeat},
         "api": {"listen": f"127.0.0.1:{free_port()}"}, "controller": {"name": "ctl-1"},
         "log": {"format": "json"}}))
-    env = {**os.environ, "HAFO_LOG_LEVEL": "warning"}
+    env = {**os.environ, "HAFO_LOG_LEVEL": os.environ.get("HAFO_LOG_LEVEL", "warning")}
     controller = spawn([sys.executable, "-m", "hafo", "controller", "--config", str(config)],
                        base / f"ctl-{nodes}.log", env=env)
     fleet = SimFleet(store, keys, nodes, gpus, ttl, heartbeat)
@@ -163,11 +163,13 @@ async def main(sizes: list[int], workloads: int, gpus: int, ttl: int,
           f"one etcd, one controller process, the simulated fleet in this process; "
           f"lease TTL {ttl}s, heartbeat {heartbeat}s; logs in {base}", flush=True)
     for nodes in sizes:
-        r = await run_size(base, nodes, workloads, gpus, ttl, heartbeat)
-        print(f"\n{nodes} nodes x {gpus} GPUs, {workloads} workloads "
+        # room for everything even after 10% of the nodes die
+        count = min(workloads, int(nodes * 0.9 * gpus * 0.95))
+        r = await run_size(base, nodes, count, gpus, ttl, heartbeat)
+        print(f"\n{nodes} nodes x {gpus} GPUs, {count} workloads "
               f"(registered in {r['register']:.1f}s)")
         print(f"  controller CPU  idle {r['idle_cpu']:.2f} core | steady {r['steady_cpu']:.2f} "
-              f"| with {workloads} running {r['loaded_cpu']:.2f}   "
+              f"| with {count} running {r['loaded_cpu']:.2f}   "
               f"(steady / idle {r['steady_cpu'] / max(r['idle_cpu'], 0.005):.1f}x)")
         print(f"  controller RSS  idle {r['idle_rss']:.0f} MiB | steady {r['steady_rss']:.0f} | "
               f"loaded {r['loaded_rss']:.0f} | after failover {r['rss_after']:.0f}")

@@ -1,4 +1,5 @@
-"""The agent's view of the assignments that name its node, kept current by a watch."""
+"""The agent's view of the assignments that name its node, kept current by a watch on its
+node's copies of them (``Keys.node_assignments``): etcd sends an agent only its own."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ class NodeAssignments:
         self.revision = 0
 
     def _apply(self, key: str, value: bytes, mod_revision: int, deleted: bool) -> None:
-        workload = key[len(self.keys.assignments):]
+        workload = key[len(self.keys.node_assignments(self.node)):]
         if deleted:
             self.placed.pop(workload, None)
             self.urgent.pop(workload, None)
@@ -57,7 +58,7 @@ class NodeAssignments:
 
     async def load(self) -> int:
         """Read all assignments (a full re-read, e.g. after re-registering)."""
-        revision, kvs = await self.store.get_prefix(self.keys.assignments)
+        revision, kvs = await self.store.get_prefix(self.keys.node_assignments(self.node))
         self.placed.clear()
         self.urgent.clear()
         for kv in kvs:
@@ -68,7 +69,8 @@ class NodeAssignments:
 
     async def follow(self) -> None:
         """Apply assignment changes forever."""
-        async for event in self.store.watch_prefix(self.keys.assignments, self.revision + 1):
+        async for event in self.store.watch_prefix(self.keys.node_assignments(self.node),
+                                                   self.revision + 1):
             if isinstance(event, Resync):
                 self.placed.clear()
                 self.urgent.clear()

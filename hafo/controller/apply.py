@@ -10,22 +10,37 @@ dropped; the next cycle decides those again.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import structlog
 
 from hafo.decisions.reconcile import Action, Plan
-from hafo.model.cluster import Event
+from hafo.model.cluster import ClusterSnapshot, Event
 from hafo.store import Compare, Delete, Election, EventLog, Keys, Put, codec
 
 log = structlog.get_logger("hafo.controller")
 
-BATCH = 40
+BATCH = 24  # up to 5 operations per decision, under etcd's 128 per transaction
 
 
-async def _txn_parts(keys: Keys, events: EventLog,
-                     action: Action) -> tuple[Compare, list[Put | Delete]]:
-    """The compare and the writes of one action."""
+def _mirror_ops(keys: Keys, action: Action, previous_node: str | None) -> list[Put | Delete]:
+    """Keep the per-node copy of the assignment (``Keys.node_assignment``) in step: written
+    under the node the new assignment names, removed from the node it named before."""
+    new = action.assignment
+    new_node = new.node if new is not None else None
+    ops: list[Put | Delete] = []
+    if previous_node is not None and previous_node != new_node:
+        ops.append(Delete(keys.node_assignment(previous_node, action.workload)))
+    if new is not None and new_node is not None:
+        ops.append(Put(keys.node_assignment(new_node, action.workload),
+                       codec.encode(new.to_dict())))
+    return ops
+
+
+async def _txn_parts(keys: Keys, events: EventLog, action: Action,
+                     previous_node: str | None = None) -> tuple[Compare, list[Put | Delete]]:
+    """The compare and the writes of one action (``previous_node``: the node the current
+    assignment names, from the snapshot the action was decided on)."""
     key = keys.assignment(action.workload)
     if action.expected_revision:
         guard = Compare(key, "mod", "==", action.expected_revision)
@@ -41,8 +56,10 @@ async def _txn_parts(keys: Keys, events: EventLog,
         guard = Compare(keys.move(action.workload), "version", ">", 0)
     elif action.assignment is None:
         ops.append(Delete(key))
+        ops += _mirror_ops(keys, action, previous_node)
     else:
         ops.append(Put(key, codec.encode(action.assignment.to_dict())))
+        ops += _mirror_ops(keys, action, previous_node)
     return guard, ops
 
 
@@ -53,11 +70,11 @@ def _log_applied(action: Action, revision: int) -> None:
              action=action.kind)
 
 
-async def apply_action(election: Election, keys: Keys, events: EventLog,
-                       action: Action) -> int | None:
+async def apply_action(election: Election, keys: Keys, events: EventLog, action: Action,
+                       previous_node: str | None = None) -> int | None:
     """Write one action; returns the new revision (the epoch for a placement) or None if the
     assignment changed since the snapshot (the next cycle decides again)."""
-    guard, ops = await _txn_parts(keys, events, action)
+    guard, ops = await _txn_parts(keys, events, action, previous_node)
     result = await election.fenced([guard], ops)
     if not result.succeeded:
         log.info("decision skipped: state moved on", workload=action.workload,
@@ -68,8 +85,8 @@ async def apply_action(election: Election, keys: Keys, events: EventLog,
 
 
 async def _apply_batch(election: Election, keys: Keys, events: EventLog,
-                       batch: Sequence[Action]) -> int:
-    parts = [await _txn_parts(keys, events, a) for a in batch]
+                       batch: Sequence[Action], previous: Mapping[str, str | None]) -> int:
+    parts = [await _txn_parts(keys, events, a, previous.get(a.workload)) for a in batch]
     result = await election.fenced([g for g, _ in parts], [op for _, ops in parts for op in ops])
     if result.succeeded:
         for action in batch:
@@ -77,20 +94,30 @@ async def _apply_batch(election: Election, keys: Keys, events: EventLog,
         return result.revision
     highest = 0
     for action in batch:  # some decision is stale: keep the others
-        revision = await apply_action(election, keys, events, action)
+        revision = await apply_action(election, keys, events, action,
+                                      previous.get(action.workload))
         highest = max(highest, revision or 0)
     return highest
 
 
-async def apply_plan(election: Election, keys: Keys, events: EventLog, plan: Plan) -> int:
+async def apply_plan(election: Election, keys: Keys, events: EventLog, plan: Plan,
+                     snapshot: ClusterSnapshot | None = None) -> int:
     """Apply every action, in order, ``BATCH`` per transaction; returns the highest revision
-    written (0 if none). A workload appears at most once in a plan."""
+    written (0 if none). ``snapshot``: the one the plan was decided on (for the per-node
+    copies). A workload's assignment appears at most once in a plan."""
+    previous: dict[str, str | None] = {}
+    if snapshot is not None:
+        for action in plan.actions:
+            current = snapshot.assignments.get(action.workload)
+            previous[action.workload] = current.node if current is not None else None
     highest = 0
     actions = list(plan.actions)
     for start in range(0, len(actions), BATCH):
         batch = actions[start:start + BATCH]
         if len(batch) == 1:
-            highest = max(highest, await apply_action(election, keys, events, batch[0]) or 0)
+            revision = await apply_action(election, keys, events, batch[0],
+                                          previous.get(batch[0].workload))
+            highest = max(highest, revision or 0)
         else:
-            highest = max(highest, await _apply_batch(election, keys, events, batch))
+            highest = max(highest, await _apply_batch(election, keys, events, batch, previous))
     return highest

@@ -169,7 +169,7 @@ class Controller:
                 if plan:
                     try:
                         written = max(written, await apply_plan(self.election, self.keys,
-                                                                self.events, plan))
+                                                                self.events, plan, snapshot))
                     except TRANSIENT as exc:
                         log.warning("apply failed: etcd unavailable", error=type(exc).__name__)
                     continue

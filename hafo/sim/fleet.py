@@ -70,7 +70,7 @@ class SimFleet:
             self.nodes[name] = SimNode(name, gpus, {"zone": f"z{i % 4}", "sim": "true"})
         self.failsafe = FailsafeSet()
         self._dirty: set[str] = set()
-        self._where: dict[str, str] = {}  # workload -> the node its assignment names
+        self._where: dict[str, str] = {}  # workload -> the node it was last placed on
         self._wake = asyncio.Event()
         self.revision = 0
         self.started: dict[str, float] = {}  # workload -> wall time its newest instance started
@@ -138,34 +138,33 @@ class SimFleet:
             await asyncio.sleep(max(0.0, self.heartbeat - (time.monotonic() - started)))
 
     def _apply(self, key: str, value: bytes, revision: int, deleted: bool) -> None:
-        workload = key[len(self.keys.assignments):]
-        previous = self.nodes.get(self._where.pop(workload, ""))
-        if previous is not None:
-            previous.desired.pop(workload, None)
-            self._dirty.add(previous.name)
-        if deleted:
+        """One change of a node's copy of an assignment (``Keys.node_assignment``)."""
+        node_name, _, workload = key[len(self.keys.by_node):].partition("/")
+        node = self.nodes.get(node_name)
+        if node is None:
             return
-        assignment = codec.decode_assignment(value, revision)
-        target = self.nodes.get(assignment.node or "")
-        if target is None:
-            return
-        placed, _urgent = for_node(assignment, target.name)
-        if placed:
-            target.desired[workload] = assignment
-        self._where[workload] = target.name
-        self._dirty.add(target.name)
+        self._dirty.add(node_name)
+        placed = False
+        if not deleted:
+            assignment = codec.decode_assignment(value, revision)
+            placed, _urgent = for_node(assignment, node_name)
+            if placed:
+                node.desired[workload] = assignment
+                self._where[workload] = node_name
+        if not placed:
+            node.desired.pop(workload, None)
 
     async def _follow_assignments(self) -> None:
-        revision, kvs = await self.store.get_prefix(self.keys.assignments)
+        """One watch over every node's copies (a real agent watches only its own)."""
+        revision, kvs = await self.store.get_prefix(self.keys.by_node)
         for kv in kvs:
             self._apply(kv.key, kv.value, kv.mod_revision, False)
         self._wake.set()
-        async for event in self.store.watch_prefix(self.keys.assignments, revision + 1):
+        async for event in self.store.watch_prefix(self.keys.by_node, revision + 1):
             if isinstance(event, Resync):
                 for node in self.nodes.values():
                     node.desired.clear()
                     self._dirty.add(node.name)
-                self._where.clear()
                 for kv in event.kvs:
                     self._apply(kv.key, kv.value, kv.mod_revision, False)
             elif isinstance(event, WatchEvent):

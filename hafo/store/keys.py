@@ -64,6 +64,22 @@ class Keys:
         """Prefix of all assignments."""
         return f"{self.state}assign/"
 
+    @property
+    def by_node(self) -> str:
+        """Prefix of the per-node copies of assignments (outside ``state``: the controller's
+        watch does not see them). An agent watches only its own node's copies, so etcd sends
+        each assignment change to one agent, not to every agent of the cluster."""
+        return f"{self.root}byn/"
+
+    def node_assignments(self, node: str) -> str:
+        """Prefix of the copies of the assignments that name ``node``."""
+        return f"{self.by_node}{node}/"
+
+    def node_assignment(self, node: str, workload_id: str) -> str:
+        """The copy of a workload's assignment under the node it names (written in the same
+        transaction as the assignment, so its mod_revision is the same epoch)."""
+        return f"{self.node_assignments(node)}{workload_id}"
+
     def move(self, workload_id: str) -> str:
         """An operator's pending request to move a workload (consumed by the controller)."""
         return f"{self.state}moves/{workload_id}"
