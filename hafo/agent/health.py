@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import structlog
 
@@ -21,11 +22,11 @@ from hafo.decisions.classify import Verdict, classify
 from hafo.decisions.health import HealthState, apply_to_inventory, assess
 from hafo.gpu import GpuBackend
 from hafo.model.cluster import Gpu
-from hafo.model.health import Finding
 from hafo.model.health_config import HealthConfig
 
 log = structlog.get_logger("hafo.agent")
 
+T = TypeVar("T")
 PROBE_TIMEOUT = 10.0  # a probe stuck longer (a hung NFS statvfs) is skipped this cycle
 
 
@@ -55,18 +56,18 @@ class NodeHealth:
         self.clock = clock
         self.state = HealthState()
         self.inventory: list[Gpu] = []
-        self._pending: dict[str, asyncio.Future[list[Finding]]] = {}
-        self._inventory_call: asyncio.Future[list[Gpu]] | None = None
+        self._pending: dict[str, asyncio.Future[Any]] = {}
         self._logged: set[str] = set()
 
-    async def _poll(self, name: str, probe: Callable[[], list[Finding]]) -> list[Finding]:
-        """Run a blocking probe in a thread, at most one at a time, bounded in time."""
+    async def _poll(self, name: str, probe: Callable[[], list[T]]) -> list[T]:
+        """Run a blocking probe in a thread, at most one at a time per ``name``, bounded in
+        time; a probe that hangs or fails yields nothing this cycle (logged)."""
         future = self._pending.get(name)
         if future is None or future.done():
             future = asyncio.ensure_future(asyncio.to_thread(probe))
             self._pending[name] = future
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self.probe_timeout)
+            return list(await asyncio.wait_for(asyncio.shield(future), self.probe_timeout))
         except TimeoutError:
             log.warning("health probe still running; skipped this cycle", node=self.node,
                         probe=name)
@@ -75,22 +76,9 @@ class NodeHealth:
             log.warning("health probe failed", node=self.node, probe=name, error=str(exc))
             return []
 
-    async def _poll_inventory(self) -> list[Gpu]:
-        future = self._inventory_call
-        if future is None or future.done():
-            future = asyncio.ensure_future(asyncio.to_thread(self.gpus.inventory))
-            self._inventory_call = future
-        try:
-            return list(await asyncio.wait_for(asyncio.shield(future), self.probe_timeout))
-        except TimeoutError:
-            return []
-        except Exception as exc:
-            log.warning("GPU inventory failed", node=self.node, error=str(exc))
-            return []
-
     async def cycle(self) -> HealthReport:
         """Poll once and fold the findings in."""
-        inventory = await self._poll_inventory()
+        inventory = await self._poll("inventory", self.gpus.inventory)
         if inventory:  # re-read every cycle: utilization changes (rounded to 10 %)
             self.inventory = inventory
         findings = [*await self._poll("gpu", self.gpus.findings),

@@ -26,6 +26,7 @@ from hafo.decisions.instances import plan_instances
 from hafo.gpu.simulated import SimulatedGpus
 from hafo.model.cluster import Assignment, FailsafeSet, Gpu, InstanceStatus, Liveness, NodeRecord
 from hafo.store import TRANSIENT, Delete, EtcdStore, Keys, Put, Resync, WatchEvent, codec
+from hafo.tasks import run_all
 
 log = structlog.get_logger("hafo.sim")
 
@@ -72,7 +73,6 @@ class SimFleet:
         self._dirty: set[str] = set()
         self._where: dict[str, str] = {}  # workload -> the node it was last placed on
         self._wake = asyncio.Event()
-        self.revision = 0
         self.started: dict[str, float] = {}  # workload -> wall time its newest instance started
         self.keepalive_seconds = 0.0  # time spent in keepalive rounds (for the benchmark)
 
@@ -234,17 +234,8 @@ class SimFleet:
 
     async def run(self) -> None:
         """Keep leases, follow assignments and report instances until cancelled."""
-        tasks = [asyncio.create_task(coro) for coro in (
-            self._keep_leases(), self._follow_assignments(), self._supervise(),
-            self._follow_failsafe())]
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                task.result()
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await run_all(leases=self._keep_leases(), assignments=self._follow_assignments(),
+                      supervise=self._supervise(), failsafe=self._follow_failsafe())
 
     # -- faults ------------------------------------------------------------------------
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
+from typing import Any
 
 import pytest
 
@@ -30,12 +32,21 @@ async def migrate_and_read_stop_events(factory: ClusterFactory,
             if e.workload == wid and e.kind == "stopped"]
 
 
-def resumed_exactly(cluster: object, wid: str) -> tuple[int, int]:
+async def resumed_exactly(cluster: Any, wid: str) -> tuple[int, int]:
     """(step the old instance checkpointed at when asked to stop, step the new one resumed
-    from)."""
-    lines = cluster.progress_log(wid)  # type: ignore[attr-defined]
+    from). Waits for the new instance's first log line: "running" means its process was
+    started, not that the interpreter has got as far as logging."""
+    epoch = view(await cluster.snapshot(), wid)["epoch"]
+    deadline = time.monotonic() + 20
+    while True:
+        lines = cluster.progress_log(wid)
+        starts = [ln["resumed_from"] for ln in lines
+                  if ln.get("event") == "start" and ln.get("epoch") == epoch]
+        if starts or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.05)
     preempted = [ln["step"] for ln in lines if ln.get("event") == "preempted"]
-    starts = [ln["resumed_from"] for ln in lines if ln.get("event") == "start"]
+    assert starts, f"the instance of epoch {epoch} never logged its start"
     return preempted[-1], starts[-1]
 
 
@@ -51,7 +62,7 @@ async def test_migrate_checkpoints_stops_and_resumes_elsewhere_losing_no_steps(
     snapshot = await cluster.wait_for(running(wid, not_on=source), 30, what="moved")
     assert view(snapshot, wid)["node"] == target and view(snapshot, wid)["epoch"] > epoch
     assert view(snapshot, wid)["restarts"] == 0
-    checkpointed, resumed = resumed_exactly(cluster, wid)
+    checkpointed, resumed = await resumed_exactly(cluster, wid)
     assert checkpointed == resumed, "a planned move loses no step"
     kinds = [e.kind for e in await read_events(cluster.store, cluster.keys, 0)
              if e.workload == wid]
@@ -79,7 +90,7 @@ async def test_drain_moves_every_workload_off_and_cordons(
         lambda s: all(running(w, not_on=node)(s) for w in ids), 40, what="drained")
     assert snapshot.node_state(node) == "cordoned"
     for wid in on_node:
-        checkpointed, resumed = resumed_exactly(cluster, wid)
+        checkpointed, resumed = await resumed_exactly(cluster, wid)
         assert checkpointed == resumed
         assert_never_two_copies(cluster, wid)
     await intents.set_cordon(cluster.store, cluster.keys, node, False)
