@@ -130,10 +130,10 @@ async def run_size(base: Path, nodes: int, workloads: int, gpus: int, ttl: int,
         # -- mass failure
         victims = set(fleet.kill(0.1, seed=1))
         killed = time.time()
-        displaced = [w for w, n in fleet._where.items() if n in victims]
+        displaced = [w for w, n in fleet.placed_on.items() if n in victims]
 
         def replaced() -> bool:
-            return all(fleet.started.get(w, 0) > killed and fleet._where.get(w) not in victims
+            return all(fleet.started.get(w, 0) > killed and fleet.placed_on.get(w) not in victims
                        for w in displaced)
 
         await wait_until(replaced, 120, "displaced work running again")

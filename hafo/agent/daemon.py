@@ -247,8 +247,9 @@ class Agent:
         newest = newest_per_workload(states)
         for workload, key in newest.items():
             status = self.supervisor.status_of(key, states[key])
-            if status.state == "running" and self.failing(key):
-                status = dataclasses.replace(status, failing=self.failing(key))
+            failing = self.failing(key) if status.state == "running" else ""
+            if failing:
+                status = dataclasses.replace(status, failing=failing)
             if self.reported.get(workload) != status:
                 await self.store.put(self.keys.status(workload, self.name),
                                      codec.encode(status.to_dict()), lease=self.keeper.lease_id)

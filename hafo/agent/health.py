@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import structlog
 
 from hafo.checks.os_probes import OsProbe
-from hafo.decisions.classify import Verdict, classify
+from hafo.decisions.classify import classify
 from hafo.decisions.health import HealthState, apply_to_inventory, assess
 from hafo.gpu import GpuBackend
 from hafo.model.cluster import Gpu
@@ -39,7 +39,6 @@ class HealthReport:
     reason: str
     restart_apps: dict[int, str] = field(default_factory=dict)
     changes: tuple[str, ...] = ()
-    verdicts: tuple[Verdict, ...] = ()
 
 
 class NodeHealth:
@@ -94,5 +93,4 @@ class NodeHealth:
         node = outcome.state.node
         return HealthReport(inventory=apply_to_inventory(self.inventory, outcome.state),
                             healthy=node.level == "ok", reason=node.reason,
-                            restart_apps=dict(outcome.restart_apps), changes=outcome.changes,
-                            verdicts=verdicts)
+                            restart_apps=dict(outcome.restart_apps), changes=outcome.changes)

@@ -71,10 +71,9 @@ class SimFleet:
             self.nodes[name] = SimNode(name, gpus, {"zone": f"z{i % 4}", "sim": "true"})
         self.failsafe = FailsafeSet()
         self._dirty: set[str] = set()
-        self._where: dict[str, str] = {}  # workload -> the node it was last placed on
+        self.placed_on: dict[str, str] = {}  # workload -> the node it was last placed on
         self._wake = asyncio.Event()
         self.started: dict[str, float] = {}  # workload -> wall time its newest instance started
-        self.keepalive_seconds = 0.0  # time spent in keepalive rounds (for the benchmark)
 
     # -- registration ------------------------------------------------------------------
 
@@ -110,7 +109,6 @@ class SimFleet:
 
     async def _keepalive_round(self) -> None:
         live = [n for n in self.nodes.values() if n.alive and n.lease]
-        started = time.monotonic()
         chunks = [live[i:i + KEEPALIVE_CHUNK] for i in range(0, len(live), KEEPALIVE_CHUNK)]
         replies = await asyncio.gather(
             *(self.store.keepalive_many([n.lease for n in chunk], self.heartbeat * 2)
@@ -121,7 +119,6 @@ class SimFleet:
                 log.warning("keepalive round failed", error=type(reply).__name__)
                 continue
             lost += [n for n in chunk if reply.get(n.lease, 1) == 0]
-        self.keepalive_seconds += time.monotonic() - started
         if lost:  # as an agent does: its work is fenced, it registers anew
             log.warning("simulated nodes lost their lease; re-registering", nodes=len(lost))
             for node in lost:
@@ -150,7 +147,7 @@ class SimFleet:
             placed, _urgent = for_node(assignment, node_name)
             if placed:
                 node.desired[workload] = assignment
-                self._where[workload] = node_name
+                self.placed_on[workload] = node_name
         if not placed:
             node.desired.pop(workload, None)
 
