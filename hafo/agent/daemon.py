@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from prometheus_client import CollectorRegistry
 
 from hafo.agent.app_checks import AppChecks
 from hafo.agent.assignments import NodeAssignments
@@ -52,8 +53,8 @@ class Agent:
         self.name = config.node.name
         self.state_dir = Path(config.node.state_dir)
         self.keys = Keys(config.cluster)
-        self.store = EtcdStore(config.etcd.endpoints, username=config.etcd.username,
-                               password=config.etcd.password)
+        self.store = EtcdStore.from_config(config.etcd)
+        self.registry = CollectorRegistry()  # Prometheus metrics served at /metrics
         self.gpus = gpus if gpus is not None else backend_for(config.node)
         timing = config.timing
         self.failsafe = AgentFailsafe(self.name, self.store, self.keys, timing.failsafe_max,

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from hafo.api.dashboard import add_dashboard
 from hafo.model.cluster import ClusterSnapshot, Event
 from hafo.model.views import all_nodes, all_workloads, node_view, status_view, workload_view
 
@@ -111,4 +112,5 @@ def make_controller_app(source: ControllerSource) -> web.Application:
 
     app = web.Application(client_max_size=1024 * 1024)
     app.add_routes(routes)
+    add_dashboard(app)
     return app

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import structlog
+from prometheus_client import CollectorRegistry
 
 from hafo.controller.apply import apply_plan
 from hafo.controller.failsafe import ControllerFailsafe
@@ -50,8 +51,8 @@ class Controller:
         self.config = config
         self.name = config.controller_name
         self.keys = Keys(config.cluster)
-        self.store = EtcdStore(config.etcd.endpoints, username=config.etcd.username,
-                               password=config.etcd.password)
+        self.store = EtcdStore.from_config(config.etcd)
+        self.registry = CollectorRegistry()  # Prometheus metrics served at /metrics
         timing = config.timing
         self.keeper = LeaseKeeper(self.store, timing.lease_ttl, timing.heartbeat,
                                   timing.fence_margin)

@@ -32,6 +32,7 @@ class EtcdConfig:
     key: str | None = None
     username: str | None = None
     password: str | None = None
+    password_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -129,13 +130,44 @@ def parse_endpoints(value: Any, field_name: str) -> tuple[str, ...]:
 
 def _parse_etcd(raw: Any) -> EtcdConfig:
     data = as_mapping(raw or {}, "etcd")
-    reject_unknown(data, {"endpoints", "ca", "cert", "key", "username", "password"}, "etcd")
+    reject_unknown(data, {"endpoints", "ca", "cert", "key", "username", "password",
+                          "password_file"}, "etcd")
     endpoints = parse_endpoints(data.get("endpoints", ["http://127.0.0.1:2379"]),
                                 "etcd.endpoints")
-    return EtcdConfig(endpoints=endpoints, ca=get_str(data, "ca", "etcd"),
-                      cert=get_str(data, "cert", "etcd"), key=get_str(data, "key", "etcd"),
-                      username=get_str(data, "username", "etcd"),
-                      password=get_str(data, "password", "etcd"))
+    config = EtcdConfig(endpoints=endpoints, ca=get_str(data, "ca", "etcd"),
+                        cert=get_str(data, "cert", "etcd"), key=get_str(data, "key", "etcd"),
+                        username=get_str(data, "username", "etcd"),
+                        password=get_str(data, "password", "etcd"),
+                        password_file=get_str(data, "password_file", "etcd"))
+    return check_etcd_security(config, "etcd")
+
+
+def check_etcd_security(config: EtcdConfig, where: str) -> EtcdConfig:
+    """TLS and authentication settings that fit together, or a ValidationError naming the
+    field: https endpoints need ``ca``; ``cert`` and ``key`` come as a pair; a user name
+    needs exactly one of ``password`` and ``password_file``."""
+    secure = [url.startswith("https://") for url in config.endpoints]
+    if any(secure) and not all(secure):
+        raise ValidationError(f"{where}.endpoints", "mix http:// and https:// endpoints")
+    if all(secure) and not config.ca:
+        raise ValidationError(f"{where}.ca", "is required with https:// endpoints "
+                              "(the CA certificate that signed etcd's)")
+    if config.ca and not all(secure):
+        raise ValidationError(f"{where}.endpoints", "must be https:// when ca is set")
+    if (config.cert is None) != (config.key is None):
+        raise ValidationError(f"{where}.cert" if config.cert is None else f"{where}.key",
+                              "cert and key must be given together")
+    if config.cert and not config.ca:
+        raise ValidationError(f"{where}.ca", "is required with a client cert")
+    has_password = config.password is not None or config.password_file is not None
+    if config.password is not None and config.password_file is not None:
+        raise ValidationError(f"{where}.password", "give password or password_file, not both")
+    if (config.username is not None) == has_password:
+        return config
+    if config.username is None:
+        raise ValidationError(f"{where}.username", "is required with a password")
+    raise ValidationError(f"{where}.password_file", "is required with a username "
+                          "(or password)")
 
 
 def _parse_timing(raw: Any) -> TimingConfig:

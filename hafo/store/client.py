@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
@@ -18,7 +20,9 @@ import aetcd
 import structlog
 from aetcd import exceptions as etcd_errors
 
+from hafo.model.config import EtcdConfig
 from hafo.store.retry import StoreUnavailable, with_store_retry
+from hafo.store.tls import SecureClient, TlsFiles
 
 T = TypeVar("T")
 log = structlog.get_logger("hafo.store")
@@ -34,6 +38,15 @@ TRANSIENT: tuple[type[BaseException], ...] = (
 
 class StoreError(Exception):
     """etcd refused a request for a reason other than availability (a bug or bad state)."""
+
+
+class StoreAuthError(StoreError):
+    """etcd refused our credentials (user name, password or client certificate)."""
+
+
+#: Called after every etcd request with (seconds taken, the error or None); daemons use it
+#: for their request latency and error metrics.
+Observer = Callable[[float, BaseException | None], None]
 
 
 @dataclass(frozen=True)
@@ -124,7 +137,8 @@ class EtcdStore:
 
     def __init__(self, endpoints: Sequence[str], *, timeout: float = 2.0,
                  retry_budget: float = 10.0, username: str | None = None,
-                 password: str | None = None) -> None:
+                 password: str | None = None, tls: TlsFiles | None = None,
+                 observer: Observer | None = None) -> None:
         if not endpoints:
             raise ValueError("at least one etcd endpoint is required")
         self.endpoints = [parse_endpoint(e) for e in endpoints]
@@ -132,12 +146,37 @@ class EtcdStore:
         self.retry_budget = retry_budget
         self._username = username
         self._password = password
+        self._tls = tls
+        self.observer = observer
         self._index = 0
         self._client: aetcd.Client | None = None
         self._generation = 0
         self._lock = asyncio.Lock()
         self._closed = False
         self._closing: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    def from_config(cls, config: EtcdConfig, **kwargs: Any) -> EtcdStore:
+        """A store for a daemon's or the CLI's ``etcd`` section: endpoints, TLS files and
+        authentication (the password read from ``password_file`` when that is given)."""
+        password = config.password
+        if config.password_file:
+            password = Path(config.password_file).read_text().strip()
+        tls = TlsFiles(config.ca, config.cert, config.key) if config.ca else None
+        return cls(config.endpoints, username=config.username, password=password, tls=tls,
+                   **kwargs)
+
+    def _new_client(self, host: str, port: int, timeout: int) -> aetcd.Client:
+        if self._tls is not None:
+            return SecureClient(host=host, port=port, timeout=timeout, tls=self._tls,
+                                username=self._username, password=self._password)
+        return aetcd.Client(host=host, port=port, timeout=timeout,
+                            username=self._username, password=self._password)
+
+    def _observe(self, started: float, error: BaseException | None) -> None:
+        if self.observer is not None:
+            with contextlib.suppress(Exception):
+                self.observer(time.monotonic() - started, error)
 
     @property
     def endpoint(self) -> str:
@@ -151,9 +190,12 @@ class EtcdStore:
                 raise StoreUnavailable("store is closed")
             if self._client is None:
                 host, port = self.endpoints[self._index]
-                client = aetcd.Client(host=host, port=port, timeout=self.timeout,
-                                      username=self._username, password=self._password)
-                await client.connect()
+                client = self._new_client(host, port, self.timeout)  # type: ignore[arg-type]
+                try:
+                    await client.connect()
+                except (etcd_errors.UnauthenticatedError,
+                        etcd_errors.InvalidArgumentError) as exc:
+                    raise StoreAuthError(f"etcd refused the credentials: {exc}") from None
                 # Watches on a member cut off from the raft leader must fail, not stall.
                 watcher = getattr(client, "_watcher", None)
                 if watcher is not None:
@@ -190,20 +232,39 @@ class EtcdStore:
         """Run ``op`` against the current endpoint, failing over and retrying on errors."""
 
         async def attempt() -> T:
-            client, generation = await self._current()
+            started = time.monotonic()
             try:
-                return await asyncio.wait_for(op(client), self.timeout + 0.5)
+                client, generation = await self._current()
+            except BaseException as exc:
+                self._observe(started, exc)
+                raise
+            try:
+                result = await asyncio.wait_for(op(client), self.timeout + 0.5)
             except TRANSIENT as exc:
+                self._observe(started, exc)
                 await self._rotate(generation, exc)
                 raise
+            except etcd_errors.UnauthenticatedError as exc:
+                self._observe(started, exc)
+                # An expired auth token: reconnect, which authenticates again.
+                await self._rotate(generation, exc)
+                raise StoreUnavailable(f"etcd auth token refused: {exc}") from exc
             except etcd_errors.ClientError as exc:
+                self._observe(started, exc)
                 raise StoreError(f"etcd refused the request: {exc}") from exc
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
                     raise  # we are being cancelled ourselves
                 # The channel was closed under the call: treat as a connection failure.
-                raise StoreUnavailable("etcd channel closed during the call") from None
+                error = StoreUnavailable("etcd channel closed during the call")
+                self._observe(started, error)
+                raise error from None
+            except BaseException as exc:
+                self._observe(started, exc)
+                raise
+            self._observe(started, None)
+            return result
 
         return await with_store_retry(attempt, TRANSIENT,
                                       budget=self.retry_budget if budget is None else budget)
@@ -344,8 +405,7 @@ class EtcdStore:
     async def member_view(self, host: str, port: int,
                            timeout: float) -> tuple[int, int, int] | None:
         """(member id, leader id as that member sees it (0: none), cluster size), or None."""
-        client = aetcd.Client(host=host, port=port, timeout=max(1, int(timeout + 0.999)),
-                              username=self._username, password=self._password)
+        client = self._new_client(host, port, max(1, int(timeout + 0.999)))
         try:
             await asyncio.wait_for(client.connect(), timeout)
             status = await asyncio.wait_for(

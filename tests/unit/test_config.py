@@ -57,11 +57,44 @@ def test_contract_example_for_agent() -> None:
     (GOOD, (GOOD,)),
     ("http://a:2379,http://b:2379", ("http://a:2379", "http://b:2379")),
     (" http://a:2379 , http://b:2379 ,", ("http://a:2379", "http://b:2379")),
-    (["https://etcd-1.example:2379/", "http://[::1]:22379"],
-     ("https://etcd-1.example:2379/", "http://[::1]:22379")),
+    (["http://etcd-1.example:2379/", "http://[::1]:22379"],
+     ("http://etcd-1.example:2379/", "http://[::1]:22379")),
 ])
 def test_endpoints_parse(value: Any, expected: tuple[str, ...]) -> None:
     assert parse_config({"etcd": {"endpoints": value}}, "client").etcd.endpoints == expected
+
+
+TLS = {"endpoints": ["https://e1:2379", "https://e2:2379"], "ca": "/etc/hafo/ca.pem"}
+
+
+@pytest.mark.parametrize("etcd", [
+    TLS,
+    {**TLS, "cert": "/c.pem", "key": "/k.pem"},
+    {**TLS, "username": "hafo", "password_file": "/etc/hafo/etcd-password"},
+    {"endpoints": [GOOD], "username": "hafo", "password": "secret"},
+])
+def test_etcd_security_settings_that_fit(etcd: dict[str, Any]) -> None:
+    config = parse_config({"etcd": etcd}, "client").etcd
+    assert config.endpoints == tuple(etcd["endpoints"])
+    assert (config.ca, config.username) == (etcd.get("ca"), etcd.get("username"))
+
+
+@pytest.mark.parametrize(("etcd", "field"), [
+    ({"endpoints": ["https://e1:2379"]}, "etcd.ca"),
+    ({"endpoints": ["https://e1:2379", GOOD], "ca": "/ca"}, "etcd.endpoints"),
+    ({"endpoints": [GOOD], "ca": "/ca"}, "etcd.endpoints"),
+    ({**TLS, "cert": "/c.pem"}, "etcd.key"),
+    ({**TLS, "key": "/k.pem"}, "etcd.cert"),
+    ({"endpoints": [GOOD], "username": "hafo"}, "etcd.password_file"),
+    ({"endpoints": [GOOD], "password": "x"}, "etcd.username"),
+    ({"endpoints": [GOOD], "username": "u", "password": "x", "password_file": "/p"},
+     "etcd.password"),
+    ({"endpoints": [GOOD], "token": "x"}, "etcd.token"),
+])
+def test_etcd_security_mistakes_name_the_field(etcd: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        parse_config({"etcd": etcd}, "client")
+    assert info.value.field == field
 
 
 @pytest.mark.parametrize(("value", "field"), [
@@ -82,8 +115,8 @@ def test_bad_endpoints_name_the_item(value: Any, field: str) -> None:
 
 
 def test_etcd_tls_fields() -> None:
-    etcd = parse_config({"etcd": {"ca": "/ca.pem", "cert": "/c.pem", "key": "/k.pem"}},
-                        "client").etcd
+    etcd = parse_config({"etcd": {"endpoints": ["https://e:2379"], "ca": "/ca.pem",
+                                  "cert": "/c.pem", "key": "/k.pem"}}, "client").etcd
     assert (etcd.ca, etcd.cert, etcd.key) == ("/ca.pem", "/c.pem", "/k.pem")
 
 
