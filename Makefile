@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: demo test lint unit integration bench clean
+.PHONY: demo test test-deps lint unit integration e2e bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,7 +35,15 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(BIN)/pytest -q tests/integration
 
-test: $(STAMP)
+# Debian packages the end-to-end tests use (chromium for the dashboard, openssl for
+# certificates, systemd-analyze for the units); installs only what is missing.
+test-deps:
+	bash scripts/install-test-deps.sh
+
+e2e: $(STAMP) test-deps
+	$(BIN)/pytest -q tests/e2e
+
+test: $(STAMP) test-deps
 	$(MAKE) lint
 	$(BIN)/pytest -q -p no:cacheprovider tests $(addsuffix /tests,$(PLUGINS))
 

@@ -63,10 +63,42 @@ def load_config(path: str, role: str) -> Any:
 
 
 def _store_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--etcd", default=os.environ.get("HAFO_ETCD", "http://127.0.0.1:2379"),
-                   help="etcd URL[,URL...] (default $HAFO_ETCD or http://127.0.0.1:2379)")
-    p.add_argument("--cluster", default=os.environ.get("HAFO_CLUSTER", "default"),
-                   help="cluster name (default $HAFO_CLUSTER or 'default')")
+    env = os.environ.get
+    p.add_argument("--etcd", default=None,
+                   help="etcd URL[,URL...] (default $HAFO_ETCD, then --config's, then "
+                        "http://127.0.0.1:2379)")
+    p.add_argument("--cluster", default=None,
+                   help="cluster name (default $HAFO_CLUSTER, then --config's, then 'default')")
+    p.add_argument("--config", default=env("HAFO_CONFIG"), metavar="FILE",
+                   help="take etcd endpoints, TLS, credentials and cluster from this daemon "
+                        "config (default $HAFO_CONFIG)")
+    p.add_argument("--etcd-ca", default=env("HAFO_ETCD_CA"), metavar="PEM",
+                   help="CA of etcd's certificate, for https:// endpoints ($HAFO_ETCD_CA)")
+    p.add_argument("--etcd-cert", default=env("HAFO_ETCD_CERT"), metavar="PEM",
+                   help="client certificate ($HAFO_ETCD_CERT)")
+    p.add_argument("--etcd-key", default=env("HAFO_ETCD_KEY"), metavar="PEM",
+                   help="client key ($HAFO_ETCD_KEY)")
+    p.add_argument("--etcd-user", default=env("HAFO_ETCD_USER"), metavar="NAME",
+                   help="etcd user name ($HAFO_ETCD_USER)")
+    p.add_argument("--etcd-password-file", default=env("HAFO_ETCD_PASSWORD_FILE"),
+                   metavar="FILE", help="file holding the etcd password "
+                                        "($HAFO_ETCD_PASSWORD_FILE)")
+
+
+def _watch_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--watch", nargs="?", type=_positive_float, const=2.0, default=None,
+                   metavar="SECONDS", help="redraw every SECONDS (default 2) until Ctrl-C; "
+                                           "with --json, one JSON document per line")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 0.1 and 3600, got {value}")
+    return value
 
 
 def _json_arg(p: argparse.ArgumentParser) -> None:
@@ -75,7 +107,9 @@ def _json_arg(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> Parser:
     """The argument parser of every subcommand."""
-    parser = Parser(prog="hafo", description="High-availability failover for GPU clusters.")
+    parser = Parser(prog="hafo", description="High-availability failover for GPU clusters.",
+                    epilog="exit codes: 0 ok, 1 error, 2 bad input or usage, 3 etcd "
+                           "unreachable, 4 no such node or workload, 130 interrupted")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name, text in (("agent", "node daemon"), ("controller", "controller daemon")):
         p = sub.add_parser(name, help=text)
@@ -91,6 +125,8 @@ def build_parser() -> Parser:
         p = sub.add_parser(name, help=text)
         _store_args(p)
         _json_arg(p)
+        if name != "events":
+            _watch_arg(p)
         if name == "events":
             p.add_argument("--limit", type=int, default=50, help="newest N events")
     p = sub.add_parser("delete", help="stop and forget a workload")
@@ -155,21 +191,51 @@ def _run(coro: Coroutine[Any, Any, int]) -> int:
     return asyncio.run(coro)
 
 
+def etcd_settings(args: argparse.Namespace) -> tuple[Any, str]:
+    """The etcd section and cluster name a client command uses: flags, then environment,
+    then ``--config``, then the defaults. CliError (exit 2) names the bad setting."""
+    from hafo.model import ValidationError
+    from hafo.model.config import EtcdConfig, check_etcd_security, parse_endpoints
+
+    base, cluster = EtcdConfig(), "default"
+    if args.config:
+        config = load_config(args.config, "client")
+        base, cluster = config.etcd, config.cluster
+    env = os.environ.get
+    cluster = args.cluster or env("HAFO_CLUSTER") or cluster
+    try:
+        endpoints = parse_endpoints(args.etcd or env("HAFO_ETCD") or list(base.endpoints),
+                                    "--etcd")
+        user = args.etcd_user or base.username
+        password_file = args.etcd_password_file or base.password_file
+        settings = EtcdConfig(
+            endpoints=endpoints, ca=args.etcd_ca or base.ca,
+            cert=args.etcd_cert or base.cert, key=args.etcd_key or base.key,
+            username=user, password=None if password_file else base.password,
+            password_file=password_file)
+        return check_etcd_security(settings, "--etcd"), cluster
+    except ValidationError as exc:
+        text = str(exc).replace("--etcd.", "--etcd-").replace("_", "-")
+        raise CliError(text, EXIT_USAGE) from None
+
+
 async def _with_store(args: argparse.Namespace,
                       body: Callable[[Any, Any], Awaitable[int]]) -> int:
-    from hafo.model import ValidationError
-    from hafo.model.config import parse_endpoints
-    from hafo.store import TRANSIENT, EtcdStore, Keys
+    from hafo.store import TRANSIENT, EtcdStore, Keys, StoreAuthError
 
+    settings, cluster = etcd_settings(args)
     try:
-        endpoints = parse_endpoints(args.etcd, "--etcd")
-    except ValidationError as exc:
-        raise CliError(str(exc), EXIT_USAGE) from None
-    store = EtcdStore(endpoints, retry_budget=5.0)
+        store = EtcdStore.from_config(settings, retry_budget=5.0)
+    except OSError as exc:
+        raise CliError(f"--etcd-password-file: cannot read {exc.filename}: {exc.strerror}",
+                       EXIT_USAGE) from None
     try:
-        return await body(store, Keys(args.cluster))
+        return await body(store, Keys(cluster))
+    except StoreAuthError as exc:
+        raise CliError(f"{exc} (check --etcd-user / --etcd-password-file)") from None
     except TRANSIENT:
-        raise CliError(f"cannot reach etcd at {args.etcd}", EXIT_UNAVAILABLE) from None
+        where = ",".join(settings.endpoints)
+        raise CliError(f"cannot reach etcd at {where}", EXIT_UNAVAILABLE) from None
     finally:
         await store.close()
 
@@ -183,21 +249,24 @@ async def _cmd_read(args: argparse.Namespace) -> int:
     from hafo.model import views
     from hafo.store import read_events, read_snapshot
 
-    async def body(store: Any, keys: Any) -> int:
+    async def once(store: Any, keys: Any) -> tuple[Any, str]:
         if args.command == "events":
             data: Any = [e.to_dict() for e in await read_events(store, keys, args.limit)]
-            text = render.render_events(data) if data else "no events"
-        else:
-            snapshot = await read_snapshot(store, keys)
-            if args.command == "status":
-                data = views.status_view(snapshot)
-                text = render.render_status(data)
-            elif args.command == "nodes":
-                data = views.all_nodes(snapshot)
-                text = render.render_nodes(data) if data else "no nodes"
-            else:
-                data = views.all_workloads(snapshot)
-                text = render.render_workloads(data) if data else "no workloads"
+            return data, render.render_events(data) if data else "no events"
+        snapshot = await read_snapshot(store, keys)
+        if args.command == "status":
+            data = views.status_view(snapshot)
+            return data, render.render_status(data)
+        if args.command == "nodes":
+            data = views.all_nodes(snapshot)
+            return data, render.render_nodes(data) if data else "no nodes"
+        data = views.all_workloads(snapshot)
+        return data, render.render_workloads(data) if data else "no workloads"
+
+    async def body(store: Any, keys: Any) -> int:
+        if getattr(args, "watch", None):
+            return await _watch(args, lambda: once(store, keys))
+        data, text = await once(store, keys)
         if args.json:
             _print_json(data)
         else:
@@ -205,6 +274,31 @@ async def _cmd_read(args: argparse.Namespace) -> int:
         return 0
 
     return await _with_store(args, body)
+
+
+async def _watch(args: argparse.Namespace,
+                 read: Callable[[], Awaitable[tuple[Any, str]]]) -> int:
+    """Redraw until SIGINT/SIGTERM (then exit 0): the screen is cleared between tables on a
+    terminal; ``--json`` prints one compact document per line (for ``jq`` and friends)."""
+    import time
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    clear = sys.stdout.isatty() and not args.json
+    while not stop.is_set():
+        data, text = await read()
+        if args.json:
+            print(json.dumps(data, sort_keys=True), flush=True)
+        else:
+            stamp = time.strftime("%H:%M:%S")
+            prefix = "\x1b[H\x1b[2J" if clear else ""
+            print(f"{prefix}hafo {args.command} every {args.watch:g}s  {stamp}\n{text}\n",
+                  flush=True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), args.watch)
+    return 0
 
 
 async def _cmd_submit(args: argparse.Namespace) -> int:
@@ -277,44 +371,96 @@ async def _cmd_change(args: argparse.Namespace) -> int:
     return await _with_store(args, body)
 
 
-async def _serve_until_signal(main: Coroutine[Any, Any, None]) -> None:
+async def _serve_until_signal(main: Coroutine[Any, Any, None], ready: asyncio.Event,
+                              what: str) -> None:
+    """Run a daemon until SIGTERM/SIGINT, telling systemd when it is ready, pinging the
+    watchdog from this event loop, and saying when it stops."""
+    from hafo.notify import Notifier
+
+    notifier = Notifier()
     task = asyncio.ensure_future(main)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+
+    async def tell_systemd() -> None:
+        await ready.wait()
+        notifier.ready(f"{what}: serving")
+        await notifier.keep_watchdog()
+
+    helper = asyncio.ensure_future(tell_systemd())
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        helper.cancel()
+        notifier.stopping(f"{what}: stopping")
+
+
+def _api_settings(config: Any) -> tuple[str | None, Any]:
+    """The API's bearer token and TLS context from ``api.token_file`` / ``api.tls_*``."""
+    from hafo.api.auth import load_token
+    from hafo.api.server import server_tls
+    from hafo.model import ValidationError
+
+    try:
+        token = load_token(config.api.token_file) if config.api.token_file else None
+    except ValidationError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    tls = None
+    if config.api.tls_cert:
+        try:
+            tls = server_tls(config.api.tls_cert, config.api.tls_key)
+        except (OSError, ValueError) as exc:
+            raise CliError(f"api.tls_cert: cannot load {config.api.tls_cert} with "
+                           f"{config.api.tls_key}: {exc}", EXIT_USAGE) from None
+    return token, tls
 
 
 async def _cmd_agent(args: argparse.Namespace) -> int:
     from hafo import logs
     from hafo.agent.daemon import Agent
-    from hafo.api import make_agent_app, serve
+    from hafo.api import make_agent_app
 
     config = load_config(args.config, "agent")
+    _token, tls = _api_settings(config)
     logs.configure(config.log_format, node=config.node.name)
     agent = Agent(config)
     agent.api_address = config.api.listen
-    runner = await serve(make_agent_app(agent), config.api.host, config.api.port)
+    runner = await _listen(make_agent_app(agent), config, tls)
+    ready = asyncio.Event()
     try:
-        await _serve_until_signal(agent.run())
+        await _serve_until_signal(agent.run(ready), ready, f"agent {config.node.name}")
     finally:
         await runner.cleanup()
         await agent.close()
     return 0
 
 
+async def _listen(app: Any, config: Any, tls: Any) -> Any:
+    from hafo.api import serve
+
+    try:
+        return await serve(app, config.api.host, config.api.port, tls)
+    except OSError as exc:
+        raise CliError(f"api.listen: cannot listen on {config.api.listen}: "
+                       f"{exc.strerror or exc}", EXIT_USAGE) from None
+
+
 async def _cmd_controller(args: argparse.Namespace) -> int:
     from hafo import logs
-    from hafo.api import make_controller_app, serve
+    from hafo.api import make_controller_app
     from hafo.controller.daemon import Controller
 
     config = load_config(args.config, "controller")
+    token, tls = _api_settings(config)
     logs.configure(config.log_format, controller=config.controller_name)
     controller = Controller(config)
-    runner = await serve(make_controller_app(controller), config.api.host, config.api.port)
+    runner = await _listen(make_controller_app(controller, token), config, tls)
+    ready = asyncio.Event()
     try:
-        await _serve_until_signal(controller.run())
+        await _serve_until_signal(controller.run(ready), ready,
+                                  f"controller {config.controller_name}")
     finally:
         await runner.cleanup()
         await controller.close()

@@ -14,6 +14,7 @@ from hafo.agent.instances import GuardState, InstanceKey
 from hafo.checks.api import CheckContext
 from hafo.checks.runner import InstanceChecks
 from hafo.model.cluster import Submission
+from hafo.model.names import checkpoint_dir as workload_checkpoint_dir
 
 
 class AppChecks:
@@ -26,7 +27,7 @@ class AppChecks:
 
     def context(self, key: InstanceKey, state: GuardState, submission: Submission) -> CheckContext:
         """What the probes of one instance get."""
-        checkpoint_dir = self.checkpoint_root / key.workload
+        checkpoint_dir = workload_checkpoint_dir(self.checkpoint_root, key.workload)
         env = {**submission.spec.env, "HAFO_WORKLOAD": key.workload,
                "HAFO_EPOCH": str(key.epoch), "HAFO_NODE": self.node,
                "HAFO_CHECKPOINT_DIR": str(checkpoint_dir)}

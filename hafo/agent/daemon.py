@@ -19,6 +19,7 @@ from hafo.agent.failsafe import AgentFailsafe
 from hafo.agent.fencefile import write_deadline
 from hafo.agent.health import HealthReport, NodeHealth
 from hafo.agent.instances import GuardState, InstanceKey
+from hafo.agent.metrics import AgentMetrics
 from hafo.agent.supervisor import Supervisor, newest_per_workload, reap_children
 from hafo.checks.os_probes import LoopLagMonitor, OsProbe
 from hafo.decisions.fencing import can_start
@@ -26,6 +27,7 @@ from hafo.decisions.instances import plan_instances
 from hafo.gpu import GpuBackend, backend_for
 from hafo.model.cluster import Event, Gpu, InstanceStatus, Liveness, NodeRecord
 from hafo.model.config import Config
+from hafo.model.errors import ValidationError
 from hafo.store import (
     TRANSIENT,
     EtcdStore,
@@ -58,7 +60,8 @@ class Agent:
         self.gpus = gpus if gpus is not None else backend_for(config.node)
         timing = config.timing
         self.failsafe = AgentFailsafe(self.name, self.store, self.keys, timing.failsafe_max,
-                                      last_contact=lambda: self.keeper.last_ack)
+                                      last_contact=lambda: self.keeper.last_ack,
+                                      tls_ca=config.api.tls_ca)
         self.keeper = LeaseKeeper(self.store, timing.lease_ttl, timing.heartbeat,
                                   timing.fence_margin, on_renew=self._publish_deadline,
                                   failsafe=self.failsafe.confirm)
@@ -74,6 +77,8 @@ class Agent:
         self.reported: dict[str, InstanceStatus] = {}
         self.registered = asyncio.Event()
         self.api_address = ""
+        self.metrics = AgentMetrics(self, self.registry)
+        self.store.observer = self.metrics.observe_etcd
 
     # -- lease and registration ------------------------------------------------------------
 
@@ -178,9 +183,14 @@ class Agent:
                 with contextlib.suppress(*TRANSIENT):
                     await self.events.append(Event(ts=time.time(), kind="health",
                                                    node=self.name, message=change))
+            await self.metrics.sample_gpus(self.gpus.telemetry)  # metrics only: not to etcd
 
     async def _loop_lag(self) -> None:
-        await LoopLagMonitor().run(self.os_probe.set_loop_lag)
+        def record(seconds: float) -> None:
+            self.os_probe.set_loop_lag(seconds)
+            self.metrics.loop_lag = seconds
+
+        await LoopLagMonitor().run(record)
 
     async def _supervise_loop(self) -> None:
         while True:
@@ -218,9 +228,13 @@ class Agent:
             if submission is None:
                 continue
             by_index = {g.index: g.uuid for g in self.inventory}
-            self.supervisor.launch(assignment, submission,
-                                   [str(i) if self.node.gpus == "simulate" else
-                                    by_index.get(i, str(i)) for i in assignment.gpus])
+            try:
+                self.supervisor.launch(assignment, submission,
+                                       [str(i) if self.node.gpus == "simulate" else
+                                        by_index.get(i, str(i)) for i in assignment.gpus])
+            except ValidationError as exc:  # an id no submit makes: never a path from it
+                log.error("refusing to start", workload=workload, node=self.name,
+                          epoch=epoch, error=str(exc))
         states = self.supervisor.states()
         await self._check_apps(states, desired)
         await self._report(states, desired)

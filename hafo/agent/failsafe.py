@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from collections.abc import Callable
 
@@ -23,8 +24,9 @@ class AgentFailsafe:
 
     def __init__(self, node: str, store: EtcdStore, keys: Keys, failsafe_max: float,
                  last_contact: Callable[[], float],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, tls_ca: str | None = None) -> None:
         self.node = node
+        self.tls_ca = tls_ca  # trusts controllers whose API serves TLS
         self.store = store
         self.keys = keys
         self.failsafe_max = failsafe_max
@@ -60,7 +62,9 @@ class AgentFailsafe:
         since_contact = self.clock() - self.last_contact()
         if not members or since_contact >= self.failsafe_max:
             return False
-        async with aiohttp.ClientSession() as session:
+        context = ssl.create_default_context(cafile=self.tls_ca) if self.tls_ca else None
+        connector = aiohttp.TCPConnector(ssl=context) if context else None
+        async with aiohttp.ClientSession(connector=connector) as session:
             answers = await asyncio.gather(*(self._ask(session, url, timeout)
                                              for url in members.values()))
         ok = may_extend(dict(zip(members, answers, strict=True)), set(members), since_contact,

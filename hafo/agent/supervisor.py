@@ -31,6 +31,7 @@ from hafo.agent.instances import (
 )
 from hafo.checkpoint import list_checkpoints
 from hafo.model.cluster import Assignment, CheckpointInfo, InstanceStatus, Submission
+from hafo.model.names import checkpoint_dir as workload_checkpoint_dir
 
 log = structlog.get_logger("hafo.agent")
 
@@ -112,12 +113,13 @@ class Supervisor:
     # -- actions ------------------------------------------------------------------------
 
     def launch(self, assignment: Assignment, submission: Submission, gpu_ids: list[str]) -> None:
-        """Write the launch file and start the guard for one instance."""
+        """Write the launch file and start the guard for one instance (ValidationError for a
+        workload id no submit makes: no path is built from it)."""
+        checkpoint_dir = workload_checkpoint_dir(self.checkpoint_root, assignment.workload)
         key = InstanceKey(assignment.workload, assignment.epoch)
         path = instance_dir(self.state_dir, key)
         path.mkdir(parents=True, exist_ok=False)
         spec = submission.spec
-        checkpoint_dir = self.checkpoint_root / assignment.workload
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **spec.env,
                "HAFO_WORKLOAD": assignment.workload, "HAFO_EPOCH": str(assignment.epoch),

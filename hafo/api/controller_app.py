@@ -1,7 +1,8 @@
-"""The controller's HTTP API (read side): health, leadership, status, nodes, workloads, events.
+"""The controller's HTTP API: health, leadership, status, nodes, workloads, events, the
+mutations (``hafo.api.write_routes``), ``/metrics``, ``/openapi.json`` and the dashboard.
 
-Served by every controller from its watched cache, so standbys answer reads too; ``/leader``
-tells load balancers which one leads.
+Served by every controller from its watched cache, so standbys answer reads too (and accept
+mutations, which are intents in etcd); ``/leader`` tells load balancers which one leads.
 """
 
 from __future__ import annotations
@@ -9,16 +10,29 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
+from hafo.api.auth import bearer_auth
 from hafo.api.dashboard import add_dashboard
+from hafo.api.errors import MAX_BODY, error, json_errors
+from hafo.api.openapi import controller_document
+from hafo.api.probes import probe_routes
+from hafo.api.write_routes import node_name, workload_id, write_routes
 from hafo.model.cluster import ClusterSnapshot, Event
 from hafo.model.views import all_nodes, all_workloads, node_view, status_view, workload_view
+from hafo.store import EtcdStore, Keys
+
+#: Largest request body accepted (a workload spec with a generous environment).
+MAX_BODY_BYTES = 256 * 1024
 
 
 class ControllerSource(Protocol):
     """What the API reads from a controller."""
 
     name: str
+    store: EtcdStore
+    keys: Keys
+    registry: CollectorRegistry
 
     def snapshot(self) -> ClusterSnapshot:
         """Current cluster state."""
@@ -41,24 +55,23 @@ class ControllerSource(Protocol):
         ...
 
 
-def error(status: int, message: str) -> web.Response:
-    """The contract's error body."""
-    return web.json_response({"error": message}, status=status)
+def make_controller_app(source: ControllerSource, token: str | None = None,
+                        max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
+    """Build the aiohttp application of one controller; with ``token``, mutations need it."""
+    app = web.Application(client_max_size=max_body_bytes,
+                          middlewares=[json_errors, bearer_auth(token)])
+    app[MAX_BODY] = max_body_bytes
+    app.add_routes(read_routes(source))
+    app.add_routes(write_routes(source))
+    app.add_routes(probe_routes("controller", source.name, source.ready, source.registry,
+                                controller_document()))
+    add_dashboard(app)
+    return app
 
 
-def make_controller_app(source: ControllerSource) -> web.Application:
-    """Build the aiohttp application of one controller."""
+def read_routes(source: ControllerSource) -> web.RouteTableDef:
+    """The controller's reads (every controller answers them from its cache)."""
     routes = web.RouteTableDef()
-
-    @routes.get("/healthz")
-    async def healthz(_request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "controller": source.name})
-
-    @routes.get("/readyz")
-    async def readyz(_request: web.Request) -> web.Response:
-        if source.ready():
-            return web.json_response({"status": "ready"})
-        return error(503, "not connected to etcd")
 
     @routes.get("/leader")
     async def leader(_request: web.Request) -> web.Response:
@@ -83,8 +96,8 @@ def make_controller_app(source: ControllerSource) -> web.Application:
 
     @routes.get("/v1/nodes/{name}")
     async def node(request: web.Request) -> web.Response:
+        name = node_name(request)
         snapshot = source.snapshot()
-        name = request.match_info["name"]
         if name not in snapshot.nodes:
             return error(404, f"no node {name!r}")
         return web.json_response(node_view(snapshot, name))
@@ -95,8 +108,8 @@ def make_controller_app(source: ControllerSource) -> web.Application:
 
     @routes.get("/v1/workloads/{id}")
     async def workload(request: web.Request) -> web.Response:
+        wid = workload_id(request)
         snapshot = source.snapshot()
-        wid = request.match_info["id"]
         if wid not in snapshot.workloads:
             return error(404, f"no workload {wid!r}")
         return web.json_response(workload_view(snapshot, wid))
@@ -105,12 +118,9 @@ def make_controller_app(source: ControllerSource) -> web.Application:
     async def events(request: web.Request) -> web.Response:
         raw = request.query.get("limit", "100")
         if not raw.isdigit() or not 1 <= int(raw) <= 10000:
-            return error(400, "limit: must be an integer from 1 to 10000")
+            return error(400, "limit: must be an integer from 1 to 10000", "limit")
         items: list[dict[str, Any]] = [e.to_dict() for e in
                                        await source.recent_events(int(raw))]
         return web.json_response(items)
 
-    app = web.Application(client_max_size=1024 * 1024)
-    app.add_routes(routes)
-    add_dashboard(app)
-    return app
+    return routes

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from hafo.controller.apply import apply_plan
 from hafo.controller.failsafe import ControllerFailsafe
+from hafo.controller.metrics import ControllerMetrics
 from hafo.decisions.reconcile import reconcile
 from hafo.model.cluster import ClusterSnapshot, Event
 from hafo.model.config import Config
@@ -65,6 +66,9 @@ class Controller:
         self.is_leader = False
         self.connected = False
         self.cycles = 0
+        self.metrics = ControllerMetrics(self, self.registry, lease_ttl=timing.lease_ttl,
+                                         clock=clock)
+        self.store.observer = self.metrics.observe_etcd
 
     # -- read side (HTTP API) -------------------------------------------------------------
 
@@ -107,7 +111,7 @@ class Controller:
     @property
     def api_url(self) -> str:
         """Where agents reach this controller's API (for failsafe questions)."""
-        return f"http://{self.config.api.listen}"
+        return f"{self.config.api.scheme}://{self.config.api.listen}"
 
     async def failsafe_probe(self) -> str:
         """For ``GET /v1/failsafe``: 'available' or 'unavailable' (see ControllerFailsafe)."""
@@ -149,17 +153,20 @@ class Controller:
 
     async def _reconcile_loop(self) -> None:
         written = 0
+        self.metrics.new_term()
         while True:
             if not self.keeper.valid():
                 self.election.token = None
                 raise NotLeader("lease deadline passed")
             if self.cache.revision >= written:
+                started = time.monotonic()
                 snapshot = self.cache.snapshot()
                 self.cache.changed.clear()
+                now = self.clock()
                 # In a thread: a big cycle (thousands of placements) must not starve the
                 # lease keepalives on this loop. The snapshot is frozen.
                 plan = await asyncio.to_thread(
-                    reconcile, snapshot, self.clock(),
+                    reconcile, snapshot, now,
                     allow_failover=self.failsafe.failover_allowed(),
                     strategy=self.config.placement_strategy)
                 self.cycles += 1
@@ -167,12 +174,16 @@ class Controller:
                     await self.failsafe.maintain_set(self.election, snapshot)
                 except TRANSIENT as exc:
                     log.warning("failsafe set not updated", error=type(exc).__name__)
+                applied = None
                 if plan:
                     try:
                         written = max(written, await apply_plan(self.election, self.keys,
                                                                 self.events, plan, snapshot))
+                        applied = plan
                     except TRANSIENT as exc:
                         log.warning("apply failed: etcd unavailable", error=type(exc).__name__)
+                self.metrics.cycle(snapshot, now, applied, time.monotonic() - started)
+                if plan:
                     continue
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.cache.changed.wait(), TICK)

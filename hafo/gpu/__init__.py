@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import structlog
 
-from hafo.gpu.base import GpuBackend, NoGpus
+from hafo.gpu.base import GpuBackend, GpuSample, NoGpus
 from hafo.gpu.nvml import NvmlGpus, NvmlUnavailable
 from hafo.gpu.simulated import SimulatedGpus
 from hafo.model.config import NodeConfig
@@ -27,5 +27,5 @@ def backend_for(node: NodeConfig) -> GpuBackend:
         return NoGpus(f"no GPUs ({exc})")
 
 
-__all__ = ["GpuBackend", "NoGpus", "NvmlGpus", "NvmlUnavailable", "SimulatedGpus",
+__all__ = ["GpuBackend", "GpuSample", "NoGpus", "NvmlGpus", "NvmlUnavailable", "SimulatedGpus",
            "backend_for"]

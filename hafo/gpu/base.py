@@ -1,11 +1,34 @@
-"""The GPU backend interface: inventory, and health findings polled every health cycle."""
+"""The GPU backend interface: inventory, health findings and telemetry, polled every health
+cycle."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from hafo.model.cluster import Gpu
 from hafo.model.health import Finding
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One physical GPU's readings at one moment (for metrics only: never written to etcd).
+
+    A GPU in MIG mode is sampled whole (``index`` and ``uuid`` of the physical GPU). Each
+    reading is None where the GPU, driver or binding cannot give it (or the GPU is lost).
+    ``xid_count``: Xid events seen since the backend started (each burst once);
+    ``last_xid``: the most recent one, None if none."""
+
+    index: int
+    uuid: str
+    model: str
+    temperature_c: float | None = None
+    power_w: float | None = None
+    utilization_pct: float | None = None
+    memory_used_mib: float | None = None
+    memory_free_mib: float | None = None
+    xid_count: int = 0
+    last_xid: int | None = None
 
 
 class GpuBackend(Protocol):
@@ -20,6 +43,11 @@ class GpuBackend(Protocol):
     def findings(self) -> list[Finding]:
         """What is wrong right now, and what happened since the last call (XID events,
         counters that grew). Healthy GPUs yield nothing."""
+        ...
+
+    def telemetry(self) -> list[GpuSample]:
+        """Each physical GPU's current readings (temperature, power, utilization, memory);
+        never raises for one unreadable value."""
         ...
 
     def close(self) -> None:
@@ -39,6 +67,10 @@ class NoGpus:
 
     def findings(self) -> list[Finding]:
         """Nothing to find."""
+        return []
+
+    def telemetry(self) -> list[GpuSample]:
+        """Nothing to sample."""
         return []
 
     def close(self) -> None:

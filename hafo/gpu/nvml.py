@@ -15,6 +15,12 @@ MIG mode (``nvmlDeviceGetMigMode``) is listed as its MIG devices instead
 device's name, e.g. "NVIDIA H100 80GB HBM3 MIG 1g.10gb", or its attributes); a GPU that cannot
 say (NotSupported, an old binding) is listed whole. Findings always name physical GPUs.
 
+Telemetry (``telemetry()``, for metrics only): each physical GPU's temperature
+(``nvmlDeviceGetTemperature``), power (``nvmlDeviceGetPowerUsage``, mW), utilization
+(``nvmlDeviceGetUtilizationRates``) and framebuffer memory (``nvmlDeviceGetMemoryInfo``), each
+read on its own: one that fails is None, one that is not supported is not asked again. The
+Xid count and last Xid come from the findings (once per burst).
+
 Xid meanings: NVIDIA's catalog, https://docs.nvidia.com/deploy/xid-errors/. The same Xid from
 the event thread and the kernel log counts once per burst (``XidBursts``). Any query a GPU or
 binding does not support is remembered per GPU and not asked again; nothing here raises.
@@ -30,10 +36,11 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
+from hafo.gpu.base import GpuSample
 from hafo.gpu.kernel_log import KernelLogReader, XidBursts, normalise_bus_id
 from hafo.model import health as h
 from hafo.model.cluster import Gpu, mig_index
@@ -46,6 +53,8 @@ _HW_REASONS = ((h.HW_SLOWDOWN, "HwSlowdown", 0x08),
                (h.HW_THERMAL_SLOWDOWN, "HwThermalSlowdown", 0x40),
                (h.HW_POWER_BRAKE, "HwPowerBrakeSlowdown", 0x80))
 _VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+_MIB = 1024 * 1024
+T = TypeVar("T")
 _PROFILE_RE = re.compile(r"(\d+g\.\d+gb(?:\+[a-z]+)?)")
 
 
@@ -132,6 +141,10 @@ class NvmlGpus:
         self._warned: set[tuple[Any, ...]] = set()
         self._rates: dict[tuple[int, str], _Rate] = {}
         self._thresholds: dict[int, float] = {}
+        self._uuids: dict[int, str] = {}
+        self._models: dict[int, str] = {}
+        self._xid_count: dict[int, int] = {}
+        self._last_xid: dict[int, int] = {}
         for index in range(self.count):
             self._identify(index)
         self.kernel_log = kernel_log if kernel_log is not None else KernelLogReader()
@@ -164,6 +177,7 @@ class NvmlGpus:
             return None
         self._handle_errors.pop(index, None)
         self._handles[index] = handle
+        self._uuids[index] = uuid
         self._by_uuid[uuid] = index
         self._by_handle[_handle_key(handle)] = index
         try:
@@ -286,6 +300,9 @@ class NvmlGpus:
             if self._bursts.is_new(index, xid, seen):
                 log.warning("GPU Xid", gpu=index, xid=xid, detail=detail)
                 out.append(Finding(h.XID, index, code=xid, detail=detail))
+                if index is not None:
+                    self._xid_count[index] = self._xid_count.get(index, 0) + 1
+                    self._last_xid[index] = xid
         for index in range(self.count):
             out.extend(self._poll(index, now))
         return out
@@ -404,6 +421,54 @@ class NvmlGpus:
         rate = self._rates.setdefault((index, counter), _Rate(self.rate_span))
         return rate.update(now, count)
 
+    # telemetry --------------------------------------------------------------------------------
+
+    def telemetry(self) -> list[GpuSample]:
+        """Each physical GPU's readings (also a GPU in MIG mode, as a whole); see the module
+        docstring. Never raises."""
+        return [self._sample(index, self._identify(index)) for index in range(self.count)]
+
+    def _sample(self, index: int, handle: Any) -> GpuSample:
+        nvml = self._nvml
+        uuid = self._uuids.get(index, f"unknown-{index}")
+        xids = self._xid_count.get(index, 0), self._last_xid.get(index)
+        if handle is None:
+            return GpuSample(index, uuid, "unknown", xid_count=xids[0], last_xid=xids[1])
+        if index not in self._models:
+            with contextlib.suppress(self._error, AttributeError, UnicodeDecodeError):
+                self._models[index] = _text(nvml.nvmlDeviceGetName(handle))
+        memory = self._read(index, "memory", lambda: _used_free_mib(
+            nvml.nvmlDeviceGetMemoryInfo(handle)))
+        return GpuSample(
+            index, uuid, self._models.get(index, "unknown"),
+            temperature_c=self._read(index, "temperature", lambda: float(
+                nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),
+            power_w=self._read(index, "power", lambda: int(
+                _function(nvml, "nvmlDeviceGetPowerUsage")(handle)) / 1000),
+            utilization_pct=self._read(index, "utilization", lambda: float(
+                _function(nvml, "nvmlDeviceGetUtilizationRates")(handle).gpu)),
+            memory_used_mib=None if memory is None else memory[0],
+            memory_free_mib=None if memory is None else memory[1],
+            xid_count=xids[0], last_xid=xids[1])
+
+    def _read(self, index: int, name: str, query: Callable[[], T]) -> T | None:
+        """One telemetry reading, contained: None if it fails (a lost GPU, any NVML error);
+        a reading the GPU or binding does not support is not asked again."""
+        key = f"telemetry:{name}"
+        if key in self._skip[index]:
+            return None
+        try:
+            return query()
+        except self._lost:
+            return None
+        except self._unsupported as exc:
+            self._skip[index].add(key)
+            log.info("GPU reading not available", gpu=index, reading=name,
+                     error=str(exc) or type(exc).__name__)
+        except (self._error, TypeError, ValueError) as exc:
+            self._warn_once(("telemetry", index, name), "GPU reading failed", index, exc)
+        return None
+
     # events -----------------------------------------------------------------------------------
 
     def _start_events(self) -> None:
@@ -509,6 +574,11 @@ def _function(nvml: Any, name: str) -> Any:
     if fn is None:
         raise _Unsupported(f"{name} not in this binding")
     return fn
+
+
+def _used_free_mib(info: Any) -> tuple[float, float]:
+    """Framebuffer memory used and free, in whole MiB, from ``nvmlDeviceGetMemoryInfo``."""
+    return float(int(info.used) // _MIB), float(int(info.free) // _MIB)
 
 
 def _handle_key(handle: Any) -> Any:

@@ -10,6 +10,14 @@ file or ``{}`` means healthy. Each key of a GPU's entry becomes a finding (see
 A fault stays while it is in the file, as a persistent hardware fault would.
 
 ``utilization`` (GPU index -> percent) is reported with the inventory (unlisted: unknown).
+
+Telemetry (``telemetry()``, for metrics only) is deterministic: utilization as configured (0
+when unlisted), temperature ``35 + 0.4 * utilization`` C, power ``70 + 6.3 * utilization`` W,
+no framebuffer memory used. The faults file may override each reading of a GPU with the keys
+``temperature`` (C), ``power`` (W), ``utilization`` (%) and ``memory_used`` (MiB), e.g.
+``{"0": {"temperature": 91}}``; these are readings, not faults (a ``thermal`` fault without a
+``temperature`` shows as the temperature too). A ``lost`` GPU has no readings. Each new ``xid``
+value of a GPU (seen by ``findings()``) counts as one Xid event.
 ``mig`` (GPU index -> profiles like "1g.10gb") puts a GPU in MIG mode: it is listed as one
 MIG device per profile instead (index ``mig_index(gpu, slot)``, a stable "MIG-..." UUID, the
 profile's memory); faults still name the physical GPU.
@@ -26,11 +34,15 @@ from typing import Any
 
 import structlog
 
+from hafo.gpu.base import GpuSample
 from hafo.model import health as h
 from hafo.model.cluster import Gpu, mig_index
 from hafo.model.health import Finding
 
 log = structlog.get_logger("hafo.gpu")
+
+IDLE_C, C_PER_PCT = 35.0, 0.4      # simulated temperature: idle, and rise per percent busy
+IDLE_W, W_PER_PCT = 70.0, 6.3      # simulated power draw: idle, and rise per percent busy
 
 
 class SimulatedGpus:
@@ -49,6 +61,9 @@ class SimulatedGpus:
         self.mig = {i: tuple(p) for i, p in (mig or {}).items() if 0 <= i < count}
         self.description = f"{count} simulated {model}" + (
             f" ({len(self.mig)} in MIG mode)" if self.mig else "")
+        self._xid_seen: dict[int, int] = {}   # GPU -> the xid value in the file now
+        self._xid_count: dict[int, int] = {}  # GPU -> Xid events counted
+        self._last_xid: dict[int, int] = {}
 
     def uuid(self, index: int) -> str:
         """A stable, node-unique UUID in NVIDIA's textual form."""
@@ -93,15 +108,51 @@ class SimulatedGpus:
     def findings(self) -> list[Finding]:
         """The faults file as findings; unknown keys and bad values are logged and skipped."""
         out: list[Finding] = []
-        for index, fault in sorted(self.faults().items()):
+        faults = self.faults()
+        for index, fault in sorted(faults.items()):
             if not 0 <= index < self.count:
                 continue
             for key, value in sorted(fault.items()):
+                if key in _READINGS:
+                    continue
                 finding = _finding(index, key, value)
                 if finding is None:
                     log.warning("unknown simulated fault", gpu=index, fault=key, value=value)
                 elif finding.kind:
                     out.append(finding)
+                    if finding.kind == h.XID and finding.code is not None:
+                        self._count_xid(index, finding.code)
+        for index in [i for i in self._xid_seen if "xid" not in faults.get(i, {})]:
+            del self._xid_seen[index]  # cleared: the same xid written again is a new event
+        return out
+
+    def _count_xid(self, index: int, xid: int) -> None:
+        if self._xid_seen.get(index) != xid:
+            self._xid_seen[index] = xid
+            self._xid_count[index] = self._xid_count.get(index, 0) + 1
+            self._last_xid[index] = xid
+
+    def telemetry(self) -> list[GpuSample]:
+        """Each physical GPU's simulated readings (see the module docstring)."""
+        faults = self.faults()
+        out: list[GpuSample] = []
+        for index in range(self.count):
+            fault = faults.get(index, {})
+            count, last = self._xid_count.get(index, 0), self._last_xid.get(index)
+            if fault.get("lost"):
+                out.append(GpuSample(index, self.uuid(index), self.model, xid_count=count,
+                                     last_xid=last))
+                continue
+            util = _reading(fault, "utilization", self.utilization.get(index, 0.0))
+            usual = IDLE_C + C_PER_PCT * util
+            hot = _reading(fault, "thermal", usual) if fault.get("thermal") else usual
+            used = min(max(_reading(fault, "memory_used", 0.0), 0.0), float(self.memory_mib))
+            out.append(GpuSample(
+                index, self.uuid(index), self.model,
+                temperature_c=_reading(fault, "temperature", hot),
+                power_w=_reading(fault, "power", IDLE_W + W_PER_PCT * util),
+                utilization_pct=util, memory_used_mib=used,
+                memory_free_mib=float(self.memory_mib) - used, xid_count=count, last_xid=last))
         return out
 
     def close(self) -> None:
@@ -112,6 +163,20 @@ def _profile_mib(profile: str) -> int:
     """A MIG profile's memory: "3g.40gb" -> 40960 MiB."""
     match = re.match(r"^\d+g\.(\d+)gb", profile)
     return int(match.group(1)) * 1024 if match else 0
+
+
+_READINGS = ("temperature", "power", "utilization", "memory_used")  # telemetry, not faults
+
+
+def _reading(fault: Mapping[str, Any], key: str, default: float) -> float:
+    """A telemetry reading from a GPU's faults-file entry, or ``default``."""
+    value = fault.get(key)
+    if value is None or isinstance(value, bool):
+        return default
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
 
 
 _CODED = {"xid": h.XID, "recovery_action": h.RECOVERY_ACTION}

@@ -97,6 +97,7 @@ class LocalCluster:
     cluster: str = "default"
     keep: bool = False
     partitionable: bool = False
+    api_token: str | None = None  # controllers then refuse mutations without it
     health: dict[str, Any] = field(default_factory=lambda: {"interval": 0.5, "hold_down": 5})
     node_handles: dict[str, NodeHandle] = field(default_factory=dict)
     controller_handles: dict[str, ControllerHandle] = field(default_factory=dict)
@@ -149,9 +150,15 @@ class LocalCluster:
         handle = ControllerHandle(name=name, config_path=self.base / "config" / f"{name}.yaml",
                                   api_port=free_port(),
                                   log_path=self.base / "logs" / f"{name}.log")
+        api: dict[str, Any] = {"listen": f"127.0.0.1:{handle.api_port}"}
+        if self.api_token is not None:
+            token_file = self.base / "config" / "api-token"
+            token_file.parent.mkdir(parents=True, exist_ok=True)
+            token_file.touch(mode=0o600)
+            token_file.write_text(self.api_token + "\n")
+            api["token_file"] = str(token_file)
         self._write_config(handle.config_path, {
-            **self._common(), "api": {"listen": f"127.0.0.1:{handle.api_port}"},
-            "controller": {"name": name}})
+            **self._common(), "api": api, "controller": {"name": name}})
         self.controller_handles[name] = handle
         return handle
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from hafo.model.errors import ValidationError
 from hafo.model.health_config import HealthConfig, parse_health
+from hafo.model.names import is_node_name
 from hafo.model.parsing import (
     as_mapping,
     get_int,
@@ -51,6 +52,14 @@ class ApiConfig:
 
     listen: str = "127.0.0.1:8600"
     token_file: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+
+    @property
+    def scheme(self) -> str:
+        """``https`` when the API serves TLS."""
+        return "https" if self.tls_cert else "http"
 
     @property
     def host(self) -> str:
@@ -188,13 +197,18 @@ def _parse_timing(raw: Any) -> TimingConfig:
 
 def _parse_api(raw: Any) -> ApiConfig:
     data = as_mapping(raw or {}, "api")
-    reject_unknown(data, {"listen", "token_file"}, "api")
+    reject_unknown(data, {"listen", "token_file", "tls_cert", "tls_key", "tls_ca"}, "api")
     listen = get_str(data, "listen", "api", "127.0.0.1:8600")
     assert listen is not None
     match = LISTEN_RE.fullmatch(listen)
     if not match or not 0 <= int(match.group(2)) < 65536:
         raise ValidationError("api.listen", f"must be HOST:PORT, got {listen!r}")
-    return ApiConfig(listen=listen, token_file=get_str(data, "token_file", "api"))
+    cert, key = get_str(data, "tls_cert", "api"), get_str(data, "tls_key", "api")
+    if (cert is None) != (key is None):
+        raise ValidationError("api.tls_key" if key is None else "api.tls_cert",
+                              "tls_cert and tls_key must be given together")
+    return ApiConfig(listen=listen, token_file=get_str(data, "token_file", "api"),
+                     tls_cert=cert, tls_key=key, tls_ca=get_str(data, "tls_ca", "api"))
 
 
 def _gpu_key(key: str, count: int, where: str) -> int:
@@ -271,7 +285,7 @@ def _parse_node(raw: Any) -> NodeConfig:
     reject_unknown(data, {"name", "labels", "state_dir", "gpus"}, "node")
     name = get_str(data, "name", "node", required=True)
     assert name is not None
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", name):
+    if not is_node_name(name):
         raise ValidationError("node.name", "must be letters, digits, '.', '_' or '-'")
     mode, simulate = _parse_gpus(data.get("gpus"))
     return NodeConfig(name=name, labels=get_str_map(data, "labels", "node"),

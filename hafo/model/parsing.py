@@ -48,6 +48,8 @@ def get_int(data: Mapping[str, Any], key: str, field: str, default: int,
     value = data.get(key, default)
     if value is None:
         value = default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON Schema's integers include 1.0
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValidationError(where, f"must be an integer, got {value!r}")
     if minimum is not None and value < minimum:
@@ -79,12 +81,18 @@ def get_number(data: Mapping[str, Any], key: str, field: str, default: float,
 def get_str_map(data: Mapping[str, Any], key: str, field: str) -> dict[str, str]:
     """Read a mapping of strings to scalars, returned as strings."""
     where = f"{field}.{key}" if field else key
-    value = data.get(key) or {}
-    mapping = as_mapping(value, where)
+    value = data.get(key)
+    mapping = as_mapping({} if value is None else value, where)
     out: dict[str, str] = {}
     for k, v in mapping.items():
+        if not isinstance(k, str) or not k or "\x00" in k or "=" in k:
+            raise ValidationError(f"{where}.{k}", "keys must be non-empty strings without "
+                                  "'=' or NUL")
         if isinstance(v, bool | int | float | str):
-            out[k] = str(v).lower() if isinstance(v, bool) else str(v)
+            text = str(v).lower() if isinstance(v, bool) else str(v)
+            if "\x00" in text:
+                raise ValidationError(f"{where}.{k}", "must not contain a NUL character")
+            out[k] = text
         else:
             raise ValidationError(f"{where}.{k}", "must be a string or number")
     return out
@@ -103,4 +111,6 @@ def get_argv(data: Mapping[str, Any], key: str, field: str, required: bool = Tru
     for i, item in enumerate(value):
         if not isinstance(item, str) or not item:
             raise ValidationError(f"{where}[{i}]", "must be a non-empty string")
+        if "\x00" in item:
+            raise ValidationError(f"{where}[{i}]", "must not contain a NUL character")
     return list(value)

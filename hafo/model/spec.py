@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hafo.model.errors import ValidationError
+from hafo.model.names import WORKLOAD_NAME_RE
 from hafo.model.parsing import (
     as_mapping,
     get_argv,
@@ -18,7 +19,7 @@ from hafo.model.parsing import (
     reject_unknown,
 )
 
-NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?$")
+NAME_RE = WORKLOAD_NAME_RE
 MIG_PROFILE_RE = re.compile(r"^[1-8]g\.[1-9][0-9]{0,3}gb(\+[a-z]+)?$")
 STRATEGIES = ("spread", "binpack")
 CHECK_TYPES_BUILTIN = ("http", "tcp", "exec", "process", "progress")
@@ -124,6 +125,12 @@ _SPEC_FIELDS = {
 }
 
 
+def _or_empty(value: Any, empty: Any) -> Any:
+    """``empty`` for an absent (None) value; anything else as given, to be type-checked (a
+    ``false`` or ``0`` is not quietly taken for "nothing")."""
+    return empty if value is None else value
+
+
 def _parse_check(raw: Any, where: str) -> CheckSpec:
     data = as_mapping(raw, where)
     ctype = get_str(data, "type", where, required=True)
@@ -162,14 +169,15 @@ def parse_spec(raw: Any, field_prefix: str = "spec") -> WorkloadSpec:
     if not NAME_RE.fullmatch(name):
         raise ValidationError(f"{field_prefix}.name",
                               "must be lowercase letters, digits and '-', 1-52 characters")
-    restart_raw = as_mapping(data.get("restart") or {}, f"{field_prefix}.restart")
+    restart_raw = as_mapping(_or_empty(data.get("restart"), {}), f"{field_prefix}.restart")
     reject_unknown(restart_raw, {"max_restarts", "window", "backoff", "max_backoff"},
                    f"{field_prefix}.restart")
-    checks_raw = data.get("checks") or []
+    checks_raw = _or_empty(data.get("checks"), [])
     if not isinstance(checks_raw, list):
         raise ValidationError(f"{field_prefix}.checks", "must be a list")
     gpu_memory = data.get("gpu_memory_mib")
-    checkpoint = as_mapping(data.get("checkpoint") or {}, f"{field_prefix}.checkpoint")
+    checkpoint = as_mapping(_or_empty(data.get("checkpoint"), {}),
+                            f"{field_prefix}.checkpoint")
     reject_unknown(checkpoint, {"mode"}, f"{field_prefix}.checkpoint")
     mode = get_str(checkpoint, "mode", f"{field_prefix}.checkpoint", "cooperative")
     if mode not in ("cooperative", "transparent"):

@@ -9,6 +9,7 @@ from hafo.model.cluster import (
     CheckpointInfo,
     ClusterSnapshot,
     Event,
+    Submission,
     WorkloadState,
 )
 
@@ -72,6 +73,14 @@ def workload_view(snapshot: ClusterSnapshot, workload_id: str) -> dict[str, Any]
         "reason": assignment.reason if assignment is not None else "waiting for the controller",
     }
     return view
+
+
+def submitted_view(submission: Submission) -> dict[str, Any]:
+    """The view of a workload just submitted (not placed yet)."""
+    return {"id": submission.id, "name": submission.spec.name, "state": "pending",
+            "node": None, "epoch": None, "restarts": 0, "gpus": [], "checkpoint": None,
+            "priority": submission.spec.priority, "submitted_at": submission.submitted_at,
+            "reason": "waiting for the controller"}
 
 
 def allocations(snapshot: ClusterSnapshot, node: str) -> dict[int, str]:

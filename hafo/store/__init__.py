@@ -9,6 +9,7 @@ from hafo.store.client import (
     Get,
     Put,
     Resync,
+    StoreAuthError,
     StoreError,
     TxnResult,
     WatchEvent,
@@ -19,6 +20,7 @@ from hafo.store.keys import Keys
 from hafo.store.lease import LeaseKeeper, LeaseLost
 from hafo.store.retry import StoreUnavailable
 from hafo.store.state import ClusterCache, read_events, read_snapshot
+from hafo.store.tls import TlsFiles
 
 __all__ = [
     "KV",
@@ -36,8 +38,10 @@ __all__ = [
     "NotLeader",
     "Put",
     "Resync",
+    "StoreAuthError",
     "StoreError",
     "StoreUnavailable",
+    "TlsFiles",
     "TxnResult",
     "WatchEvent",
     "read_events",

@@ -1,0 +1,135 @@
+"""The controller API's mutations: submit, delete, migrate, drain, cordon, uncordon.
+
+Each is a user intent written to etcd through ``hafo.store.intents`` (the same calls the CLI
+makes); the leader acts on it. Bodies are validated by the model's parsers, whose errors name
+the field (400); unknown names are 404, intents that make no sense in the current state 409.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from hafo.api.body import json_object
+from hafo.api.errors import NotFound, error
+from hafo.model.cluster import ClusterSnapshot
+from hafo.model.errors import ValidationError
+from hafo.model.names import check_node_name, is_node_name, is_workload_id
+from hafo.model.spec import parse_spec
+from hafo.model.views import submitted_view, workload_state
+from hafo.store import EtcdStore, Keys, intents
+
+
+class WriteTarget(Protocol):
+    """What the mutations need from a controller."""
+
+    store: EtcdStore
+    keys: Keys
+
+    def snapshot(self) -> ClusterSnapshot:
+        """Current cluster state (the watched cache)."""
+        ...
+
+
+def workload_id(request: web.Request) -> str:
+    """The ``{id}`` of the path; 404 for anything that cannot be a workload id (no key or
+    path is ever built from it)."""
+    wid = request.match_info["id"]
+    if not is_workload_id(wid):
+        raise NotFound(f"no workload {wid!r}")
+    return wid
+
+
+def node_name(request: web.Request) -> str:
+    """The ``{name}`` of the path; 404 for anything that cannot be a node name."""
+    name = request.match_info["name"]
+    if not is_node_name(name):
+        raise NotFound(f"no node {name!r}")
+    return name
+
+
+def write_routes(target: WriteTarget) -> web.RouteTableDef:
+    """The mutating routes of a controller."""
+    routes = web.RouteTableDef()
+
+    @routes.post("/v1/workloads")
+    async def submit(request: web.Request) -> web.Response:
+        body = await json_object(request, required=True)
+        spec = parse_spec(body)
+        submission = await intents.submit(target.store, target.keys, spec)
+        return web.json_response(submitted_view(submission), status=201,
+                                 headers={"Location": f"/v1/workloads/{submission.id}"})
+
+    @routes.delete("/v1/workloads/{id}")
+    async def delete(request: web.Request) -> web.Response:
+        wid = workload_id(request)
+        try:
+            await intents.delete(target.store, target.keys, wid)
+        except intents.NotFound as exc:
+            return error(404, str(exc))
+        return web.json_response({"id": wid, "deleted": True})
+
+    @routes.post("/v1/workloads/{id}/migrate")
+    async def migrate(request: web.Request) -> web.Response:
+        wid = workload_id(request)
+        body = await json_object(request, required=False) or {}
+        unknown = sorted(set(body) - {"to"})
+        if unknown:
+            raise ValidationError(f"body.{unknown[0]}", "unknown field (allowed: to)")
+        to = body.get("to")
+        if to is not None:
+            if not isinstance(to, str):
+                raise ValidationError("body.to", "must be a node name")
+            check_node_name(to, "body.to")
+        conflict = _migrate_conflict(target.snapshot(), wid, to)
+        if conflict:
+            return error(409, conflict)
+        try:
+            await intents.migrate(target.store, target.keys, wid, to)
+        except intents.NotFound as exc:
+            return error(404, str(exc))
+        return web.json_response({"id": wid, "to": to}, status=202)
+
+    @routes.post("/v1/nodes/{name}/drain")
+    async def drain(request: web.Request) -> web.Response:
+        name = node_name(request)
+        try:
+            moving = await intents.drain(target.store, target.keys, name)
+        except intents.NotFound as exc:
+            return error(404, str(exc))
+        return web.json_response({"node": name, "cordoned": True, "moving": moving})
+
+    async def set_cordon(request: web.Request, cordoned: bool) -> web.Response:
+        name = node_name(request)
+        try:
+            await intents.set_cordon(target.store, target.keys, name, cordoned)
+        except intents.NotFound as exc:
+            return error(404, str(exc))
+        return web.json_response({"node": name, "cordoned": cordoned})
+
+    @routes.post("/v1/nodes/{name}/cordon")
+    async def cordon(request: web.Request) -> web.Response:
+        return await set_cordon(request, True)
+
+    @routes.post("/v1/nodes/{name}/uncordon")
+    async def uncordon(request: web.Request) -> web.Response:
+        return await set_cordon(request, False)
+
+    return routes
+
+
+def _migrate_conflict(snapshot: ClusterSnapshot, wid: str, to: str | None) -> str:
+    """Why a planned move of ``wid`` (to ``to``) cannot be asked for now ("" if it can).
+    Unknown names are left to the intent, which reads etcd itself (404)."""
+    if wid not in snapshot.workloads:
+        return ""
+    state = workload_state(snapshot, wid)
+    if state not in ("starting", "running"):
+        return f"workload {wid} is {state}; only a placed workload can move"
+    assignment: Any = snapshot.assignments.get(wid)
+    if to is not None and assignment is not None and assignment.node == to:
+        return f"workload {wid} already runs on {to}"
+    if to is not None and to in snapshot.nodes and snapshot.node_state(to) != "ready":
+        return f"node {to} is {snapshot.node_state(to)}; a move needs a ready node"
+    return ""

@@ -1,0 +1,355 @@
+"""The controller's Prometheus metrics (served at ``/metrics``, on the controller's registry).
+
+At scrape time, from the cache's snapshot (``hafo_nodes``, ``hafo_workloads``, ``hafo_gpus``,
+every state always present) and the election (``hafo_leader``). Counted by the leader once per
+applied decision (``hafo_failovers_total``, ``hafo_restarts_total``), with the latency of
+detection and recovery (``hafo_detection_seconds``, ``hafo_recovery_seconds``), and the cost
+of each reconcile cycle and of each etcd request.
+
+The pure parts are plain functions over a snapshot and a plan with an injected ``now``:
+``classify`` maps an applied action to (``failover`` | ``restart``, cause) from the state it
+was decided on, ``decisions`` adds the time each failure is known from. Causes:
+
+========================  ====================================================================
+failover cause            decision
+========================  ====================================================================
+``node-down``             the node's liveness key expired: place the work elsewhere
+``node-unhealthy``        the agent marked its node unhealthy (OS check, fatal GPU finding)
+``gpu-fault``             a GPU of the workload is unhealthy (e.g. Xid 79, double-bit ECC)
+``gpu-degraded``          a GPU of the workload is degrading (still usable; checkpoint first)
+``app-failed``            the application failed past its restart limit: move it
+``planned``               ``hafo migrate`` / ``hafo drain``
+``preempted``             room for a higher-priority workload
+========================  ====================================================================
+
+Restart causes (in place, within the restart limit): ``exited`` (non-zero exit) and ``failing``
+(a check past its threshold, or an application Xid on its GPU).
+
+What ``hafo_detection_seconds`` measures (the records carry no time of the failure itself for
+most causes; every time is this controller's wall clock unless said):
+
+- ``node-down``: from the node's last lease renewal, estimated as the reconcile cycle that
+  first saw its liveness key gone minus the lease TTL (the failure came at most one heartbeat
+  after that renewal);
+- ``exited`` (and ``app-failed`` after an exit): from the exit time the agent reported (its
+  wall clock), plus the restart backoff the policy imposes (a deliberate wait, not detection);
+- ``node-unhealthy``, ``gpu-fault``, ``gpu-degraded``, ``failing`` (and ``app-failed`` after
+  one): from the reconcile cycle that first saw the agent's report: the controller's share
+  only (the agent's own detection - health interval, hysteresis, check thresholds - adds to it);
+- not observed for ``planned`` and ``preempted`` (no failure), nor, except exits, for failures
+  that happened before this controller's term as leader began.
+
+``hafo_recovery_seconds``: from the leader's decision (the moment its write was acknowledged)
+to the first reconcile cycle that sees the replacement instance (a newer epoch) report
+``running``. A workload that fails again before it runs keeps its first decision time, so the
+value is the whole outage as the controller saw it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from hafo.decisions.failures import after_failure
+from hafo.decisions.plan import Action, Plan
+from hafo.model.cluster import ClusterSnapshot, Liveness
+from hafo.model.views import NODE_STATES, WORKLOAD_STATES, allocations, status_view
+
+log = structlog.get_logger("hafo.controller")
+
+Kind = Literal["failover", "restart"]
+FAILOVER_CAUSES = ("node-down", "node-unhealthy", "gpu-fault", "gpu-degraded", "app-failed",
+                   "planned", "preempted")
+RESTART_CAUSES = ("exited", "failing")
+GPU_STATES = ("healthy", "degraded", "unhealthy", "down", "allocated")
+#: seconds-scale failover: lease TTL 3 s, heartbeat 1 s, restart backoff up to 30 s
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0)
+CYCLE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+ETCD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                5.0, 10.0)
+MAX_PENDING = 10_000  # recoveries tracked at once; the oldest is dropped beyond this
+
+_MOVE_CAUSES: Mapping[str, tuple[Kind, str]] = {
+    "node-unhealthy": ("failover", "node-unhealthy"),
+    "gpu-unhealthy": ("failover", "gpu-fault"),
+    "gpu-degraded": ("failover", "gpu-degraded"),
+    "checkpoint-requested": ("failover", "planned"),
+    "preempted": ("failover", "preempted"),
+}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One counted decision: a workload fails over or restarts because of ``cause``.
+
+    ``replaces``: the epoch of the instance it replaces (recovery ends when a newer one runs);
+    ``since``: when the failure is known from (see the module docstring), None if unknown."""
+
+    workload: str
+    kind: Kind
+    cause: str
+    replaces: int
+    since: float | None
+
+
+def classify(snapshot: ClusterSnapshot, action: Action, now: float) -> tuple[Kind, str] | None:
+    """(kind, cause) of an action decided on ``snapshot`` at ``now``; None for actions that are
+    neither a failover nor a restart (placing new work, finishing, forgetting, the second step
+    of a move, refusals)."""
+    previous = snapshot.assignments.get(action.workload)
+    if previous is None or previous.phase != "placed" or previous.node is None:
+        return None  # new, pending or already moving: not a new decision to replace it
+    if action.kind == "move":
+        if action.event == "app-failed":
+            moving = action.assignment
+            restart = moving is not None and moving.after_stop == "restart"
+            return ("restart", "failing") if restart else ("failover", "app-failed")
+        return _MOVE_CAUSES.get(action.event)
+    if action.kind not in ("place", "pending"):
+        return None  # e.g. finish: exited 0, or failed on every node
+    if snapshot.node_state(previous.node) == "down":
+        return "failover", "node-down"
+    after = _after_exit(snapshot, action.workload, now)
+    if after is None:
+        return None
+    return ("restart", "exited") if after.kind == "restart" else ("failover", "app-failed")
+
+
+def _after_exit(snapshot: ClusterSnapshot, wid: str, now: float) -> _Exit | None:
+    """The restart decision for a workload whose current instance exited non-zero, as
+    ``hafo.decisions.failures`` takes it (same inputs, same answer)."""
+    status = snapshot.current_status(wid)
+    assignment = snapshot.assignments.get(wid)
+    submission = snapshot.workloads.get(wid)
+    if (status is None or status.state != "exited" or not status.exit_code
+            or assignment is None or assignment.node is None or submission is None):
+        return None
+    failed_at = status.finished_at if status.finished_at is not None else now
+    after = after_failure(assignment, submission.spec.restart, assignment.node, "", failed_at,
+                          now)
+    return _Exit(after.kind, after.not_before if after.kind == "restart" else failed_at)
+
+
+@dataclass(frozen=True)
+class _Exit:
+    kind: Literal["restart", "move"]
+    since: float  # the exit, plus the backoff for a restart
+
+
+def decisions(snapshot: ClusterSnapshot, plan: Plan, now: float, *,
+              down_since: Mapping[str, float], reported_since: float | None,
+              lease_ttl: float) -> list[Decision]:
+    """The failovers and restarts in ``plan`` (decided on ``snapshot`` at ``now``), each with
+    the time its failure is known from: ``down_since`` (node -> the cycle that first saw it
+    down, this term), ``reported_since`` (the cycle that saw agent-reported conditions, None
+    when they may be older than the term), ``lease_ttl`` (see the module docstring)."""
+    out: list[Decision] = []
+    for action in plan.actions:
+        found = classify(snapshot, action, now)
+        if found is None:
+            continue
+        kind, cause = found
+        previous = snapshot.assignments[action.workload]
+        assert previous.node is not None
+        since: float | None
+        if cause == "node-down":
+            seen = down_since.get(previous.node)
+            since = None if seen is None else seen - lease_ttl
+        elif cause in ("planned", "preempted"):
+            since = None
+        else:
+            exit_ = _after_exit(snapshot, action.workload, now) if action.kind != "move" \
+                else None
+            since = exit_.since if exit_ is not None else reported_since
+        out.append(Decision(action.workload, kind, cause, previous.epoch, since))
+    return out
+
+
+def gpu_counts(snapshot: ClusterSnapshot) -> dict[str, int]:
+    """GPUs by state: ``healthy``, ``degraded``, ``unhealthy`` and ``down`` (on a node whose
+    agent is down) partition them; ``allocated`` counts those held by a workload."""
+    counts: Tally[str] = Tally()
+    for name, record in snapshot.nodes.items():
+        down = snapshot.node_state(name) == "down"
+        held = allocations(snapshot, name)
+        for gpu in record.gpus:
+            state = ("down" if down else "unhealthy" if not gpu.healthy
+                     else "degraded" if gpu.degraded else "healthy")
+            counts[state] += 1
+            counts["allocated"] += gpu.index in held
+    return {state: counts.get(state, 0) for state in GPU_STATES}
+
+
+@dataclass
+class _Pending:
+    decided_at: float
+    cause: str
+    replaces: int
+
+
+class ControllerSource(Protocol):
+    """What the metrics read from a controller at scrape time."""
+
+    def snapshot(self) -> ClusterSnapshot:
+        """The cache's current snapshot."""
+        ...
+
+    def leading(self) -> bool:
+        """True while this controller leads."""
+        ...
+
+
+class _StateCollector(Collector):
+    """Gauges computed from the snapshot at scrape time (no stale label sets)."""
+
+    def __init__(self, source: ControllerSource) -> None:
+        self.source = source
+
+    def collect(self) -> Iterable[Metric]:
+        leader = GaugeMetricFamily("hafo_leader", "1 if this controller is the leader, else 0")
+        leader.add_metric([], 1.0 if self.source.leading() else 0.0)
+        yield leader
+        snapshot = self.source.snapshot()
+        view = status_view(snapshot)
+        nodes = GaugeMetricFamily("hafo_nodes", "Nodes by state, as this controller's cache "
+                                  "sees them", labels=["state"])
+        for state in NODE_STATES:
+            nodes.add_metric([state], view["nodes"][state])
+        yield nodes
+        workloads = GaugeMetricFamily("hafo_workloads", "Workloads by state, as this "
+                                      "controller's cache sees them", labels=["state"])
+        for state in WORKLOAD_STATES:
+            workloads.add_metric([state], view["workloads"][state])
+        yield workloads
+        gpus = GaugeMetricFamily("hafo_gpus", "GPUs (whole or MIG devices) by state: healthy, "
+                                 "degraded, unhealthy and down (on a down node) partition "
+                                 "them; allocated counts those held by a workload",
+                                 labels=["state"])
+        for state, count in gpu_counts(snapshot).items():
+            gpus.add_metric([state], count)
+        yield gpus
+
+
+class ControllerMetrics:
+    """The controller's metrics on ``registry``; the leader's reconcile loop feeds ``cycle``
+    (and ``new_term`` when its term begins), the store feeds ``observe_etcd``."""
+
+    def __init__(self, source: ControllerSource, registry: CollectorRegistry, *,
+                 lease_ttl: float, clock: Callable[[], float]) -> None:
+        self.lease_ttl = lease_ttl
+        self.clock = clock
+        self.pending: dict[str, _Pending] = {}
+        self.down_since: dict[str, float] = {}
+        self._alive: Mapping[str, Liveness] | None = None
+        registry.register(_StateCollector(source))
+        self.failovers = Counter(
+            "hafo_failovers", "Workloads moved off their node, counted by the leader once per "
+            "applied decision, by cause: " + ", ".join(FAILOVER_CAUSES),
+            ["cause"], registry=registry)
+        self.restarts = Counter(
+            "hafo_restarts", "Workloads restarted in place, counted by the leader once per "
+            "applied decision, by cause: exited (non-zero exit), failing (a check past its "
+            "threshold or an application Xid)", ["cause"], registry=registry)
+        for cause in FAILOVER_CAUSES:
+            self.failovers.labels(cause)
+        for cause in RESTART_CAUSES:
+            self.restarts.labels(cause)
+        self.detection = Histogram(
+            "hafo_detection_seconds", "Seconds from a failure to the leader's decision, by "
+            "cause. node-down: from the node's last lease renewal (the cycle that saw its "
+            "liveness key expire minus the lease TTL); exited: from the exit time the agent "
+            "reported, plus any restart backoff; node-unhealthy, gpu-fault, gpu-degraded, "
+            "failing: from the cycle that first saw the agent's report (the agent's own "
+            "detection time is not included). Not observed for planned moves, preemptions, "
+            "or (except exits) failures older than this leader's term",
+            ["cause"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.recovery = Histogram(
+            "hafo_recovery_seconds", "Seconds from a failover or restart decision (its write "
+            "acknowledged) to the first reconcile cycle that sees the replacement instance "
+            "running, by cause; a workload that fails again before it runs keeps its first "
+            "decision time", ["cause"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.cycle_seconds = Histogram(
+            "hafo_controller_reconcile_duration_seconds", "Seconds one reconcile cycle of the "
+            "leader took: snapshot, decisions and applying the plan",
+            buckets=CYCLE_BUCKETS, registry=registry)
+        self.etcd_seconds = Histogram(
+            "hafo_etcd_request_duration_seconds", "Seconds each etcd request attempt took "
+            "(failed attempts included)", buckets=ETCD_BUCKETS, registry=registry)
+        self.etcd_errors = Counter(
+            "hafo_etcd_request_errors", "etcd request attempts that failed, by exception class",
+            ["error"], registry=registry)
+
+    def observe_etcd(self, seconds: float, error: BaseException | None) -> None:
+        """The store's observer: one etcd request attempt."""
+        self.etcd_seconds.observe(seconds)
+        if error is not None:
+            self.etcd_errors.labels(type(error).__name__).inc()
+
+    def new_term(self) -> None:
+        """Leadership (re)gained: what the last term tracked is not this term's to measure."""
+        self.pending.clear()
+        self.down_since.clear()
+        self._alive = None
+
+    def cycle(self, snapshot: ClusterSnapshot, now: float, applied: Plan | None,
+              seconds: float) -> None:
+        """One leader reconcile cycle: decided on ``snapshot`` at ``now``; ``applied``: the
+        plan if it was written, else None; ``seconds``: how long the cycle took. Never
+        raises (a metrics bug must not stop the leader)."""
+        try:
+            self.cycle_seconds.observe(seconds)
+            first = self._alive is None
+            self._track_down(snapshot, now)
+            self._finish_recoveries(snapshot, now)
+            if applied:
+                self._count(snapshot, applied, now, reported_since=None if first else now)
+        except Exception:  # pragma: no cover - defensive
+            log.exception("controller metrics update failed")
+
+    def _track_down(self, snapshot: ClusterSnapshot, now: float) -> None:
+        alive = snapshot.alive
+        if self._alive is not None:
+            for node in self._alive.keys() - alive.keys():
+                self.down_since.setdefault(node, now)
+        for node in [n for n in self.down_since if n in alive or n not in snapshot.nodes]:
+            del self.down_since[node]
+        self._alive = alive
+
+    def _finish_recoveries(self, snapshot: ClusterSnapshot, now: float) -> None:
+        for wid, pending in list(self.pending.items()):
+            assignment = snapshot.assignments.get(wid)
+            if wid not in snapshot.workloads or assignment is None \
+                    or assignment.phase in ("completed", "failed"):
+                del self.pending[wid]
+                continue
+            status = snapshot.current_status(wid)
+            if status is not None and status.state == "running" \
+                    and status.epoch > pending.replaces:
+                self.recovery.labels(pending.cause).observe(max(0.0, now - pending.decided_at))
+                del self.pending[wid]
+
+    def _count(self, snapshot: ClusterSnapshot, plan: Plan, now: float,
+               reported_since: float | None) -> None:
+        found = decisions(snapshot, plan, now, down_since=self.down_since,
+                          reported_since=reported_since, lease_ttl=self.lease_ttl)
+        if not found:
+            return
+        decided_at = self.clock()
+        for decision in found:
+            counter = self.failovers if decision.kind == "failover" else self.restarts
+            counter.labels(decision.cause).inc()
+            if decision.since is not None:
+                self.detection.labels(decision.cause).observe(
+                    max(0.0, decided_at - decision.since))
+            if decision.workload not in self.pending:
+                while len(self.pending) >= MAX_PENDING:
+                    del self.pending[next(iter(self.pending))]
+                self.pending[decision.workload] = _Pending(decided_at, decision.cause,
+                                                           decision.replaces)

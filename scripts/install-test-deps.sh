@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Install the Debian packages hafo's tests need, when they are missing:
+#   chromium  - the dashboard test (tests/e2e/test_dashboard.py) drives a real headless browser
+#   fonts-liberation - chromium's recommended fonts (not pulled in without recommends), so its
+#               screenshots show text
+#   systemd   - systemd-analyze verifies the shipped unit files (only if systemd-analyze is absent)
+#   openssl   - TLS test certificates
+# Idempotent and quick when everything is present: apt-get runs only when something is missing.
+# Runs as root, or through sudo when it exists.
+set -euo pipefail
+
+missing=()
+need() {  # need PACKAGE COMMAND
+    if command -v "$2" >/dev/null 2>&1; then
+        echo "install-test-deps: $1 present ($(command -v "$2"))"
+    else
+        echo "install-test-deps: $1 missing (no $2): will install"
+        missing+=("$1")
+    fi
+}
+
+need_pkg() {  # need_pkg PACKAGE: a package without a command of its own
+    if dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; then
+        echo "install-test-deps: $1 present"
+    else
+        echo "install-test-deps: $1 missing: will install"
+        missing+=("$1")
+    fi
+}
+
+need chromium chromium
+need_pkg fonts-liberation
+need systemd systemd-analyze
+need openssl openssl
+
+if [ "${#missing[@]}" -eq 0 ]; then
+    echo "install-test-deps: nothing to install"
+    exit 0
+fi
+
+if ! command -v apt-get >/dev/null 2>&1; then
+    echo "install-test-deps: apt-get not found; install by hand: ${missing[*]}" >&2
+    exit 1
+fi
+
+as_root=()
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+        as_root=(sudo)
+    else
+        echo "install-test-deps: not root and no sudo; as root run:" \
+             "apt-get install ${missing[*]}" >&2
+        exit 1
+    fi
+fi
+
+echo "install-test-deps: apt-get update"
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+echo "install-test-deps: apt-get install ${missing[*]}"
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "install-test-deps: installed ${missing[*]}"

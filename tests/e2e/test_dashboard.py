@@ -1,0 +1,253 @@
+"""The dashboard at ``GET /`` in a real headless Chromium (Debian's ``chromium`` package).
+
+1. Against a fake read API served in-process: hostile strings (labels, names, messages) stay
+   text, GPU squares carry their state, and when the API then fails the page keeps the last
+   data and shows an error banner.
+2. Against a live local cluster (etcd, 2 controllers, 2 agents): the page of a controller
+   shows the leader, every node and every running workload; a screenshot is taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import struct
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from hafo.api.dashboard import add_dashboard
+from hafo.local.cluster import LocalCluster, demo_workload_spec
+from hafo.model.views import workload_view
+
+CHROMIUM = "/usr/bin/chromium"
+INSTALL_HINT = "run scripts/install-test-deps.sh (as root or with sudo) to install it"
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+
+def chromium() -> str:
+    """Chromium's path; the test fails (it does not skip) when the package is missing."""
+    found = CHROMIUM if os.access(CHROMIUM, os.X_OK) else shutil.which("chromium")
+    if not found:
+        pytest.fail(f"{CHROMIUM} not found: the dashboard tests need Debian's chromium; "
+                    f"{INSTALL_HINT}", pytrace=False)
+    return found
+
+
+async def browse(url: str, workdir: Path, *extra: str, budget_ms: int = 8000,
+                 timeout: float = 60.0) -> tuple[str, list[str]]:
+    """Run headless Chromium on ``url`` (virtual time ``budget_ms``): its stdout and the
+    page's console messages (script errors, CSP violations, failed requests)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    profile = workdir / f"profile-{time.monotonic_ns()}"
+    args = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+            "--no-first-run", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--disable-dev-shm-usage", "--hide-scrollbars",
+            "--enable-logging=stderr", "--v=0",
+            f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}", *extra, url]
+    proc = await asyncio.create_subprocess_exec(
+        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
+    timed_out = False
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        out, err, timed_out = b"", b"", True
+    finally:
+        # Chromium's helpers (zygote, renderer, GPU, crashpad) are in the new session it leads:
+        # end that process group (pgid = the pid we started) so none outlives the test.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.returncode is None:
+            await proc.wait()
+    shutil.rmtree(profile, ignore_errors=True)
+    assert not timed_out, f"chromium ran past {timeout}s on {url} and was killed"
+    assert proc.returncode == 0, (
+        f"chromium failed (rc {proc.returncode}): {err.decode(errors='replace')[-2000:]}")
+    console = [line for line in err.decode(errors="replace").splitlines() if ":CONSOLE" in line]
+    return out.decode("utf-8", errors="replace"), console
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) of a PNG file, read from its IHDR chunk."""
+    data = path.read_bytes()[:24]
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+async def dump_dom(url: str, workdir: Path) -> tuple[str, list[str]]:
+    """The page's DOM, serialized once it has loaded and refreshed a few times, and the
+    console messages; fails on a script error or a Content-Security-Policy violation."""
+    dom, console = await browse(url, workdir, "--dump-dom")
+    broken = [m for m in console if "Uncaught" in m or "Content Security Policy" in m]
+    assert not broken, f"page errors: {broken}"
+    return dom, console
+
+
+async def screenshot(url: str, path: Path) -> None:
+    """A 1400x1000 screenshot of the page once it has loaded."""
+    await browse(url, path.parent, f"--screenshot={path}", "--window-size=1400,1000")
+    assert path.is_file(), f"chromium wrote no screenshot at {path}"
+    assert png_size(path) == (1400, 1000)
+    assert path.stat().st_size > 20_000, "screenshot suspiciously small (blank page?)"
+    print(f"dashboard screenshot: {path}")
+
+
+# -- 1. a fake API: hostile data, GPU states, API failure ----------------------------------
+
+HOSTILE = '<img src=x onerror="document.body.dataset.pwned=1">'
+
+
+def fake_api_app(hits: dict[str, int]) -> web.Application:
+    """The dashboard plus a read API that answers each path once, then fails with 503."""
+    gpus = [
+        {"index": 0, "uuid": "GPU-a-0", "model": "NVIDIA H100", "memory_mib": 81559,
+         "healthy": True, "allocated_to": None},
+        {"index": 1, "uuid": "GPU-a-1", "model": "NVIDIA H100", "memory_mib": 81559,
+         "healthy": True, "allocated_to": "job-1"},
+        {"index": 2, "uuid": "GPU-a-2", "model": "NVIDIA H100", "memory_mib": 81559,
+         "healthy": False, "allocated_to": None},
+    ]
+    bodies: dict[str, Any] = {
+        "/healthz": {"status": "ok", "controller": "ctl-fake"},
+        "/v1/status": {"leader": "ctl-fake", "controllers": ["ctl-fake"],
+                       "nodes": {"ready": 1, "cordoned": 0, "unhealthy": 0, "down": 1},
+                       "workloads": {"pending": 0, "starting": 0, "running": 1, "stopping": 0,
+                                     "completed": 0, "failed": 0}},
+        "/v1/nodes": [
+            {"name": "node-a", "state": "ready", "labels": {"zone": HOSTILE}, "gpus": gpus,
+             "workloads": ["job-1"]},
+            {"name": "node-b", "state": "down", "labels": {}, "gpus": [], "workloads": []},
+        ],
+        "/v1/workloads": [
+            {"id": "job-1", "name": "<script>document.body.dataset.pwned=1</script>",
+             "state": "running", "node": "node-a", "epoch": 42, "restarts": 1,
+             "gpus": ["GPU-a-1"], "checkpoint": {"step": 1234, "epoch": 41, "path": "/ck"}},
+        ],
+        "/v1/events": [
+            {"ts": time.time() - 5, "kind": "placed", "message": HOSTILE, "workload": "job-1",
+             "node": "node-a", "epoch": 42},
+        ],
+    }
+
+    async def answer(request: web.Request) -> web.Response:
+        hits[request.path] = hits.get(request.path, 0) + 1
+        if hits[request.path] > 1:
+            return web.json_response({"error": "etcd unavailable"}, status=503)
+        return web.json_response(bodies[request.path])
+
+    app = web.Application()
+    add_dashboard(app)
+    for path in bodies:
+        app.router.add_get(path, answer)
+    return app
+
+
+async def test_dashboard_renders_safely_and_keeps_data_when_the_api_fails(
+        tmp_path: Path) -> None:
+    hits: dict[str, int] = {}
+    async with TestServer(fake_api_app(hits), host="127.0.0.1") as server:
+        dom, _console = await dump_dom(str(server.make_url("/")), tmp_path / "chromium")
+    assert hits.get("/v1/events", 0) >= 2, f"the page did not refresh: {hits}"
+    assert 'data-loaded="1"' in dom, dom[-3000:]
+    # the first answers are still on the page ...
+    for needle in ('data-node="node-a"', 'data-node="node-b"', 'data-workload="job-1"',
+                   "ctl-fake", "step 1234"):
+        assert needle in dom, f"{needle} missing from the page"
+    assert 'data-state="free"' in dom and 'data-state="allocated"' in dom
+    assert 'data-state="unhealthy"' in dom
+    assert 'data-gpus="allocated" data-count="1"' in dom
+    # ... and the failures since are announced in the banner
+    assert '<div id="error" role="alert">' in dom, "error banner not shown"
+    assert "HTTP 503 (etcd unavailable) on every request" in dom
+    assert "Showing the data of" in dom
+    # hostile strings are text, never markup
+    assert "&lt;img src=x onerror=" in dom
+    assert "&lt;script&gt;document.body.dataset.pwned=1&lt;/script&gt;" in dom
+    assert "<img" not in dom and "data-pwned" not in dom
+
+
+# -- 2. a live local cluster ------------------------------------------------------------------
+
+
+def get_json(port: int, path: str) -> Any:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+async def eventually(port: int, path: str, check: Callable[[Any], bool],
+                     timeout: float = 15.0) -> Any:
+    """GET until ``check(body)``: a controller's cache follows etcd a moment later."""
+    deadline = time.monotonic() + timeout
+    while True:
+        body = await asyncio.to_thread(get_json, port, path)
+        if body is not None and check(body):
+            return body
+        assert time.monotonic() < deadline, f"{path} on {port} never satisfied: {body}"
+        await asyncio.sleep(0.1)
+
+
+async def test_dashboard_on_a_live_cluster(local_cluster: Any, tmp_path: Path) -> None:
+    chromium()  # fail first, before minutes of cluster start, when it is missing
+    cluster: LocalCluster = await local_cluster.start(nodes=2, controllers=2)
+    ids = [await cluster.submit(demo_workload_spec(name="train-a", gpus=1)),
+           await cluster.submit(demo_workload_spec(name="train-b", gpus=2))]
+
+    def running_with_checkpoints(snapshot: Any) -> bool:
+        views = [workload_view(snapshot, wid) for wid in ids]
+        return all(v["state"] == "running" and v["checkpoint"] for v in views)
+
+    snapshot = await cluster.wait_for(running_with_checkpoints, 30, what="both running")
+    leader = snapshot.leader
+    assert leader is not None
+    # faults on GPUs no workload holds (nothing moves), so the page shows every GPU state:
+    # xid 48 (double-bit ECC) drains the GPU, xid 63 (row remap pending) marks it degraded
+    busy = {(v["node"], g) for v in (workload_view(snapshot, w) for w in ids) for g in v["gpus"]}
+    free = [(n, g.index) for n in sorted(snapshot.nodes) for g in snapshot.nodes[n].gpus
+            if (n, g.uuid) not in busy]
+    cluster.inject_fault(*free[0], xid=48)
+    cluster.inject_fault(*free[1], xid=63)
+
+    standby = next(n for n in cluster.controller_handles if n != leader)
+    port = cluster.controller_handles[standby].api_port  # any controller serves the page
+    await eventually(port, "/v1/workloads", lambda ws: sorted(
+        w["id"] for w in ws if w["state"] == "running") == sorted(ids))
+    await eventually(port, "/v1/nodes", lambda ns: any(
+        not g["healthy"] for n in ns for g in n["gpus"]) and any(
+        g.get("degraded") for n in ns for g in n["gpus"]))
+    await eventually(port, "/v1/status", lambda s: s["leader"] == leader)
+    url = f"http://127.0.0.1:{port}/"
+
+    dom, console = await dump_dom(url, tmp_path / "chromium")
+    assert not console, f"the page logged: {console}"  # no failed request, no error
+    assert 'data-loaded="1"' in dom, dom[-3000:]
+    assert '<div id="error" role="alert" hidden=""></div>' in dom, "error banner shown"
+    assert re.search(f'id="leader"[^>]*>{leader}</div>', dom), "leader missing"
+    assert f"served by {standby}" in dom
+    for node in cluster.node_handles:
+        assert f'data-node="{node}"' in dom, f"node {node} missing"
+    for wid in ids:
+        assert f'data-workload="{wid}" data-state="running"' in dom, f"workload {wid} missing"
+    assert 'data-state="allocated"' in dom and 'data-state="unhealthy"' in dom
+    assert 'class="gpu degraded"' in dom and 'data-gpus="unhealthy" data-count="1"' in dom
+    assert 'data-gpus="allocated" data-count="3"' in dom
+
+    shot = tmp_path / "dashboard.png"
+    await screenshot(url, shot)
