@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hafo.local.pki import Pki
 from hafo.local.procs import free_port, spawn, stop_process
 
 
@@ -48,11 +50,12 @@ class EtcdMember:
     data_dir: Path
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
+    scheme: str = "http"
 
     @property
     def client_url(self) -> str:
-        """http://127.0.0.1:PORT."""
-        return f"http://127.0.0.1:{self.client_port}"
+        """http://127.0.0.1:PORT (https:// when the cluster serves TLS)."""
+        return f"{self.scheme}://127.0.0.1:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
@@ -71,6 +74,7 @@ class EtcdCluster:
     base_dir: Path
     size: int = 1
     members: list[EtcdMember] = field(default_factory=list)
+    pki: Pki | None = None  # serve clients over TLS and require client certificates
 
     def __post_init__(self) -> None:
         if not self.members:
@@ -78,7 +82,8 @@ class EtcdCluster:
                 name = f"etcd{i}"
                 self.members.append(EtcdMember(
                     name=name, client_port=free_port(), peer_port=free_port(),
-                    data_dir=self.base_dir / name, log_path=self.base_dir / f"{name}.log"))
+                    data_dir=self.base_dir / name, log_path=self.base_dir / f"{name}.log",
+                    scheme="https" if self.pki else "http"))
 
     @property
     def endpoints(self) -> list[str]:
@@ -95,7 +100,39 @@ class EtcdCluster:
             "--initial-cluster-state", state, "--initial-cluster-token", f"hafo-{os.getpid()}",
             "--heartbeat-interval", "100", "--election-timeout", "1000",
             "--log-level", "warn", "--quota-backend-bytes", str(2 * 1024**3),
+            *self._tls_args(),
         ]
+
+    def _tls_args(self) -> list[str]:
+        if self.pki is None:
+            return []
+        return ["--cert-file", str(self.pki.server_cert), "--key-file", str(self.pki.server_key),
+                "--trusted-ca-file", str(self.pki.ca), "--client-cert-auth"]
+
+    def etcdctl(self, *args: str, user: str | None = None) -> str:
+        """Run etcdctl against the cluster (with the client certificate under TLS)."""
+        argv = [str(Path(etcd_binary()).with_name("etcdctl")),
+                "--endpoints", ",".join(self.endpoints)]
+        if self.pki is not None:
+            argv += ["--cacert", str(self.pki.ca), "--cert", str(self.pki.client_cert),
+                     "--key", str(self.pki.client_key)]
+        if user is not None:
+            argv += ["--user", user]
+        done = subprocess.run([*argv, *args], capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise RuntimeError(f"etcdctl {' '.join(args)}: {done.stderr.strip()}")
+        return done.stdout
+
+    def enable_auth(self, user: str, password: str, prefix: str = "/hafo/") -> None:
+        """Turn on etcd authentication with a root user and ``user``, who may read and write
+        keys under ``prefix`` only."""
+        root_password = os.urandom(12).hex()
+        self.etcdctl("user", "add", f"root:{root_password}")
+        self.etcdctl("role", "add", "hafo")
+        self.etcdctl("role", "grant-permission", "hafo", "--prefix=true", "readwrite", prefix)
+        self.etcdctl("user", "add", f"{user}:{password}")
+        self.etcdctl("user", "grant-role", user, "hafo")
+        self.etcdctl("auth", "enable")
 
     def start_member(self, member: EtcdMember, state: str = "new") -> None:
         """Start (or restart, keeping its data) one member."""
@@ -114,7 +151,7 @@ class EtcdCluster:
         for member in self.members:
             if not member.running():
                 continue
-            while not _healthy(member.client_port):
+            while not _healthy(member.client_port, self.pki):
                 if time.monotonic() > deadline or not member.running():
                     raise RuntimeError(f"etcd member {member.name} did not start; see "
                                        f"{member.log_path}")
@@ -139,9 +176,14 @@ class EtcdCluster:
                 stop_process(member.proc, grace=3.0)
 
 
-def _healthy(port: int) -> bool:
+def _healthy(port: int, pki: Pki | None = None) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as raw:
+            sock: socket.socket = raw
+            if pki is not None:
+                context = ssl.create_default_context(cafile=str(pki.ca))
+                context.load_cert_chain(str(pki.client_cert), str(pki.client_key))
+                sock = context.wrap_socket(raw, server_hostname="127.0.0.1")
             sock.sendall(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
             data = sock.recv(4096)
     except OSError:

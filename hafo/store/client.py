@@ -310,7 +310,7 @@ class EtcdStore:
 
     async def revision(self) -> int:
         """The store's current revision."""
-        probe = await self.call(lambda c: c.get_prefix(b"\0hafo-revision-probe"))
+        probe = await self.call(lambda c: c.get_prefix(b"/hafo/\0revision-probe"))
         return int(probe.header.revision)
 
     async def put(self, key: str, value: bytes, lease: int | None = None) -> int:
