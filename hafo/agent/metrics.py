@@ -20,19 +20,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol, get_args
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from hafo.gpu import GpuSample
 from hafo.model.cluster import Assignment, Gpu, InstanceState, InstanceStatus
+from hafo.store.metrics import EtcdMetrics
 
 log = structlog.get_logger("hafo.agent")
 
 GPU_LABELS = ["gpu", "UUID", "modelName", "Hostname"]
 INSTANCE_STATES: tuple[str, ...] = get_args(InstanceState)
-ETCD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-                5.0, 10.0)
 SAMPLE_TIMEOUT = 10.0  # a telemetry read stuck longer (a hung driver) is given up this cycle
 
 #: (name, help, GpuSample field): dcgm-exporter's names, units and help texts
@@ -192,18 +191,8 @@ class AgentMetrics:
         self._pending: asyncio.Future[list[GpuSample]] | None = None
         self._warned = False
         registry.register(_AgentCollector(self))
-        self.etcd_seconds = Histogram(
-            "hafo_etcd_request_duration_seconds", "Seconds each etcd request attempt took "
-            "(failed attempts included)", buckets=ETCD_BUCKETS, registry=registry)
-        self.etcd_errors = Counter(
-            "hafo_etcd_request_errors", "etcd request attempts that failed, by exception class",
-            ["error"], registry=registry)
-
-    def observe_etcd(self, seconds: float, error: BaseException | None) -> None:
-        """The store's observer: one etcd request attempt."""
-        self.etcd_seconds.observe(seconds)
-        if error is not None:
-            self.etcd_errors.labels(type(error).__name__).inc()
+        self.etcd = EtcdMetrics(registry)
+        self.observe_etcd = self.etcd.observe  # the store's observer
 
     async def sample_gpus(self, telemetry: Callable[[], list[GpuSample]]) -> None:
         """Read the GPUs' telemetry in a thread (at most one read at a time, waited for at most

@@ -61,6 +61,7 @@ from hafo.decisions.failures import after_failure
 from hafo.decisions.plan import Action, Plan
 from hafo.model.cluster import ClusterSnapshot, Liveness
 from hafo.model.views import NODE_STATES, WORKLOAD_STATES, allocations, status_view
+from hafo.store.metrics import EtcdMetrics
 
 log = structlog.get_logger("hafo.controller")
 
@@ -72,8 +73,6 @@ GPU_STATES = ("healthy", "degraded", "unhealthy", "down", "allocated")
 #: seconds-scale failover: lease TTL 3 s, heartbeat 1 s, restart backoff up to 30 s
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0)
 CYCLE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-ETCD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-                5.0, 10.0)
 MAX_PENDING = 10_000  # recoveries tracked at once; the oldest is dropped beyond this
 
 _MOVE_CAUSES: Mapping[str, tuple[Kind, str]] = {
@@ -279,18 +278,8 @@ class ControllerMetrics:
             "hafo_controller_reconcile_duration_seconds", "Seconds one reconcile cycle of the "
             "leader took: snapshot, decisions and applying the plan",
             buckets=CYCLE_BUCKETS, registry=registry)
-        self.etcd_seconds = Histogram(
-            "hafo_etcd_request_duration_seconds", "Seconds each etcd request attempt took "
-            "(failed attempts included)", buckets=ETCD_BUCKETS, registry=registry)
-        self.etcd_errors = Counter(
-            "hafo_etcd_request_errors", "etcd request attempts that failed, by exception class",
-            ["error"], registry=registry)
-
-    def observe_etcd(self, seconds: float, error: BaseException | None) -> None:
-        """The store's observer: one etcd request attempt."""
-        self.etcd_seconds.observe(seconds)
-        if error is not None:
-            self.etcd_errors.labels(type(error).__name__).inc()
+        self.etcd = EtcdMetrics(registry)
+        self.observe_etcd = self.etcd.observe  # the store's observer
 
     def new_term(self) -> None:
         """Leadership (re)gained: what the last term tracked is not this term's to measure."""

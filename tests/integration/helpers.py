@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from hafo.local.cluster import LocalCluster
@@ -38,3 +41,22 @@ async def start_with_workload(factory: Any, **kwargs: Any) -> tuple[LocalCluster
     wid = await cluster.submit(demo_workload_spec())
     snapshot = await cluster.wait_for(running(wid), 20, what="running")
     return cluster, wid, snapshot
+
+
+def started_cluster(base_dir: Path, **kwargs: Any) -> Iterator[LocalCluster]:
+    """A ready local cluster for a module-scoped fixture; stopped after, leaving no process."""
+    local = LocalCluster(base_dir=base_dir, **kwargs)
+    local.start()
+
+    async def ready() -> None:
+        try:
+            await local.wait_ready(45)
+        finally:
+            await local.close_store()
+
+    try:
+        asyncio.run(ready())
+        yield local
+    finally:
+        local.stop()
+        assert not local.leftover_pids()

@@ -17,27 +17,14 @@ from typing import Any
 import pytest
 
 from hafo.local.cluster import LocalCluster, demo_workload_spec
+from tests.integration.helpers import started_cluster
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    local = LocalCluster(base_dir=tmp_path_factory.mktemp("api"), nodes=2, controllers=2)
-    local.start()
-
-    async def ready() -> None:
-        try:
-            await local.wait_ready(45)
-        finally:
-            await local.close_store()
-
-    try:
-        asyncio.run(ready())
-        yield local
-    finally:
-        local.stop()
-        assert not local.leftover_pids()
+    yield from started_cluster(tmp_path_factory.mktemp("api"), nodes=2, controllers=2)
 
 
 def get(port: int, path: str) -> tuple[int, Any]:

@@ -4,7 +4,6 @@ and bodies it refuses are refused (so the document and the validator agree)."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hafo.local.cluster import LocalCluster
+from tests.integration.helpers import started_cluster
 
 pytestmark = pytest.mark.timeout(300)
 TOKEN = "fuzz-token-0123456789abcdef"
@@ -25,22 +24,9 @@ EXCLUDED = "use_after_free,ensure_resource_availability"
 @pytest.fixture(scope="module")
 def api_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     # No nodes: fuzzed workloads stay pending instead of running random commands.
-    local = LocalCluster(base_dir=tmp_path_factory.mktemp("fuzz"), nodes=0, controllers=1,
-                         api_token=TOKEN)
-    local.start()
-
-    async def ready() -> None:
-        try:
-            await local.wait_ready(45)
-        finally:
-            await local.close_store()
-
-    try:
-        asyncio.run(ready())
+    for local in started_cluster(tmp_path_factory.mktemp("fuzz"), nodes=0, controllers=1,
+                                 api_token=TOKEN):
         yield next(iter(local.controller_handles.values())).api_port
-    finally:
-        local.stop()
-        assert not local.leftover_pids()
 
 
 def schemathesis(port: int, tmp_path: Path, *extra: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 
 from hafo.local.cluster import LocalCluster, demo_workload_spec
+from tests.integration.helpers import started_cluster
 
 pytestmark = pytest.mark.timeout(150)
 TOKEN = "integration-token-0123456789"
@@ -24,22 +24,8 @@ TOKEN = "integration-token-0123456789"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    local = LocalCluster(base_dir=tmp_path_factory.mktemp("apiw"), nodes=2, controllers=2,
-                         api_token=TOKEN)
-    local.start()
-
-    async def ready() -> None:
-        try:
-            await local.wait_ready(45)
-        finally:
-            await local.close_store()
-
-    try:
-        asyncio.run(ready())
-        yield local
-    finally:
-        local.stop()
-        assert not local.leftover_pids()
+    yield from started_cluster(tmp_path_factory.mktemp("apiw"), nodes=2, controllers=2,
+                               api_token=TOKEN)
 
 
 def call(port: int, method: str, path: str, body: Any = None,
