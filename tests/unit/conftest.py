@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -120,3 +122,19 @@ def default_logging() -> Iterator[None]:
         yield
     finally:
         structlog.configure(**saved)
+
+
+@pytest.fixture
+def no_thread_leak() -> Iterator[None]:
+    """Fails the test if it leaves a thread running (NVML backends start pollers)."""
+    before = set(threading.enumerate())
+    yield
+    assert set(threading.enumerate()) - before == set()
+
+
+@pytest.fixture
+def kmsg(tmp_path: Path) -> Path:
+    """An empty stand-in for /dev/kmsg."""
+    path = tmp_path / "kmsg"
+    path.write_text("")
+    return path

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,6 +22,8 @@ from tests.unit.test_nvml_backend import (
     OldNvml,
     two_gpus,
 )
+
+pytestmark = pytest.mark.usefixtures("no_thread_leak")
 
 H100 = "NVIDIA H100 80GB HBM3"
 MIB = 1024 * 1024
@@ -59,20 +59,6 @@ class TelemetryNvml(FakeNvml):
     def nvmlDeviceGetTemperature(self, handle: FakeGpu, sensor: int) -> int:
         self._fail(handle, "nvmlDeviceGetTemperature")
         return super().nvmlDeviceGetTemperature(handle, sensor)
-
-
-@pytest.fixture(autouse=True)
-def no_thread_leak() -> Iterator[None]:
-    before = set(threading.enumerate())
-    yield
-    assert set(threading.enumerate()) - before == set()
-
-
-@pytest.fixture
-def kmsg(tmp_path: Path) -> Path:
-    path = tmp_path / "kmsg"
-    path.write_text("")
-    return path
 
 
 def nvml_gpus(fake: FakeNvml, kmsg: Path) -> NvmlGpus:

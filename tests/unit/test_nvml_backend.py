@@ -21,6 +21,8 @@ from hafo.model import health as h
 from hafo.model.cluster import Gpu
 from hafo.model.health import Finding
 
+pytestmark = pytest.mark.usefixtures("no_thread_leak")
+
 
 class NVMLError(Exception):
     """pynvml's base error; subclasses below as pynvml generates them."""
@@ -253,20 +255,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture(autouse=True)
-def no_thread_leak() -> Iterator[None]:
-    before = set(threading.enumerate())
-    yield
-    assert set(threading.enumerate()) - before == set()
-
-
-@pytest.fixture
-def kmsg(tmp_path: Path) -> Path:
-    path = tmp_path / "kmsg"
-    path.write_text("")
-    return path
 
 
 Make = Callable[..., tuple[NvmlGpus, FakeNvml, Clock]]
