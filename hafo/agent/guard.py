@@ -56,6 +56,18 @@ def catches(pid: int, sig: int) -> bool:
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    _unprotect_from_oom()
+
+
+def _unprotect_from_oom(path: str = "/proc/self/oom_score_adj") -> None:
+    """The agent's unit protects the agent (and so its guards) from the OOM killer
+    (``OOMScoreAdjust=-500``); the workload must not inherit that, so a negative score is
+    reset to 0 (raising it needs no privilege)."""
+    with contextlib.suppress(OSError, ValueError), open(path, "r+b", buffering=0) as handle:
+        if int(handle.read().strip() or b"0") < 0:
+            handle.seek(0)
+            handle.write(b"0")
+            handle.truncate()  # a regular file (tests); /proc refuses, after the write
 
 
 class Guard:

@@ -117,3 +117,14 @@ def test_the_agent_never_builds_a_path_from_a_bad_id(tmp_path: Path, wid: str) -
                           Submission(wid, spec, 0.0), [])
     assert not (tmp_path / "state").exists() and not (tmp_path / "ck").exists()
     assert list(tmp_path.parent.glob("escape*")) == []
+
+
+@pytest.mark.parametrize(("before", "after"), [("-500", "0"), ("0", "0"), ("300", "300")])
+def test_workloads_do_not_inherit_the_agents_oom_protection(tmp_path: Path, before: str,
+                                                            after: str) -> None:
+    from hafo.agent.guard import _unprotect_from_oom
+
+    score = tmp_path / "oom_score_adj"
+    score.write_text(before + "\n")
+    _unprotect_from_oom(str(score))
+    assert score.read_text().strip() == after
