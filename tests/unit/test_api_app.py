@@ -303,3 +303,30 @@ async def test_api_over_tls(tmp_path: Path) -> None:
                 await session.get(url)  # the system CAs do not know this certificate
     finally:
         await server.close()
+
+
+class UnavailableController(FakeController):
+    async def failsafe_probe(self) -> str:
+        return "unavailable"
+
+
+@pytest.mark.parametrize(("trust", "engaged"), [(True, True), (False, False)])
+async def test_agents_ask_controllers_failsafe_questions_over_tls(
+        tmp_path: Path, trust: bool, engaged: bool) -> None:
+    """With api.tls_cert on controllers, agents verify them with api.tls_ca; a controller whose
+    certificate they cannot verify counts as no answer (so the failsafe does not engage)."""
+    from hafo.agent.failsafe import AgentFailsafe
+    from hafo.model.cluster import FailsafeSet
+
+    cert, key = make_cert(tmp_path)
+    server = TestServer(make_controller_app(UnavailableController()), host="127.0.0.1")
+    await server.start_server(ssl=server_tls(cert, key))
+    try:
+        failsafe = AgentFailsafe("n1", store=None, keys=None, failsafe_max=300,  # type: ignore[arg-type]
+                                 last_contact=lambda: 0.0, clock=lambda: 1.0,
+                                 tls_ca=cert if trust else None)
+        failsafe.current = FailsafeSet(1, {"ctl-1": {
+            "api": f"https://127.0.0.1:{server.port}"}})
+        assert await failsafe.confirm(timeout=5) is engaged
+    finally:
+        await server.close()
