@@ -65,10 +65,10 @@ def load_config(path: str, role: str) -> Any:
 def _store_args(p: argparse.ArgumentParser) -> None:
     env = os.environ.get
     p.add_argument("--etcd", default=None,
-                   help="etcd URL[,URL...] (default $HAFO_ETCD, then --config's, then "
+                   help="etcd URL[,URL...] (default: --config's, then $HAFO_ETCD, then "
                         "http://127.0.0.1:2379)")
     p.add_argument("--cluster", default=None,
-                   help="cluster name (default $HAFO_CLUSTER, then --config's, then 'default')")
+                   help="cluster name (default: --config's, then $HAFO_CLUSTER, then 'default')")
     p.add_argument("--config", default=env("HAFO_CONFIG"), metavar="FILE",
                    help="take etcd endpoints, TLS, credentials and cluster from this daemon "
                         "config (default $HAFO_CONFIG)")
@@ -192,20 +192,21 @@ def _run(coro: Coroutine[Any, Any, int]) -> int:
 
 
 def etcd_settings(args: argparse.Namespace) -> tuple[Any, str]:
-    """The etcd section and cluster name a client command uses: flags, then environment,
-    then ``--config``, then the defaults. CliError (exit 2) names the bad setting."""
+    """The etcd section and cluster name a client command uses: flags, then ``--config``
+    (or ``$HAFO_CONFIG``), then ``$HAFO_ETCD``/``$HAFO_CLUSTER``, then the defaults.
+    CliError (exit 2) names the bad setting."""
     from hafo.model import ValidationError
     from hafo.model.config import EtcdConfig, check_etcd_security, parse_endpoints
 
-    base, cluster = EtcdConfig(), "default"
-    if args.config:
+    env = os.environ.get
+    base = EtcdConfig(endpoints=(env("HAFO_ETCD") or "http://127.0.0.1:2379",))
+    cluster = env("HAFO_CLUSTER") or "default"
+    if args.config:  # a config file names the whole connection: it wins over the environment
         config = load_config(args.config, "client")
         base, cluster = config.etcd, config.cluster
-    env = os.environ.get
-    cluster = args.cluster or env("HAFO_CLUSTER") or cluster
+    cluster = args.cluster or cluster
     try:
-        endpoints = parse_endpoints(args.etcd or env("HAFO_ETCD") or list(base.endpoints),
-                                    "--etcd")
+        endpoints = parse_endpoints(args.etcd or ",".join(base.endpoints), "--etcd")
         user = args.etcd_user or base.username
         password_file = args.etcd_password_file or base.password_file
         settings = EtcdConfig(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,3 +37,32 @@ def test_a_check_type_not_installed_here_only_warns(
     assert main(["submit", str(spec), *UNREACHABLE]) == 3  # valid; then etcd is unreachable
     err = capsys.readouterr().err
     assert "'elsewhere' is not installed here" in err and "cannot reach etcd" in err
+
+
+@pytest.mark.parametrize(("argv", "env", "config", "expected"), [
+    ([], {}, None, (("http://127.0.0.1:2379",), "default")),
+    ([], {"HAFO_ETCD": "http://a:1,http://b:2", "HAFO_CLUSTER": "c1"}, None,
+     (("http://a:1", "http://b:2"), "c1")),
+    ([], {"HAFO_ETCD": "http://a:1"}, {"cluster": "f", "etcd": {"endpoints": ["http://f:3"]}},
+     (("http://f:3",), "f")),
+    (["--etcd", "http://x:9", "--cluster", "x"], {"HAFO_ETCD": "http://a:1"},
+     {"cluster": "f", "etcd": {"endpoints": ["http://f:3"]}}, (("http://x:9",), "x")),
+])
+def test_where_the_cli_takes_its_etcd_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               argv: list[str], env: dict[str, str],
+                                               config: dict[str, Any] | None,
+                                               expected: tuple[tuple[str, ...], str]) -> None:
+    import yaml
+
+    from hafo.cli import build_parser, etcd_settings
+
+    for name in ("HAFO_ETCD", "HAFO_CLUSTER", "HAFO_CONFIG", "HAFO_ETCD_CA"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if config is not None:
+        path = tmp_path / "agent.yaml"
+        path.write_text(yaml.safe_dump(config))
+        argv = [*argv, "--config", str(path)]
+    settings, cluster = etcd_settings(build_parser().parse_args(["status", *argv]))
+    assert (settings.endpoints, cluster) == expected
