@@ -7,17 +7,19 @@ the field (400); unknown names are 404, intents that make no sense in the curren
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import time
+from typing import Protocol
 
 from aiohttp import web
 
 from hafo.api.body import json_object
 from hafo.api.errors import NotFound, error
+from hafo.decisions.moves import move_refusal
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.errors import ValidationError
 from hafo.model.names import check_node_name, is_node_name, is_workload_id
 from hafo.model.spec import parse_spec
-from hafo.model.views import submitted_view, workload_state
+from hafo.model.views import submitted_view
 from hafo.store import EtcdStore, Keys, intents
 
 
@@ -120,16 +122,8 @@ def write_routes(target: WriteTarget) -> web.RouteTableDef:
 
 
 def _migrate_conflict(snapshot: ClusterSnapshot, wid: str, to: str | None) -> str:
-    """Why a planned move of ``wid`` (to ``to``) cannot be asked for now ("" if it can).
-    Unknown names are left to the intent, which reads etcd itself (404)."""
-    if wid not in snapshot.workloads:
+    """Why a planned move cannot be asked for now ("" if it can). Names this controller's
+    cache does not know yet are left to the intent, which reads etcd itself (404)."""
+    if wid not in snapshot.workloads or (to is not None and to not in snapshot.nodes):
         return ""
-    state = workload_state(snapshot, wid)
-    if state not in ("starting", "running"):
-        return f"workload {wid} is {state}; only a placed workload can move"
-    assignment: Any = snapshot.assignments.get(wid)
-    if to is not None and assignment is not None and assignment.node == to:
-        return f"workload {wid} already runs on {to}"
-    if to is not None and to in snapshot.nodes and snapshot.node_state(to) != "ready":
-        return f"node {to} is {snapshot.node_state(to)}; a move needs a ready node"
-    return ""
+    return move_refusal(snapshot, wid, to, time.time())

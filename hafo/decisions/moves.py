@@ -62,6 +62,14 @@ def start_move(snapshot: ClusterSnapshot, wid: str, move: MoveRequest, now: floa
                   "checkpoint-requested", clear_move=True)
 
 
+def move_refusal(snapshot: ClusterSnapshot, wid: str, to: str | None, now: float) -> str:
+    """Why a planned move of ``wid`` (to ``to``) would be refused now, "" if it would start:
+    the API answers 409 with this before it writes the request (the same rules as
+    ``start_move``, which the leader applies to the request)."""
+    action = start_move(snapshot, wid, MoveRequest(wid, to, ""), now)
+    return action.why.removeprefix("move refused: ") if action.kind == "refuse-move" else ""
+
+
 def stop_then_place(current: Assignment, why: str, event: str, *, urgent: bool,
                     after: AfterFailure | None = None,
                     preempted_for: str | None = None) -> Action:

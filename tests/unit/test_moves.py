@@ -100,3 +100,22 @@ def test_moving_gpus_stay_allocated_until_stopped() -> None:
     (action,) = plan.actions
     assert action.workload == "new" and action.assignment is not None
     assert action.assignment.node == "b"  # a's GPU is still held by the stopping instance
+
+
+@pytest.mark.parametrize(("assignment", "to", "down", "refusal"), [
+    (None, None, (), ""),
+    (None, "b", (), ""),
+    (None, "a", (), "it already runs on a"),
+    (None, "zz", (), "zz cannot take it (no such node)"),
+    (None, "b", ("b",), "b cannot take it (it is down)"),
+    (None, None, ("a",), "its node a is down (it fails over instead)"),
+    (Assignment(workload="w", phase="pending"), None, (), "the workload is not running"),
+    (moving(), "b", (), "the workload is not running"),
+])
+def test_move_refusal_is_what_the_leader_would_answer(assignment: Assignment | None,
+                                                      to: str | None, down: tuple[str, ...],
+                                                      refusal: str) -> None:
+    from hafo.decisions.moves import move_refusal
+
+    snapshot = cluster(assignment=assignment, down=down)
+    assert move_refusal(snapshot, "w", to, NOW) == refusal
