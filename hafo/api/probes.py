@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +31,8 @@ def probe_routes(role: str, name: str, ready: Callable[[], bool], registry: Coll
 
     @routes.get("/metrics")
     async def metrics(_request: web.Request) -> web.Response:
-        body = generate_latest(registry)
+        # In a thread: the controller's collectors walk the whole cluster snapshot.
+        body = await asyncio.to_thread(generate_latest, registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     @routes.get("/openapi.json")
