@@ -126,19 +126,35 @@ class LeaseKeeper:
             await self._extend_if(self.failsafe, timeout,
                                   "failsafe: every controller reports etcd unavailable")
 
+    async def _keepalive_gathering_proof(self) -> bool:
+        """One keepalive with the heartbeat as its timeout. If it is still unanswered after
+        half of that (a raft leader election stalls every write for a second or more), ask
+        the members meanwhile whether they have a leader: proof gathered during the stall
+        extends the deadline before the keepalive times out, not after, when the election
+        may already be over and the proof gone."""
+        keepalive = asyncio.ensure_future(self.keepalive_once())
+        done, _ = await asyncio.wait({keepalive}, timeout=self.heartbeat / 2)
+        if not done:
+            try:
+                await self._extend_if_leaderless(self.heartbeat / 2)
+            except BaseException:
+                keepalive.cancel()
+                raise
+        return await keepalive
+
     async def run(self) -> None:
         """Keep the lease alive until cancelled or lost (then LeaseLost is raised).
 
-        A keepalive goes out every ``heartbeat``. After a failure the keeper retries at once
-        with a shorter timeout, and at the same time asks the etcd members whether they have
-        a raft leader (see ``_extend_if_leaderless``), so an etcd leader election does not
-        fence healthy work.
+        A keepalive goes out every ``heartbeat``. When one is slow (half a heartbeat without an
+        answer), and after a failure, the keeper asks the etcd members whether they have a
+        raft leader (see ``_extend_if_leaderless``), so an etcd leader election does not fence
+        healthy work; after a failure it also retries at once with a shorter timeout.
         """
         ok = True
         while True:
             started = self.clock()
             if ok:
-                ok = await self.keepalive_once()
+                ok = await self._keepalive_gathering_proof()
             else:
                 retry = min(0.5, self.heartbeat / 2)
                 result, *extended = await asyncio.gather(

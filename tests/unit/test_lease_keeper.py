@@ -1,0 +1,69 @@
+"""LeaseKeeper timing against a stub of the two store calls it makes (no etcd semantics are
+imitated: the stub only says how long a keepalive takes and what the members answer)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from hafo.store.lease import LeaseKeeper
+
+HEARTBEAT, TTL, MARGIN = 0.4, 2, 0.3
+
+
+class StallingStore:
+    """Keepalives take ``stall`` seconds (then time out, or answer TTL); the members say
+    they have no leader when ``leaderless``."""
+
+    def __init__(self, stall: float, leaderless: bool, answers: bool = False) -> None:
+        self.stall, self.leaderless, self.answers = stall, leaderless, answers
+        self.asked_at: list[float] = []
+
+    async def keepalive(self, lease_id: int, timeout: float) -> int:
+        await asyncio.sleep(min(self.stall, timeout))
+        if self.stall >= timeout and not self.answers:
+            raise TimeoutError
+        return TTL
+
+    async def leaderless_majority(self, timeout: float = 0.5) -> bool:
+        self.asked_at.append(time.monotonic())
+        return self.leaderless
+
+
+def keeper(store: Any) -> LeaseKeeper:
+    lease = LeaseKeeper(store, ttl=TTL, heartbeat=HEARTBEAT, margin=MARGIN)
+    lease.lease_id, lease.granted_ttl = 1, TTL
+    lease.deadline = time.monotonic() + TTL - MARGIN
+    return lease
+
+
+@pytest.mark.parametrize(("stall", "leaderless", "asked", "extended"), [
+    (0.0, True, False, False),    # a quick answer: nobody is asked
+    (1.0, True, True, True),      # stalled by an election: proof gathered during the stall
+    (1.0, False, True, False),    # stalled, but etcd has a leader: no extension
+])
+async def test_a_slow_keepalive_gathers_leaderless_proof_while_it_waits(
+        stall: float, leaderless: bool, asked: bool, extended: bool) -> None:
+    store = StallingStore(stall, leaderless)
+    lease = keeper(store)
+    started, before = time.monotonic(), lease.deadline
+    ok = await lease._keepalive_gathering_proof()
+    assert ok is (stall == 0.0)
+    assert bool(store.asked_at) is asked
+    if asked:  # asked after half a heartbeat, well before the keepalive's timeout
+        assert HEARTBEAT / 2 - 0.05 <= store.asked_at[0] - started < HEARTBEAT - 0.05
+    if extended:
+        assert lease.deadline >= store.asked_at[0] + TTL - MARGIN - 0.01
+    elif not ok:
+        assert lease.deadline == before
+
+
+async def test_a_slow_but_answered_keepalive_renews_from_its_send_time() -> None:
+    store = StallingStore(stall=HEARTBEAT, leaderless=False, answers=True)
+    lease = keeper(store)
+    started = time.monotonic()
+    assert await lease._keepalive_gathering_proof()
+    assert started + TTL - MARGIN - 0.01 <= lease.deadline <= started + TTL - MARGIN + 0.05
