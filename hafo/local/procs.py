@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -17,11 +18,42 @@ __all__ = ["descendants", "free_port", "kill_pid", "pid_alive", "spawn", "stop_p
            "wait_until"]
 
 
+_HANDED_OUT: set[int] = set()
+LOWEST_PORT = 20000
+
+
+def _ephemeral_low() -> int:
+    """The first port the kernel hands to outgoing connections (32768 if unknown)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port free on ``host`` right now, for a server started a moment later.
+
+    Taken at random below the kernel's ephemeral range and never twice in this process:
+    a port the kernel picks (bind to port 0) comes from the range that outgoing connections
+    use too, so one of them (a test's HTTP client, a browser) could take it before the server
+    binds it.
+    """
+    low, high = LOWEST_PORT, _ephemeral_low() - 1
+    if high - low < 1000:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            return int(sock.getsockname()[1])
+    while True:
+        port = random.randint(low, high)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
 
 
 def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None,
