@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from hafo.agent.app_checks import AppChecks
 from hafo.agent.assignments import NodeAssignments
+from hafo.agent.claim import Displaced, NodeClaim
 from hafo.agent.failsafe import AgentFailsafe
 from hafo.agent.fencefile import write_deadline
 from hafo.agent.health import HealthReport, NodeHealth
@@ -25,7 +26,7 @@ from hafo.checks.os_probes import LoopLagMonitor, OsProbe
 from hafo.decisions.fencing import can_start
 from hafo.decisions.instances import plan_instances
 from hafo.gpu import GpuBackend, backend_for
-from hafo.model.cluster import Event, Gpu, InstanceStatus, Liveness, NodeRecord
+from hafo.model.cluster import Event, Gpu, InstanceEnd, InstanceStatus, NodeRecord
 from hafo.model.config import Config
 from hafo.model.errors import ValidationError
 from hafo.store import (
@@ -35,12 +36,14 @@ from hafo.store import (
     Keys,
     LeaseKeeper,
     LeaseLost,
+    StoreError,
     codec,
 )
 from hafo.tasks import run_all
 
 log = structlog.get_logger("hafo.agent")
 
+RECOVERABLE: tuple[type[BaseException], ...] = (*TRANSIENT, StoreError)
 SUPERVISE_PERIOD = 0.2
 START_HEADROOM = 0.5
 
@@ -55,7 +58,8 @@ class Agent:
         self.name = config.node.name
         self.state_dir = Path(config.node.state_dir)
         self.keys = Keys(config.cluster)
-        self.store = EtcdStore.from_config(config.etcd)
+        self.store = EtcdStore.from_config(config.etcd,
+                                           reconnect_backoff=config.timing.heartbeat / 2)
         self.registry = CollectorRegistry()  # Prometheus metrics served at /metrics
         self.gpus = gpus if gpus is not None else backend_for(config.node)
         timing = config.timing
@@ -76,6 +80,10 @@ class Agent:
         self.app_faults: dict[InstanceKey, str] = {}  # restart-app findings on its GPUs
         self.reported: dict[str, InstanceStatus] = {}
         self.registered = asyncio.Event()
+        self.identity_revision = 0
+        self._reclaiming = asyncio.Lock()
+        self.claim = NodeClaim(self.name, self.store, self.keys, self.keeper, self.state_dir,
+                               self.events, timing.heartbeat, self.supervisor.kill_all)
         self.api_address = ""
         self.metrics = AgentMetrics(self, self.registry)
         self.store.observer = self.metrics.observe_etcd
@@ -85,71 +93,111 @@ class Agent:
     def _publish_deadline(self, deadline: float) -> None:
         write_deadline(self.state_dir, deadline)
 
-    def _lease_file(self) -> Path:
-        return self.state_dir / "lease.json"
-
     async def acquire_lease(self) -> bool:
-        """Adopt the lease of a previous run if it still lives (hitless restart), else a new
-        one. Returns True when adopted."""
-        try:
-            saved = json.loads(self._lease_file().read_text())
-            lease_id = int(saved["lease"])
-        except (OSError, ValueError, KeyError, TypeError):
-            lease_id = 0
-        if lease_id and await self.keeper.adopt(lease_id):
-            log.info("lease adopted: running guards kept", node=self.name, lease=f"{lease_id:x}")
-            return True
-        self.supervisor.kill_all("agent started without its previous lease")
-        await self.keeper.grant()
-        assert self.keeper.lease_id is not None
-        self._lease_file().write_text(json.dumps({"lease": self.keeper.lease_id}))
-        log.info("lease granted", node=self.name, lease=f"{self.keeper.lease_id:x}",
-                 ttl=self.keeper.granted_ttl)
-        return False
+        """Hold the node name (``hafo.agent.claim``): adopt the lease of our own records if it
+        still lives (hitless restart), else wait while another live lease holds the name, then
+        claim it with a fresh lease. Returns True when adopted."""
+        return await self.claim.acquire()
 
     def node_record(self) -> NodeRecord:
-        """This node's inventory and health."""
+        """This node's inventory and health, with the lease that holds the name."""
         return NodeRecord(name=self.name, labels=dict(self.node.labels),
                           gpus=tuple(self.inventory), healthy=self.healthy,
-                          reason=self.unhealthy_reason,
-                          api=self.api_address, failsafe_seen=self.failsafe.current.version)
+                          reason=self.unhealthy_reason, api=self.api_address,
+                          failsafe_seen=self.failsafe.current.version,
+                          lease=self.keeper.lease_id or 0)
 
     async def register(self) -> None:
-        """Publish inventory and the lease-bound liveness key."""
+        """Publish inventory and make sure the lease-bound liveness key is ours."""
         self._apply_health(await self.health.cycle())
         await self.failsafe.refresh()
         await self.store.put(self.keys.node(self.name), codec.encode(self.node_record().to_dict()))
-        assert self.keeper.lease_id is not None
-        alive = Liveness(node=self.name, lease=self.keeper.lease_id, since=time.time())
-        await self.store.put(self.keys.alive(self.name), codec.encode(alive.to_dict()),
-                             lease=self.keeper.lease_id)
+        self.identity_revision = await self.claim.ensure_alive_key()
         self.reported.clear()
         self.registered.set()
-        log.info("node registered", node=self.name, gpus=self.gpus.description)
+        log.info("node registered", node=self.name, gpus=self.gpus.description,
+                 claimed=self.claim.claimed)
+
+    async def _reclaim(self, why: str) -> None:
+        """Our hold on the node is gone (lease lost, or another lease took the liveness key):
+        fence all work, then hold the name again (waiting while someone else holds it)."""
+        async with self._reclaiming:
+            self.registered.clear()
+            self.supervisor.kill_all(why)
+            log.warning(f"{why}: all work fenced, registering again", node=self.name)
+            while True:
+                try:
+                    await self.claim.acquire()
+                    await self.register()
+                    await self.assignments.load()
+                    break
+                except TRANSIENT:
+                    await asyncio.sleep(min(0.5, self.config.timing.heartbeat / 2))
+            with contextlib.suppress(*TRANSIENT):
+                await self.events.append(Event(ts=time.time(), kind="node-reregistered",
+                                               node=self.name,
+                                               message=f"{self.name} {why} and registered "
+                                               "again; its work was fenced"))
 
     async def _keep_lease(self) -> None:
-        """Keep the lease; on loss kill all work, then re-register with a new lease."""
+        """Keep the lease; on loss kill all work, then register again with a new lease."""
         while True:
             try:
                 await self.keeper.run()
             except LeaseLost as exc:
-                self.registered.clear()
-                self.supervisor.kill_all(f"lease lost ({exc})")
-                log.warning("lease lost: all work fenced, re-registering", node=self.name)
-                while True:
-                    try:
-                        await self.keeper.grant()
-                        assert self.keeper.lease_id is not None
-                        self._lease_file().write_text(json.dumps({"lease": self.keeper.lease_id}))
-                        await self.register()
-                        await self.assignments.load()
-                        break
-                    except TRANSIENT:
-                        await asyncio.sleep(self.config.timing.heartbeat)
-                await self.events.append(Event(ts=time.time(), kind="node-reregistered",
-                                               node=self.name,
-                                               message=f"{self.name} lost its lease and "
-                                               "registered again; its work was fenced"))
+                await self._reclaim(f"lost its lease ({exc})")
+
+    async def _watch_identity(self) -> None:
+        """Notice at once when our liveness key or node record disappears while our lease
+        lives (deleted by hand): put it back; if another lease holds the liveness key, fence
+        and claim again (we cannot prove we still own the node's work)."""
+        while True:
+            await self.registered.wait()
+            start = self.identity_revision + 1
+            try:
+                async for event in self._identity_events(start):
+                    key, kind, lease = event
+                    if not self.registered.is_set() or not self.keeper.valid():
+                        continue  # the lease path is at work
+                    if key == self.keys.node(self.name) and kind == "delete":
+                        log.warning("node record deleted while our lease lives: written again",
+                                    node=self.name)
+                        await self.store.put(key, codec.encode(self.node_record().to_dict()))
+                    elif key == self.keys.alive(self.name):
+                        if kind == "delete":
+                            log.warning("liveness key deleted while our lease lives: put back",
+                                        node=self.name)
+                        if kind == "delete" or lease != self.keeper.lease_id:
+                            self.identity_revision = await self.claim.ensure_alive_key()
+            except Displaced as exc:
+                await self._reclaim(f"was displaced ({exc})")
+            except RECOVERABLE as exc:
+                log.warning("identity watch interrupted", node=self.name, error=repr(exc))
+                await asyncio.sleep(min(0.5, self.config.timing.heartbeat / 2))
+
+    async def _identity_events(self, start: int) -> AsyncIterator[tuple[str, str, int]]:
+        """(key, put|delete, lease) for our liveness key and node record, merged."""
+        queue: asyncio.Queue[tuple[str, str, int] | BaseException] = asyncio.Queue()
+
+        async def pump(key: str) -> None:
+            try:
+                async for event in self.store.watch_key(key, start):
+                    await queue.put((key, event.kind, event.kv.lease))
+            except BaseException as exc:  # handed to the consumer
+                await queue.put(exc)
+                raise
+
+        tasks = [asyncio.create_task(pump(k))
+                 for k in (self.keys.alive(self.name), self.keys.node(self.name))]
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            for task in tasks:
+                task.cancel()
 
     # -- loops --------------------------------------------------------------------------
 
@@ -214,7 +262,7 @@ class Agent:
             self.keeper.clock(), self.keeper.deadline, START_HEADROOM)
         plan = plan_instances([(k.workload, k.epoch) for k in desired],
                               {(k.workload, k.epoch): s.state != "exited"
-                               for k, s in states.items()}, may_start)
+                               for k, s in states.items()}, may_start, self.claim.claimed)
         for workload, epoch in plan.stop:
             key = InstanceKey(workload, epoch)
             failing = self.failing(key)
@@ -294,7 +342,7 @@ class Agent:
                           + (f" (step {last})" if last is not None else " (none: from start)"))
             if guard.transparent:
                 reason = f"transparent checkpoint refused: {guard.transparent}; {reason}"
-        elif reason.startswith("fenced"):
+        elif guard.ended is InstanceEnd.FENCED:
             kind = "fenced"
         else:
             return
@@ -315,13 +363,19 @@ class Agent:
         await self.start()
         if ready is not None:
             ready.set()
-        await run_all(lease=self._keep_lease(), assignments=self.assignments.follow(),
+        await run_all(lease=self._keep_lease(), identity=self._watch_identity(),
+                      assignments=self.assignments.follow(),
                       supervise=self._supervise_loop(), health=self._health_loop(),
                       loop_lag=self._loop_lag())
 
     async def close(self) -> None:
         """Release the etcd connection and the GPU backend (the lease is kept: guards and
-        workloads live on, and a restarted agent adopts them)."""
+        workloads live on, and a restarted agent adopts them). One last keepalive first, so
+        the guards have the most time to wait for the next agent (``systemctl restart``)."""
+        if self.registered.is_set() and self.keeper.valid():
+            with contextlib.suppress(*TRANSIENT, LeaseLost, asyncio.TimeoutError):
+                await asyncio.wait_for(self.keeper.keepalive_once(),
+                                       self.config.timing.heartbeat)
         await self.app_checks.close()
         self.gpus.close()
         await self.store.close()

@@ -34,6 +34,7 @@ from hafo.agent.instances import write_json_atomic
 from hafo.checkpoint.format import list_checkpoints
 from hafo.checkpoint.transparent import unavailable_reason
 from hafo.decisions.fencing import must_kill
+from hafo.model.cluster import InstanceEnd
 
 POLL = 0.05
 TERM_GRACE = 10.0  # after SIGTERM, before SIGKILL
@@ -116,10 +117,12 @@ class Guard:
         self.write()
         if must_kill(time.monotonic(), read_deadline(self.fence_file)):
             self.write(state="exited", exit_code=None, finished_at=time.time(),
+                       ended=InstanceEnd.FENCED.value,
                        reason="fenced before start: lease deadline already passed")
             return 0
         if self.stop_requested:
-            self.write(state="exited", finished_at=time.time(), reason="stopped before start")
+            self.write(state="exited", finished_at=time.time(), ended=InstanceEnd.STOPPED.value,
+                       reason="stopped before start")
             return 0
         with open(self.path / "output.log", "ab") as out:
             try:
@@ -129,7 +132,7 @@ class Guard:
                     start_new_session=True, preexec_fn=_die_with_parent)
             except OSError as exc:
                 self.write(state="exited", exit_code=127, finished_at=time.time(),
-                           reason=f"could not start: {exc}")
+                           ended=InstanceEnd.EXIT.value, reason=f"could not start: {exc}")
                 return 0
         self.write(state="running", pid=self.proc.pid, started_at=time.time())
         return self._supervise()
@@ -147,7 +150,7 @@ class Guard:
         baseline = (0, -1)
         exit_by: float | None = None  # checkpoint committed; SIGTERM if still running then
         term_by: float | None = None  # SIGTERM sent; SIGKILL at this time
-        killed = stopping = False
+        killed = stopping = fenced = False
         while True:
             code = self.proc.poll()
             if code is not None:
@@ -157,14 +160,17 @@ class Guard:
                         self.state.update(stop_checkpoint=newest[1],
                                           reason=f"stopped after checkpoint step {newest[1]}")
                 reason = self.state["reason"] or f"exited with code {code}"
+                ended = (InstanceEnd.FENCED if fenced else
+                         InstanceEnd.STOPPED if stopping or self.stop_requested else
+                         InstanceEnd.EXIT)
                 self._signal_group(signal.SIGKILL)  # leftovers of the workload's session
                 self.write(state="exited", exit_code=code, finished_at=time.time(),
-                           reason=reason)
+                           ended=ended.value, reason=reason)
                 return 0
             now = time.monotonic()
             if not killed and must_kill(now, read_deadline(self.fence_file)):
                 self._signal_group(signal.SIGKILL)
-                killed = True
+                killed = fenced = True
                 self.state["reason"] = "fenced: lease deadline passed without renewal"
             elif self.urgent and not killed and (not stopping or checkpoint_by is not None
                                                   or exit_by is not None):

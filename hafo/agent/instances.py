@@ -3,7 +3,11 @@ reports. Everything lives in ``<state_dir>/instances/<workload>.<epoch>/`` so a 
 finds its guards again.
 
     launch.json   written by the agent: argv, env, cwd, grace, workload, epoch, node
-    state.json    written by the guard: guard_pid, pid, state, exit_code, times, reason
+    state.json    written by the guard: guard_pid, pid, state, exit_code, started_at,
+                  finished_at, reason, ended (how it ended: hafo.model.cluster.InstanceEnd),
+                  stop_checkpoint, transparent
+    .lease.json   the agent's lease record (see hafo.agent.claim): kept with the instance
+                  records, so that one cannot survive without the other
     output.log    the workload's stdout and stderr
 """
 
@@ -14,6 +18,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from hafo.model.cluster import InstanceEnd, instance_end
 
 INSTANCES = "instances"
 
@@ -43,6 +49,7 @@ class GuardState:
     finished_at: float | None
     reason: str
     transparent: str | None = None  # why a transparent checkpoint was refused
+    ended: InstanceEnd | None = None  # how it ended (exited instances)
 
 
 def instance_dir(state_dir: Path, key: InstanceKey) -> Path:
@@ -79,4 +86,5 @@ def read_guard_state(path: Path) -> GuardState | None:
     return GuardState(guard_pid=data.get("guard_pid"), pid=data.get("pid"),
                       state=str(data.get("state", "starting")), exit_code=data.get("exit_code"),
                       started_at=data.get("started_at"), finished_at=data.get("finished_at"),
-                      reason=str(data.get("reason", "")), transparent=data.get("transparent"))
+                      reason=str(data.get("reason", "")), transparent=data.get("transparent"),
+                      ended=instance_end(data.get("ended")))

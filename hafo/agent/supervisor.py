@@ -30,7 +30,13 @@ from hafo.agent.instances import (
     write_json_atomic,
 )
 from hafo.checkpoint import list_checkpoints
-from hafo.model.cluster import Assignment, CheckpointInfo, InstanceStatus, Submission
+from hafo.model.cluster import (
+    Assignment,
+    CheckpointInfo,
+    InstanceEnd,
+    InstanceStatus,
+    Submission,
+)
 from hafo.model.names import checkpoint_dir as workload_checkpoint_dir
 
 log = structlog.get_logger("hafo.agent")
@@ -91,24 +97,26 @@ class Supervisor:
                 if age < 10.0:
                     state = GuardState(None, None, "starting", None, None, None, "")
                 else:  # the guard never wrote its state: it did not start
-                    state = self._mark_exited(path, None, None, "guard did not start")
+                    state = self._mark_exited(path, None, None, "guard did not start",
+                                              InstanceEnd.GUARD_LOST)
             elif state.state != "exited" and not pid_alive(state.guard_pid):
                 if pid_alive(state.pid):  # workload orphaned: never leave it running
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(state.pid or 0, signal.SIGKILL)
                 state = self._mark_exited(path, state.guard_pid, state.pid, "guard died",
-                                          exit_code=-9)
+                                          InstanceEnd.GUARD_LOST, exit_code=-9)
             out[key] = state
         return out
 
     @staticmethod
     def _mark_exited(path: Path, guard_pid: int | None, pid: int | None, reason: str,
-                     exit_code: int | None = None) -> GuardState:
+                     ended: InstanceEnd, exit_code: int | None = None) -> GuardState:
         now = time.time()
         write_json_atomic(path / "state.json", {
             "guard_pid": guard_pid, "pid": pid, "state": "exited", "exit_code": exit_code,
-            "started_at": None, "finished_at": now, "reason": reason})
-        return GuardState(guard_pid, pid, "exited", exit_code, None, now, reason)
+            "started_at": None, "finished_at": now, "reason": reason, "ended": ended.value})
+        return GuardState(guard_pid, pid, "exited", exit_code, None, now, reason,
+                          ended=ended)
 
     # -- actions ------------------------------------------------------------------------
 
@@ -154,7 +162,9 @@ class Supervisor:
                  why=why, urgent=urgent)
 
     def kill_all(self, why: str) -> None:
-        """Kill every instance at once (lease lost: someone else may run them now)."""
+        """Kill every instance at once (lease lost: someone else may run them now) and record
+        each as fenced once its guard is gone (so the guard cannot overwrite the record)."""
+        killed: list[tuple[InstanceKey, GuardState]] = []
         for key, state in self.states().items():
             if state.state == "exited":
                 continue
@@ -164,8 +174,16 @@ class Supervisor:
             if state.guard_pid:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(state.guard_pid, signal.SIGKILL)
+            killed.append((key, state))
             log.warning("instance killed", workload=key.workload, node=self.node,
                         epoch=key.epoch, why=why)
+        deadline = time.monotonic() + 2.0
+        for key, state in killed:
+            while pid_alive(state.guard_pid) and time.monotonic() < deadline:
+                reap_children()
+                time.sleep(0.005)
+            self._mark_exited(instance_dir(self.state_dir, key), state.guard_pid, state.pid,
+                              f"fenced: {why}", InstanceEnd.FENCED, exit_code=-9)
 
     def forget(self, key: InstanceKey) -> None:
         """Remove an exited, no longer desired instance (its output log is kept)."""
@@ -198,7 +216,8 @@ class Supervisor:
                               state=reported,  # type: ignore[arg-type]
                               pid=state.pid, exit_code=state.exit_code,
                               started_at=state.started_at, finished_at=state.finished_at,
-                              checkpoint=self.checkpoint_info(key.workload))
+                              checkpoint=self.checkpoint_info(key.workload),
+                              ended=state.ended if state.state == "exited" else None)
 
 
 def newest_per_workload(states: Mapping[InstanceKey, GuardState]) -> dict[str, InstanceKey]:

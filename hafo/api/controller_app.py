@@ -25,6 +25,10 @@ from hafo.model.cluster import ClusterSnapshot, Event
 from hafo.model.views import all_nodes, all_workloads, node_view, status_view, workload_view
 from hafo.store import EtcdStore, Keys
 
+#: Header on every ``/v1/`` read answered while etcd does not answer this controller: how
+#: old, in seconds, the cached state may be.
+STALE_HEADER = "Hafo-Stale-Seconds"
+
 #: Largest request body accepted (a workload spec with a generous environment).
 MAX_BODY_BYTES = 256 * 1024
 
@@ -43,6 +47,14 @@ class ControllerSource(Protocol):
 
     def ready(self) -> bool:
         """Connected to etcd."""
+        ...
+
+    def stale_seconds(self) -> float | None:
+        """Age of the cache while etcd does not answer; None while fresh."""
+        ...
+
+    def not_ready_reason(self) -> str:
+        """Why ``ready`` is False, for people."""
         ...
 
     def leading(self) -> bool:
@@ -67,8 +79,16 @@ def make_controller_app(source: ControllerSource, token: str | None = None,
     app.add_routes(read_routes(source))
     app.add_routes(write_routes(source))
     app.add_routes(probe_routes("controller", source.name, source.ready, source.registry,
-                                controller_document()))
+                                controller_document(), source.not_ready_reason))
     add_dashboard(app)
+
+    async def mark_stale(request: web.Request, response: web.StreamResponse) -> None:
+        # Reads answered from a cache that etcd has not refreshed say how old it may be.
+        stale = source.stale_seconds()
+        if stale is not None and request.method == "GET" and request.path.startswith("/v1/"):
+            response.headers[STALE_HEADER] = f"{stale:.1f}"
+
+    app.on_response_prepare.append(mark_stale)
     return app
 
 
@@ -100,7 +120,10 @@ def read_routes(source: ControllerSource) -> web.RouteTableDef:
 
     @routes.get("/v1/status")
     async def status(_request: web.Request) -> web.Response:
-        return await json_off_loop(status_view, source.snapshot())
+        stale = source.stale_seconds()
+        return await json_off_loop(
+            lambda snapshot: {**status_view(snapshot), "stale": stale is not None,
+                              "stale_seconds": stale}, source.snapshot())
 
     @routes.get("/v1/nodes")
     async def nodes(_request: web.Request) -> web.Response:

@@ -13,7 +13,8 @@ from hafo.api.errors import error
 
 
 def probe_routes(role: str, name: str, ready: Callable[[], bool], registry: CollectorRegistry,
-                 document: dict[str, Any]) -> web.RouteTableDef:
+                 document: dict[str, Any],
+                 not_ready: Callable[[], str] | None = None) -> web.RouteTableDef:
     """Liveness, readiness (connected to etcd / holding a lease), metrics and the API's
     OpenAPI document, for a daemon of ``role`` ('controller' or 'agent') called ``name``."""
     routes = web.RouteTableDef()
@@ -26,6 +27,8 @@ def probe_routes(role: str, name: str, ready: Callable[[], bool], registry: Coll
     async def readyz(_request: web.Request) -> web.Response:
         if ready():
             return web.json_response({"status": "ready", role: name})
+        if not_ready is not None:
+            return error(503, not_ready())
         return error(503, "not connected to etcd" if role == "controller"
                      else "no valid lease")
 

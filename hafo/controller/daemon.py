@@ -52,7 +52,8 @@ class Controller:
         self.config = config
         self.name = config.controller_name
         self.keys = Keys(config.cluster)
-        self.store = EtcdStore.from_config(config.etcd)
+        self.store = EtcdStore.from_config(config.etcd,
+                                           reconnect_backoff=config.timing.heartbeat / 2)
         self.registry = CollectorRegistry()  # Prometheus metrics served at /metrics
         timing = config.timing
         self.keeper = LeaseKeeper(self.store, timing.lease_ttl, timing.heartbeat,
@@ -79,6 +80,22 @@ class Controller:
     def ready(self) -> bool:
         """Connected to etcd and holding a live lease."""
         return self.connected and self.keeper.valid()
+
+    def stale_seconds(self) -> float | None:
+        """How old the cache may be when etcd has not answered this controller for more than
+        two heartbeats (seconds since its last acknowledged keepalive); None while fresh."""
+        age = self.keeper.clock() - self.keeper.last_ack
+        if self.connected and age <= 2 * self.config.timing.heartbeat:
+            return None
+        return round(age, 1)
+
+    def not_ready_reason(self) -> str:
+        """For ``/readyz``'s 503: how long etcd has not answered us."""
+        stale = self.stale_seconds()
+        if stale is None or not self.connected:
+            return "not connected to etcd"
+        return (f"not connected to etcd for {stale:.0f} s: answers come from a cache of "
+                "that age")
 
     def leading(self) -> bool:
         """True while this controller is the leader and its lease is valid."""
@@ -196,7 +213,8 @@ class Controller:
         self.connected = True
         if ready is not None:
             ready.set()
-        await run_all(lease=self._keep_lease(), follow=self.cache.follow(), lead=self._lead())
+        await run_all(lease=self._keep_lease(), follow=self.cache.follow(), lead=self._lead(),
+                      confirm=self.cache.confirm_expiries())
 
     async def close(self) -> None:
         """Resign leadership and release the lease (clean shutdown)."""

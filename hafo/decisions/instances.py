@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from hafo.decisions.claim import may_start_epoch
+
 Instance = tuple[str, int]
 
 
@@ -24,12 +26,15 @@ class InstancePlan:
 
 
 def plan_instances(desired: Iterable[Instance], running: Mapping[Instance, bool],
-                   may_start: bool) -> InstancePlan:
+                   may_start: bool, claimed: int = 0) -> InstancePlan:
     """``desired``: instances assigned to this node; ``running``: every instance on disk ->
-    whether it still runs."""
+    whether it still runs; ``claimed``: the revision of this agent's claim of the node
+    (instances of epochs up to it are an earlier holder's, never started here, see
+    ``hafo.decisions.claim``)."""
     wanted = set(desired)
     stop = tuple(sorted(i for i, alive in running.items() if alive and i not in wanted))
     busy = {workload for (workload, _), alive in running.items() if alive}
     start = () if not may_start else tuple(sorted(
-        i for i in wanted if i not in running and i[0] not in busy))
+        i for i in wanted if i not in running and i[0] not in busy
+        and may_start_epoch(i[1], claimed, recorded=False)))
     return InstancePlan(stop, start)

@@ -22,7 +22,14 @@ from hafo.decisions.placement import (
     place_one,
 )
 from hafo.decisions.plan import Action, Need
-from hafo.model.cluster import Assignment, CheckpointInfo, ClusterSnapshot, MoveRequest
+from hafo.model.cluster import (
+    PLANNED_CAUSES,
+    Assignment,
+    CheckpointInfo,
+    ClusterSnapshot,
+    MoveCause,
+    MoveRequest,
+)
 from hafo.model.views import latest_checkpoint
 
 
@@ -55,7 +62,7 @@ def start_move(snapshot: ClusterSnapshot, wid: str, move: MoveRequest, now: floa
     moving = Assignment(workload=wid, phase="moving", node=current.node, gpus=current.gpus,
                         restarts=current.restarts, restart_times=current.restart_times,
                         reason=move.reason or "planned move", avoid=current.avoid,
-                        stopping=current.epoch, move_to=move.to)
+                        stopping=current.epoch, move_to=move.to, cause="planned")
     target = move.to or "another node"
     return Action("move", wid, f"{move.reason or 'planned move'}: checkpoint and stop on "
                   f"{current.node}, then run on {target}", current.epoch, moving,
@@ -70,7 +77,7 @@ def move_refusal(snapshot: ClusterSnapshot, wid: str, to: str | None, now: float
     return action.why.removeprefix("move refused: ") if action.kind == "refuse-move" else ""
 
 
-def stop_then_place(current: Assignment, why: str, event: str, *, urgent: bool,
+def stop_then_place(current: Assignment, why: str, event: MoveCause, *, urgent: bool,
                     after: AfterFailure | None = None,
                     preempted_for: str | None = None) -> Action:
     """Stop the running instance first, then place the workload again (see ``moved_off``):
@@ -86,7 +93,7 @@ def stop_then_place(current: Assignment, why: str, event: str, *, urgent: bool,
         urgent=urgent, after_stop=after.kind if after else "move",
         not_before=after.not_before if after else 0.0,
         failed_on=after.failed_on if after else current.failed_on,
-        preempted_for=preempted_for)
+        preempted_for=preempted_for, cause=event)
     how = "stop now" if urgent else "checkpoint and stop"
     return Action("move", current.workload, f"{after.why if after else why}: {how} on "
                   f"{current.node}", current.epoch, moving, event)
@@ -110,14 +117,17 @@ def moved_off(snapshot: ClusterSnapshot, current: Assignment, now: float, cooldo
                                    avoid, prefer=node, exclude=current.failed_on)
         return Need(request, current, current.restarts, current.restart_times, "restarted",
                     f"{current.reason}{_resumes(snapshot, current.workload, checkpoints)}")
+    kept = dict(avoid)  # what the new assignment remembers
     if current.move_to is None:
-        avoid[node] = now + cooldown
+        avoid[node] = now + cooldown  # this placement goes elsewhere if it can
+        if current.cause not in PLANNED_CAUSES:
+            kept[node] = avoid[node]  # a node that went bad stays avoided for a while
     request = PlacementRequest(current.workload, submission.spec, submission.submitted_at,
                                avoid, prefer=current.move_to, only=current.move_to,
                                exclude=current.failed_on)
     return Need(request, current, current.restarts, current.restart_times, "moved",
                 f"move off {node}: {current.reason} (instance {current.stopping} stopped"
-                f"{_resumes(snapshot, current.workload, checkpoints)})")
+                f"{_resumes(snapshot, current.workload, checkpoints)})", avoid=kept)
 
 
 def latest_checkpoints(snapshot: ClusterSnapshot) -> dict[str, CheckpointInfo]:

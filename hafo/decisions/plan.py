@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -37,7 +38,9 @@ class Plan:
 
 @dataclass(frozen=True)
 class Need:
-    """Why a workload needs a (new) placement, and with which history."""
+    """Why a workload needs a (new) placement, and with which history. ``avoid``: the
+    cool-downs the new assignment keeps (None: those of the request; a planned move avoids
+    its old node for this placement only)."""
 
     request: PlacementRequest
     previous: Assignment | None
@@ -45,3 +48,4 @@ class Need:
     restart_times: tuple[float, ...]
     event: str
     why: str
+    avoid: Mapping[str, float] | None = None

@@ -36,7 +36,7 @@ from hafo.decisions.preemption import (
     victims_by_node,
     waiting_preemptors,
 )
-from hafo.model.cluster import Assignment, CheckpointInfo, ClusterSnapshot
+from hafo.model.cluster import Assignment, CheckpointInfo, ClusterSnapshot, InstanceEnd
 
 __all__ = ["FAILED_NODE_COOLDOWN", "Action", "Plan", "reconcile"]
 
@@ -85,6 +85,12 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
                                      exclude=current.failed_on), current,
                     current.restarts, current.restart_times, "failover",
                     f"node {node} is down; {_resume(checkpoints, wid)}")
+    registered = snapshot.alive.get(node)
+    if registered is not None and current.epoch <= registered.claimed:
+        return _infrastructure_restart(
+            snapshot, current, now, checkpoints,
+            f"{node} was registered again by an agent with a new lease; instance "
+            f"{current.epoch} of the previous registration is gone")
     hardware = _hardware_move(snapshot, current)
     if hardware is not None:
         return hardware
@@ -101,6 +107,10 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
         done = Assignment(workload=wid, phase="completed", node=None, restarts=current.restarts,
                           restart_times=current.restart_times, reason="exited with code 0")
         return Action("finish", wid, f"exited 0 on {node}", _revision(current), done, "completed")
+    if status.ended_by_infrastructure:
+        how = "fenced" if status.ended is InstanceEnd.FENCED else "lost with its guard"
+        return _infrastructure_restart(snapshot, current, now, checkpoints,
+                                       f"instance {current.epoch} on {node} was {how}")
     after = after_failure(current, spec.restart, node, f"exited with code {status.exit_code}",
                           status.finished_at or now, now)
     if now < after.not_before:
@@ -111,6 +121,21 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
                                exclude=after.failed_on)
     return Need(request, current, after.restarts, after.restart_times, "restarted",
                 f"{after.why}; {_resume(checkpoints, wid)}")
+
+
+def _infrastructure_restart(snapshot: ClusterSnapshot, current: Assignment, now: float,
+                            checkpoints: Mapping[str, CheckpointInfo], why: str) -> Need:
+    """Run again, in place, an instance that the infrastructure ended (fencing, lease loss,
+    an etcd outage, a lost guard): not the workload's fault, so no restart is counted, no
+    backoff waited for and no node excluded or cooled down."""
+    assert current.node is not None
+    submission = snapshot.workloads[current.workload]
+    avoid = {n: t for n, t in current.avoid.items() if t > now}
+    request = PlacementRequest(current.workload, submission.spec, submission.submitted_at,
+                               avoid, prefer=current.node, exclude=current.failed_on)
+    return Need(request, current, current.restarts, current.restart_times, "restarted",
+                f"{why}: restart in place, not counted (not the workload's fault); "
+                f"{_resume(checkpoints, current.workload)}")
 
 
 def _hardware_move(snapshot: ClusterSnapshot, current: Assignment) -> Action | None:
@@ -252,7 +277,7 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
     for need in needs:
         wid = need.request.workload
         result = results[wid]
-        avoid = dict(need.request.avoid)
+        avoid = dict(need.request.avoid if need.avoid is None else need.avoid)
         failed_on = dict(need.request.exclude)
         if isinstance(result, Placed):
             new = Assignment(workload=wid, phase="placed", node=result.node, gpus=result.gpus,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cached_property
 from typing import Any, Literal
 
@@ -18,9 +19,38 @@ WorkloadState = Literal["pending", "starting", "running", "stopping", "completed
 Phase = Literal["pending", "placed", "moving", "completed", "failed"]
 InstanceState = Literal["starting", "running", "stopping", "exited"]
 AfterStop = Literal["move", "restart"]
+#: Why a workload in phase ``moving`` is being stopped. A planned move or a preemption says
+#: nothing against its node, so the node is not avoided afterwards; the others do.
+MoveCause = Literal["planned", "preempted", "node-unhealthy", "gpu-unhealthy", "gpu-degraded",
+                    "app-failed"]
+PLANNED_CAUSES: frozenset[str] = frozenset({"planned", "preempted"})
 
 
 MIG_INDEX_BASE = 100
+
+
+class InstanceEnd(StrEnum):
+    """How an instance ended, as its guard (or the agent) recorded it. Carried as data, so
+    that a reworded message can never change what the controller decides."""
+
+    EXIT = "exit"  # the workload exited by itself; its exit code says how
+    STOPPED = "stopped"  # the agent stopped it (planned move, failing check, deletion)
+    FENCED = "fenced"  # killed at the fencing deadline or on lease loss: not its fault
+    GUARD_LOST = "guard-lost"  # its guard died (or never started); the agent killed it
+
+
+#: Ends caused by the infrastructure (fencing, lease loss, an etcd outage, a lost guard), not
+#: by the workload: the restart that follows does not count toward ``restart.max_restarts``,
+#: waits for no backoff and excludes no node (docs: README "Safety", infrastructure restarts).
+INFRASTRUCTURE_ENDS = frozenset({InstanceEnd.FENCED, InstanceEnd.GUARD_LOST})
+
+
+def instance_end(value: object) -> InstanceEnd | None:
+    """Parse a recorded end (None when absent or unknown: an older agent's report)."""
+    try:
+        return InstanceEnd(str(value)) if value is not None else None
+    except ValueError:
+        return None
 
 
 def mig_index(parent: int, slot: int) -> int:
@@ -102,12 +132,15 @@ class NodeRecord:
     reason: str = ""
     api: str = ""
     failsafe_seen: int = 0
+    lease: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form."""
+        """JSON form. ``lease``: the lease of the agent that registered the node last (a
+        claimant waits while it lives, even if the liveness key was deleted)."""
         return {"name": self.name, "labels": dict(self.labels),
                 "gpus": [g.to_dict() for g in self.gpus], "healthy": self.healthy,
-                "reason": self.reason, "api": self.api, "failsafe_seen": self.failsafe_seen}
+                "reason": self.reason, "api": self.api, "failsafe_seen": self.failsafe_seen,
+                "lease": self.lease}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> NodeRecord:
@@ -116,25 +149,34 @@ class NodeRecord:
                           gpus=tuple(Gpu.from_dict(g) for g in d.get("gpus") or ()),
                           healthy=bool(d.get("healthy", True)), reason=str(d.get("reason", "")),
                           api=str(d.get("api", "")),
-                          failsafe_seen=int(d.get("failsafe_seen", 0)))
+                          failsafe_seen=int(d.get("failsafe_seen", 0)),
+                          lease=int(d.get("lease", 0)))
 
 
 @dataclass(frozen=True)
 class Liveness:
-    """The lease-bound key that says a node's agent is alive."""
+    """The lease-bound key that says a node's agent is alive.
+
+    ``claimed``: the etcd revision at which this agent verified that the node name was free
+    (no live lease held it). Instances of epochs up to it belong to an earlier holder of the
+    name: the agent never starts them, and the controller places them again (0: an agent
+    that predates the claim rule)."""
 
     node: str
     lease: int
     since: float
+    claimed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
-        return {"node": self.node, "lease": self.lease, "since": self.since}
+        return {"node": self.node, "lease": self.lease, "since": self.since,
+                "claimed": self.claimed}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> Liveness:
         """Inverse of ``to_dict``."""
-        return Liveness(node=str(d["node"]), lease=int(d["lease"]), since=float(d["since"]))
+        return Liveness(node=str(d["node"]), lease=int(d["lease"]), since=float(d["since"]),
+                        claimed=int(d.get("claimed", 0)))
 
 
 @dataclass(frozen=True)
@@ -161,6 +203,7 @@ class Assignment:
     not_before: float = 0.0
     failed_on: Mapping[str, float] = field(default_factory=dict)
     preempted_for: str | None = None
+    cause: MoveCause | None = None
 
     @property
     def holds_node(self) -> bool:
@@ -175,7 +218,8 @@ class Assignment:
         again: ``after_stop`` ``restart`` prefers the same node, ``move`` another one (or
         ``move_to``). ``failed_on``: nodes where it failed too often, excluded until then.
         ``preempted_for``: the higher-priority workload this move makes room for (its GPUs
-        are held for that workload, on this node, until it is placed).
+        are held for that workload, on this node, until it is placed). ``cause``: why a
+        ``moving`` workload is stopped (``MoveCause``; null in other phases).
         """
         return {"workload": self.workload, "phase": self.phase, "node": self.node,
                 "gpus": list(self.gpus), "restarts": self.restarts,
@@ -183,7 +227,7 @@ class Assignment:
                 "avoid": dict(self.avoid), "stopping": self.stopping, "move_to": self.move_to,
                 "urgent": self.urgent, "after_stop": self.after_stop,
                 "not_before": self.not_before, "failed_on": dict(self.failed_on),
-                "preempted_for": self.preempted_for}
+                "preempted_for": self.preempted_for, "cause": self.cause}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any], epoch: int) -> Assignment:
@@ -201,7 +245,16 @@ class Assignment:
                           failed_on={str(k): float(v)
                                      for k, v in (d.get("failed_on") or {}).items()},
                           preempted_for=(None if d.get("preempted_for") is None
-                                         else str(d["preempted_for"])))
+                                         else str(d["preempted_for"])),
+                          cause=_move_cause(d.get("cause")))
+
+
+_MOVE_CAUSES: dict[str, MoveCause] = {c: c for c in (
+    "planned", "preempted", "node-unhealthy", "gpu-unhealthy", "gpu-degraded", "app-failed")}
+
+
+def _move_cause(value: object) -> MoveCause | None:
+    return _MOVE_CAUSES.get(str(value)) if value is not None else None
 
 
 @dataclass(frozen=True)
@@ -238,15 +291,23 @@ class InstanceStatus:
     finished_at: float | None = None
     checkpoint: CheckpointInfo | None = None
     failing: str = ""
+    ended: InstanceEnd | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form. ``failing``: why the running instance is considered failed (a check
-        past its failure threshold, an application XID on its GPU), "" when it is fine."""
+        past its failure threshold, an application XID on its GPU), "" when it is fine.
+        ``ended``: how an exited instance ended (``InstanceEnd``), null while it runs."""
         return {"workload": self.workload, "node": self.node, "epoch": self.epoch,
                 "state": self.state, "pid": self.pid, "exit_code": self.exit_code,
                 "started_at": self.started_at, "finished_at": self.finished_at,
                 "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None,
-                "failing": self.failing}
+                "failing": self.failing,
+                "ended": self.ended.value if self.ended is not None else None}
+
+    @property
+    def ended_by_infrastructure(self) -> bool:
+        """Exited because of fencing, lease loss or a lost guard (``INFRASTRUCTURE_ENDS``)."""
+        return self.ended in INFRASTRUCTURE_ENDS
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> InstanceStatus:
@@ -256,7 +317,8 @@ class InstanceStatus:
                               exit_code=d.get("exit_code"), started_at=d.get("started_at"),
                               finished_at=d.get("finished_at"),
                               checkpoint=CheckpointInfo.from_dict(d.get("checkpoint")),
-                              failing=str(d.get("failing") or ""))
+                              failing=str(d.get("failing") or ""),
+                              ended=instance_end(d.get("ended")))
 
 
 @dataclass(frozen=True)

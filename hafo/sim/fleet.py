@@ -25,13 +25,24 @@ from hafo.agent.assignments import for_node
 from hafo.decisions.instances import plan_instances
 from hafo.gpu.simulated import SimulatedGpus
 from hafo.model.cluster import Assignment, FailsafeSet, Gpu, InstanceStatus, Liveness, NodeRecord
-from hafo.store import TRANSIENT, Delete, EtcdStore, Keys, Put, Resync, WatchEvent, codec
+from hafo.store import (
+    TRANSIENT,
+    Delete,
+    EtcdStore,
+    Keys,
+    Put,
+    Resync,
+    StoreError,
+    WatchEvent,
+    codec,
+)
 from hafo.tasks import run_all
 
 log = structlog.get_logger("hafo.sim")
 
 KEEPALIVE_CHUNK = 1000
 NODES_PER_TXN = 60  # node record + liveness key: 2 ops each, under etcd's 128
+REGISTER_CHUNK = 1000  # nodes granted and registered together
 
 
 @dataclass
@@ -74,6 +85,7 @@ class SimFleet:
         self.placed_on: dict[str, str] = {}  # workload -> the node it was last placed on
         self._wake = asyncio.Event()
         self.started: dict[str, float] = {}  # workload -> wall time its newest instance started
+        self._keeper: asyncio.Future[None] | None = None  # started by ``start``
 
     # -- registration ------------------------------------------------------------------
 
@@ -96,14 +108,35 @@ class SimFleet:
         await self.store.write_many(ops, per_txn=2 * NODES_PER_TXN)
 
     async def start(self) -> None:
-        """Grant every lease and register every node."""
+        """Grant every lease and register every node, chunk by chunk. Leases are kept alive
+        from the moment they are granted (as an agent keeps its own): on a slow machine,
+        granting and registering 10,000 nodes takes longer than the TTL."""
         kv = await self.store.get(self.keys.failsafe)
         if kv is not None:
             self.failsafe = codec.decode_failsafe(kv.value)
+        self._keeper = asyncio.create_task(self._keep_leases())
         nodes = list(self.nodes.values())
-        await self._grant(nodes)
-        await self._register(nodes)
+        try:
+            for start in range(0, len(nodes), REGISTER_CHUNK):
+                await self._enrol(nodes[start:start + REGISTER_CHUNK])
+        except BaseException:
+            self._keeper.cancel()
+            raise
         log.info("simulated nodes registered", nodes=len(nodes))
+
+    async def _enrol(self, nodes: list[SimNode]) -> None:
+        """Grant leases to ``nodes`` and register them; a lease that expired before its keys
+        were written (etcd: "requested lease not found") is granted again."""
+        await self._grant(nodes)
+        for attempt in range(3):
+            try:
+                await self._register(nodes)
+                return
+            except StoreError as exc:
+                log.warning("registration refused; granting the chunk's leases again",
+                            nodes=len(nodes), attempt=attempt + 1, error=str(exc))
+                await self._grant(nodes)
+        await self._register(nodes)
 
     # -- loops -------------------------------------------------------------------------
 
@@ -124,8 +157,7 @@ class SimFleet:
             for node in lost:
                 node.running.clear()
                 node.exited.clear()
-            await self._grant(lost)
-            await self._register(lost)
+            await self._enrol(lost)
 
     async def _keep_leases(self) -> None:
         while True:
@@ -229,9 +261,18 @@ class SimFleet:
                         [Put(self.keys.node(n.name),
                              codec.encode(n.record(current.version).to_dict())) for n in live])
 
+    async def _leases(self) -> None:
+        """The keepalive loop ``start`` began (or a new one)."""
+        keeper = self._keeper if self._keeper is not None else asyncio.ensure_future(
+            self._keep_leases())
+        try:
+            await keeper
+        finally:
+            keeper.cancel()
+
     async def run(self) -> None:
         """Keep leases, follow assignments and report instances until cancelled."""
-        await run_all(leases=self._keep_leases(), assignments=self._follow_assignments(),
+        await run_all(leases=self._leases(), assignments=self._follow_assignments(),
                       supervise=self._supervise(), failsafe=self._follow_failsafe())
 
     # -- faults ------------------------------------------------------------------------

@@ -127,6 +127,23 @@ def parse_endpoint(url: str) -> tuple[str, int]:
     return parts.hostname, parts.port
 
 
+def channel_options(max_backoff: float) -> dict[str, int]:
+    """gRPC channel options that bound reconnection after etcd comes back.
+
+    gRPC's defaults back off up to 120 s between connection attempts, and channels to one
+    target share their subchannels (and so that backoff) through a process-wide pool: after an
+    outage of 20 s a fresh channel waited 5 s or more before it tried again, longer than the
+    few seconds a restarted etcd gives a restored lease. Each channel here keeps its own
+    subchannels and retries every 0.1 s at first, never waiting more than ``max_backoff``
+    (the store's ``reconnect_backoff``: half a heartbeat in the daemons).
+    """
+    ceiling = max(100, int(max_backoff * 1000))
+    return {"grpc.use_local_subchannel_pool": 1,
+            "grpc.initial_reconnect_backoff_ms": 100,
+            "grpc.min_reconnect_backoff_ms": 100,
+            "grpc.max_reconnect_backoff_ms": ceiling}
+
+
 def _kv(raw: Any) -> KV:
     return KV(key=raw.key.decode(), value=bytes(raw.value), create_revision=raw.create_revision,
               mod_revision=raw.mod_revision, lease=raw.lease)
@@ -138,7 +155,7 @@ class EtcdStore:
     def __init__(self, endpoints: Sequence[str], *, timeout: float = 2.0,
                  retry_budget: float = 10.0, username: str | None = None,
                  password: str | None = None, tls: TlsFiles | None = None,
-                 observer: Observer | None = None) -> None:
+                 observer: Observer | None = None, reconnect_backoff: float = 0.5) -> None:
         if not endpoints:
             raise ValueError("at least one etcd endpoint is required")
         self.endpoints = [parse_endpoint(e) for e in endpoints]
@@ -148,6 +165,7 @@ class EtcdStore:
         self._password = password
         self._tls = tls
         self.observer = observer
+        self.reconnect_backoff = reconnect_backoff
         self._index = 0
         self._client: aetcd.Client | None = None
         self._generation = 0
@@ -167,11 +185,14 @@ class EtcdStore:
                    **kwargs)
 
     def _new_client(self, host: str, port: int, timeout: int) -> aetcd.Client:
+        options = channel_options(self.reconnect_backoff)
         if self._tls is not None:
             return SecureClient(host=host, port=port, timeout=timeout, tls=self._tls,
-                                username=self._username, password=self._password)
+                                username=self._username, password=self._password,
+                                options=options)
         return aetcd.Client(host=host, port=port, timeout=timeout,
-                            username=self._username, password=self._password)
+                            username=self._username, password=self._password,
+                            options=options)
 
     def _observe(self, started: float, error: BaseException | None) -> None:
         if self.observer is not None:
@@ -435,6 +456,18 @@ class EtcdStore:
         leaderless = {member for member, leader, _ in answered if leader == 0}
         return len(leaderless) > size // 2
 
+    async def live_leases(self) -> set[int]:
+        """The ids of every lease etcd has now (one LeaseLeases call: a few hundred kB at
+        10,000 nodes). A lease absent here has expired or was revoked."""
+
+        async def op(client: aetcd.Client) -> set[int]:
+            reply = await client.leasestub.LeaseLeases(aetcd.rpc.LeaseLeasesRequest(),
+                                                       timeout=self.timeout,
+                                                       metadata=client.metadata)
+            return {int(item.ID) for item in reply.leases}
+
+        return await self.call(_wrap_rpc(op))
+
     async def lease_ttl(self, lease_id: int) -> int:
         """Remaining TTL of a lease (<= 0 when it no longer exists)."""
         info = await self.call(lambda c: c.get_lease_info(lease_id, keys=False))
@@ -446,6 +479,21 @@ class EtcdStore:
             await self.call(lambda c: c.revoke_lease(lease_id), budget=3.0)
 
     # -- watches -------------------------------------------------------------------------
+
+    async def watch_key(self, key: str, start_revision: int) -> AsyncIterator[WatchEvent]:
+        """Every change of exactly ``key`` (not of keys it is a prefix of) from
+        ``start_revision`` on, across reconnects; a compaction yields the key's current
+        state as a put or a delete."""
+        async for event in self.watch_prefix(key, start_revision):
+            if isinstance(event, WatchEvent):
+                if event.kv.key == key:
+                    yield event
+                continue
+            current = next((kv for kv in event.kvs if kv.key == key), None)
+            if current is not None:
+                yield WatchEvent("put", current)
+            else:
+                yield WatchEvent("delete", KV(key, b"", 0, event.revision, 0))
 
     async def watch_prefix(self, prefix: str,
                            start_revision: int) -> AsyncIterator[WatchEvent | Resync]:
@@ -462,7 +510,7 @@ class EtcdStore:
                 client, generation = await self._current()
             except TRANSIENT as exc:
                 failures += 1
-                await asyncio.sleep(min(1.0, 0.05 * 2 ** failures))
+                await asyncio.sleep(min(self.reconnect_backoff, 0.05 * 2 ** failures))
                 log.debug("watch reconnect failed", error=repr(exc))
                 continue
             watch = None
@@ -485,7 +533,7 @@ class EtcdStore:
             except (*TRANSIENT, etcd_errors.WatchTimeoutError, etcd_errors.ClientError) as exc:
                 failures += 1
                 await self._rotate(generation, exc)
-                await asyncio.sleep(min(1.0, 0.02 * 2 ** failures))
+                await asyncio.sleep(min(self.reconnect_backoff, 0.02 * 2 ** failures))
             else:
                 # The stream ended without error: the connection was closed under us.
                 await asyncio.sleep(0.02)

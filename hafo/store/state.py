@@ -26,7 +26,7 @@ from hafo.model.cluster import (
     Submission,
 )
 from hafo.store import codec
-from hafo.store.client import KV, EtcdStore, Resync, WatchEvent
+from hafo.store.client import KV, TRANSIENT, EtcdStore, Resync, StoreError, WatchEvent
 from hafo.store.keys import Keys
 
 log = structlog.get_logger("hafo.state")
@@ -50,6 +50,10 @@ class ClusterCache:
         self.failsafe = FailsafeSet()
         self.moves: dict[str, MoveRequest] = {}
         self.checkpoints: dict[str, CheckpointInfo] = {}  # newest seen, outlives the reports
+        # Liveness keys deleted while their lease may still live (deleted by hand): the node
+        # stays alive until etcd confirms that the lease is gone (``confirm_expiries``).
+        self.unconfirmed: dict[str, Liveness] = {}
+        self._confirm = asyncio.Event()
         self.changed = asyncio.Event()
 
     def _clear(self) -> None:
@@ -71,11 +75,20 @@ class ClusterCache:
         return revision
 
     def _reset(self, revision: int, kvs: Iterable[KV]) -> None:
+        before = {**self.alive}
         self._clear()
         for kv in kvs:
             self._apply(kv.key, kv.value, kv.mod_revision, deleted=False)
+        for name, liveness in before.items():  # gone during a resync: confirm like a delete
+            if name not in self.alive:
+                self._liveness_deleted(name, liveness)
         self.revision = revision
         self.changed.set()
+
+    def _liveness_deleted(self, name: str, liveness: Liveness) -> None:
+        self.alive[name] = liveness
+        self.unconfirmed[name] = liveness
+        self._confirm.set()
 
     def apply_event(self, event: WatchEvent | Resync) -> None:
         """Apply one watch event (or a full resync)."""
@@ -102,7 +115,12 @@ class ClusterCache:
         elif kind == "nodes":
             _set(self.nodes, name, None if deleted else codec.decode_node(value))
         elif kind == "alive":
-            _set(self.alive, name, None if deleted else codec.decode_liveness(value))
+            if deleted:
+                if name in self.alive:
+                    self._liveness_deleted(name, self.alive[name])
+            else:
+                self.alive[name] = codec.decode_liveness(value)
+                self.unconfirmed.pop(name, None)
         elif kind == "cordon":
             if deleted:
                 self.cordoned.discard(name)
@@ -148,6 +166,38 @@ class ClusterCache:
             moves=MappingProxyType(dict(self.moves)),
             checkpoints=MappingProxyType(dict(self.checkpoints)),
         )
+
+    async def confirm_expiries(self, interval: float = 0.25) -> None:
+        """Forever: drop a node whose liveness key was deleted from ``alive`` once etcd no
+        longer has its lease. A lease expires only after its holder's guards killed their
+        workloads (README "Safety"); a key deleted by hand while the lease lives says nothing
+        of the kind, and its agent puts it back within a heartbeat."""
+        while True:
+            await self._confirm.wait()
+            self._confirm.clear()
+            while self.unconfirmed:
+                try:
+                    live = await self._live({lv.lease for lv in self.unconfirmed.values()})
+                except TRANSIENT:
+                    live = None  # etcd unreachable: nothing is confirmed, nothing moves
+                if live is not None:
+                    for name, liveness in list(self.unconfirmed.items()):
+                        if liveness.lease not in live:
+                            del self.unconfirmed[name]
+                            self.alive.pop(name, None)
+                            self.changed.set()
+                            log.info("liveness lease gone: node down", node=name,
+                                     lease=f"{liveness.lease:x}")
+                if self.unconfirmed:
+                    await asyncio.sleep(interval)
+
+    async def _live(self, leases: set[int]) -> set[int]:
+        """Which of ``leases`` etcd still has: one LeaseLeases call, or one LeaseTimeToLive
+        per lease where listing leases is not permitted."""
+        try:
+            return await self.store.live_leases() & leases
+        except StoreError:
+            return {lease for lease in leases if await self.store.lease_ttl(lease) > 0}
 
     async def follow(self, on_change: Callable[[], Awaitable[None] | None] | None = None) -> None:
         """Apply watch events forever (from the loaded revision + 1)."""

@@ -123,7 +123,7 @@ def fake_api_app(hits: dict[str, int]) -> web.Application:
          "healthy": False, "allocated_to": None},
     ]
     bodies: dict[str, Any] = {
-        "/healthz": {"status": "ok", "controller": "ctl-fake"},
+        "/readyz": {"status": "ready", "controller": "ctl-fake"},
         "/v1/status": {"leader": "ctl-fake", "controllers": ["ctl-fake"],
                        "nodes": {"ready": 1, "cordoned": 0, "unhealthy": 0, "down": 1},
                        "workloads": {"pending": 0, "starting": 0, "running": 1, "stopping": 0,

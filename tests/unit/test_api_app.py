@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from hafo.api import make_agent_app, make_controller_app
 from hafo.api.auth import load_token, token_matches
+from hafo.api.controller_app import STALE_HEADER
 from hafo.api.openapi import agent_document, controller_document
 from hafo.api.server import server_tls
 from hafo.model.cluster import ClusterSnapshot, Event
@@ -34,10 +35,12 @@ class FakeController:
     name = "ctl-1"
     keys = Keys("unit")
 
-    def __init__(self, store: Any = None, snapshot_error: Exception | None = None) -> None:
+    def __init__(self, store: Any = None, snapshot_error: Exception | None = None,
+                 stale: float | None = None) -> None:
         self.store = store
         self.registry = CollectorRegistry()
         self.snapshot_error = snapshot_error
+        self.stale = stale
 
     def snapshot(self) -> ClusterSnapshot:
         if self.snapshot_error is not None:
@@ -45,7 +48,13 @@ class FakeController:
         return ClusterSnapshot(1, {}, {}, frozenset(), {}, {}, {})
 
     def ready(self) -> bool:
-        return True
+        return self.stale is None
+
+    def stale_seconds(self) -> float | None:
+        return self.stale
+
+    def not_ready_reason(self) -> str:
+        return f"not connected to etcd for {self.stale:.0f} s"
 
     def leading(self) -> bool:
         return False
@@ -239,6 +248,22 @@ async def test_unexpected_failure_is_a_json_500_without_details() -> None:
         assert resp.status == 500
         body = await resp.json()
         assert "secret" not in body["error"]
+
+
+async def test_reads_from_a_cache_etcd_no_longer_refreshes_say_so() -> None:
+    fresh, stale = FakeController(), FakeController(stale=12.5)
+    async with TestClient(TestServer(make_controller_app(fresh), host="127.0.0.1")) as c:
+        resp = await c.get("/v1/status")
+        assert (await resp.json())["stale"] is False and STALE_HEADER not in resp.headers
+        assert (await c.get("/readyz")).status == 200
+    async with TestClient(TestServer(make_controller_app(stale), host="127.0.0.1")) as c:
+        resp = await c.get("/v1/status")
+        body = await resp.json()
+        assert (body["stale"], body["stale_seconds"]) == (True, 12.5)
+        assert resp.headers[STALE_HEADER] == "12.5"
+        assert (await c.get("/v1/nodes")).headers[STALE_HEADER] == "12.5"
+        resp = await c.get("/readyz")
+        assert resp.status == 503 and "for 12 s" in (await resp.json())["error"]
 
 
 async def test_agent_api_probes_and_metrics() -> None:

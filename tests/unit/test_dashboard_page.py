@@ -31,6 +31,12 @@ class FakeSource:
     def ready(self) -> bool:
         return True
 
+    def stale_seconds(self) -> float | None:
+        return None
+
+    def not_ready_reason(self) -> str:
+        return ""
+
     def leading(self) -> bool:
         return True
 

@@ -1,0 +1,180 @@
+"""The agent's hold on its node name: the lease record, adopting, waiting and claiming.
+
+The rule is ``hafo.decisions.claim``; this module does the I/O. The lease record
+(``instances/.lease.json``: the lease id and the revision of the claim) lives inside the
+instance records directory, so that the records and the lease that protects them are kept,
+moved or lost together: an agent whose state directory is empty, wiped or elsewhere has no
+lease record and so is a new claimant, never an adopter of guards it cannot see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from hafo.agent.instances import INSTANCES, write_json_atomic
+from hafo.decisions.claim import ClaimView, decide_claim
+from hafo.model.cluster import Event, Liveness
+from hafo.store import TRANSIENT, Compare, EtcdStore, EventLog, Get, Keys, LeaseKeeper, Put, codec
+
+log = structlog.get_logger("hafo.agent")
+
+LEASE_RECORD = ".lease.json"
+LEGACY_LEASE_RECORD = "lease.json"  # before the claim rule: beside instances/, no claim
+WAIT_LOG_EVERY = 30.0
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """What an agent remembers of its hold on the node."""
+
+    lease: int
+    claimed: int
+
+
+def read_record(state_dir: Path) -> LeaseRecord | None:
+    """The lease record, or None (no records of ours: a new claimant). The legacy location
+    is read only while the instance records directory exists beside it."""
+    for path in (state_dir / INSTANCES / LEASE_RECORD, state_dir / LEGACY_LEASE_RECORD):
+        if path.name == LEGACY_LEASE_RECORD and not (state_dir / INSTANCES).is_dir():
+            continue
+        try:
+            data = json.loads(path.read_text())
+            return LeaseRecord(int(data["lease"]), int(data.get("claimed", 0)))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def write_record(state_dir: Path, record: LeaseRecord) -> None:
+    """Replace the lease record atomically (and drop the legacy one)."""
+    root = state_dir / INSTANCES
+    root.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(root / LEASE_RECORD, {"lease": record.lease, "claimed": record.claimed})
+    (state_dir / LEGACY_LEASE_RECORD).unlink(missing_ok=True)
+
+
+class Displaced(Exception):
+    """Another agent's lease holds the node's liveness key: our work must be fenced."""
+
+
+class NodeClaim:
+    """Acquire the node name (adopt, wait or claim) and keep its keys in place."""
+
+    def __init__(self, name: str, store: EtcdStore, keys: Keys, keeper: LeaseKeeper,
+                 state_dir: Path, events: EventLog, heartbeat: float,
+                 fence_all: Callable[[str], None]) -> None:
+        self.name = name
+        self.store = store
+        self.keys = keys
+        self.keeper = keeper
+        self.state_dir = state_dir
+        self.events = events
+        self.heartbeat = heartbeat
+        self.fence_all = fence_all
+        self.claimed = 0
+        self.waiting_for: int | None = None  # another holder's lease while we wait
+
+    async def _lease_alive(self, lease: int) -> bool:
+        return await self.store.lease_ttl(lease) > 0
+
+    async def _view(self, saved: LeaseRecord | None) -> tuple[ClaimView, int]:
+        """What etcd says now, and the revision it was read at."""
+        revision, kvs = await self.store.get_prefix(self.keys.alive(self.name))
+        alive = next((kv for kv in kvs if kv.key == self.keys.alive(self.name)), None)
+        node = await self.store.get(self.keys.node(self.name))
+        holder = alive.lease if alive is not None else None
+        recorded = None
+        if node is not None:
+            recorded = codec.decode_node(node.value).lease or None
+        live = set()
+        for lease in {holder, recorded, saved.lease if saved else None}:
+            if lease and await self._lease_alive(lease):
+                live.add(lease)
+        return ClaimView(saved.lease if saved else None, holder, recorded, live), revision
+
+    async def acquire(self) -> bool:
+        """Hold the node name; True when our own lease was adopted (hitless restart)."""
+        last_said = 0.0
+        announced: int | None = None
+        while True:
+            try:
+                saved = read_record(self.state_dir)
+                view, revision = await self._view(saved)
+                decision = decide_claim(view)
+                if decision.outcome == "adopt" and saved is not None:
+                    if await self.keeper.adopt(saved.lease):
+                        self.claimed = saved.claimed
+                        self.waiting_for = None
+                        log.info("lease adopted: running guards kept", node=self.name,
+                                 lease=f"{saved.lease:x}")
+                        return True
+                    continue  # it expired meanwhile: look again
+                if decision.outcome == "wait":
+                    self.waiting_for = decision.lease
+                    if time.monotonic() - last_said >= WAIT_LOG_EVERY:
+                        last_said = time.monotonic()
+                        log.warning(f"node name {self.name!r} is in use: {decision.why}; "
+                                    "waiting until it is free (another agent with this name, "
+                                    "or this node's previous agent whose records are gone)",
+                                    node=self.name, holder=f"{decision.lease:x}")
+                    if announced != decision.lease:
+                        announced = decision.lease
+                        await self.events.append(Event(
+                            ts=time.time(), kind="duplicate-node", node=self.name,
+                            message=f"an agent asks for node name {self.name} while another "
+                            "agent's live lease holds it; it waits until the name is free"))
+                    await asyncio.sleep(self.heartbeat)
+                    continue
+                if await self._claim(revision, why=decision.why):
+                    self.waiting_for = None
+                    return False
+            except TRANSIENT as exc:
+                log.warning("node claim: etcd unavailable", node=self.name,
+                            error=type(exc).__name__)
+                await asyncio.sleep(min(0.5, self.heartbeat / 2))
+
+    async def _claim(self, revision: int, why: str) -> bool:
+        """Fence whatever our records still run, take a fresh lease and create the liveness
+        key if nobody did meanwhile. ``revision``: when the name was seen free."""
+        self.fence_all(f"claiming node {self.name} anew ({why})")
+        if self.keeper.lease_id is None or not self.keeper.valid():
+            await self.keeper.grant()
+        assert self.keeper.lease_id is not None
+        lease = self.keeper.lease_id
+        liveness = Liveness(node=self.name, lease=lease, since=time.time(), claimed=revision)
+        result = await self.store.txn(
+            [Compare(self.keys.alive(self.name), "create", "==", 0)],
+            [Put(self.keys.alive(self.name), codec.encode(liveness.to_dict()), lease=lease)])
+        if not result.succeeded:
+            return False  # someone registered first: look again
+        self.claimed = revision
+        write_record(self.state_dir, LeaseRecord(lease, revision))
+        log.info("node claimed", node=self.name, lease=f"{lease:x}", claimed=revision,
+                 ttl=self.keeper.granted_ttl, why=why)
+        return True
+
+    async def ensure_alive_key(self) -> int:
+        """Put our liveness key back if it is missing (deleted by hand while our lease lives);
+        Displaced if another lease holds it. Returns the revision."""
+        lease = self.keeper.lease_id
+        assert lease is not None
+        liveness = Liveness(node=self.name, lease=lease, since=time.time(),
+                            claimed=self.claimed)
+        key = self.keys.alive(self.name)
+        result = await self.store.txn([Compare(key, "create", "==", 0)],
+                                      [Put(key, codec.encode(liveness.to_dict()), lease=lease)],
+                                      [Get(key)])
+        if not result.succeeded:
+            current = result.reads[0] if result.reads else None
+            if current is not None and current.lease != lease:
+                raise Displaced(f"node {self.name}'s liveness key is held by lease "
+                                f"{current.lease:x}, not ours ({lease:x})")
+        return result.revision
+
