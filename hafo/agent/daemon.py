@@ -388,6 +388,9 @@ class Agent:
         """For ``GET /v1/node``."""
         return {"node": self.node_record().to_dict(), "lease_valid": self.keeper.valid(),
                 "fenced_in": round(self.keeper.deadline - self.keeper.clock(), 3),
+                "etcd_contact_age": round(self.keeper.clock() - self.keeper.last_ack, 3),
+                "waiting_for_name": (f"{self.claim.waiting_for:x}"
+                                     if self.claim.waiting_for else None),
                 "instances": {w: s.to_dict() for w, s in self.reported.items()},
                 "checks": {k.workload: self.app_checks.results(k)
                            for k in self.app_checks.running}}

@@ -57,6 +57,10 @@ class ControllerSource(Protocol):
         """Why ``ready`` is False, for people."""
         ...
 
+    def etcd_contact_age(self) -> float:
+        """Seconds since etcd last acknowledged this controller's keepalive."""
+        ...
+
     def leading(self) -> bool:
         """This controller is the leader."""
         ...
@@ -123,7 +127,9 @@ def read_routes(source: ControllerSource) -> web.RouteTableDef:
         stale = source.stale_seconds()
         return await json_off_loop(
             lambda snapshot: {**status_view(snapshot), "stale": stale is not None,
-                              "stale_seconds": stale}, source.snapshot())
+                              "stale_seconds": stale,
+                              "etcd_contact_age": source.etcd_contact_age()},
+            source.snapshot())
 
     @routes.get("/v1/nodes")
     async def nodes(_request: web.Request) -> web.Response:

@@ -89,6 +89,10 @@ class Controller:
             return None
         return round(age, 1)
 
+    def etcd_contact_age(self) -> float:
+        """Seconds since etcd last acknowledged our keepalive."""
+        return round(self.keeper.clock() - self.keeper.last_ack, 3)
+
     def not_ready_reason(self) -> str:
         """For ``/readyz``'s 503: how long etcd has not answered us."""
         stale = self.stale_seconds()

@@ -143,11 +143,13 @@ def _hardware_move(snapshot: ClusterSnapshot, current: Assignment) -> Action | N
     (with a checkpoint unless the GPU is lost), then place elsewhere."""
     assert current.node is not None
     record = snapshot.nodes.get(current.node)
-    gpus = {g.index: g for g in record.gpus} if record else {}
+    if record is None:
+        return None  # its record was deleted while it lives: its agent writes it again
+    gpus = {g.index: g for g in record.gpus}
     used = [gpus[i] for i in current.gpus if i in gpus]
     lost = any(g.lost for g in used)
     if snapshot.node_state(current.node) == "unhealthy":
-        reason = record.reason if record and record.reason else "no reason given"
+        reason = record.reason or "no reason given"
         return stop_then_place(current, f"node {current.node} is unhealthy ({reason})",
                                "node-unhealthy", urgent=lost)
     bad = [g for g in used if not g.usable]

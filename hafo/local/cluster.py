@@ -94,6 +94,7 @@ class LocalCluster:
     gpus_per_node: int = 4
     lease_ttl: int = 3
     heartbeat: float = 1.0
+    failsafe_max: float | None = None  # timing.failsafe_max of every daemon (default 300 s)
     cluster: str = "default"
     keep: bool = False
     partitionable: bool = False
@@ -114,7 +115,9 @@ class LocalCluster:
 
     def _common(self, endpoints: list[str] | None = None) -> dict[str, Any]:
         return {"cluster": self.cluster, "etcd": {"endpoints": endpoints or self.etcd.endpoints},
-                "timing": {"lease_ttl": self.lease_ttl, "heartbeat": self.heartbeat},
+                "timing": {"lease_ttl": self.lease_ttl, "heartbeat": self.heartbeat,
+                           **({"failsafe_max": self.failsafe_max}
+                              if self.failsafe_max is not None else {})},
                 "checkpoint": {"root": str(self.checkpoint_root)}, "log": {"format": "json"}}
 
     def _write_config(self, path: Path, data: dict[str, Any]) -> None:
@@ -186,6 +189,33 @@ class LocalCluster:
             self.start_controller(self.add_controller(f"ctl-{i}").name)
         for i in range(1, self.nodes + 1):
             self.start_node(self.add_node(f"node-{i}").name)
+
+    def start_duplicate_agent(self, name: str, tag: str = "dup") -> tuple[
+            subprocess.Popen[bytes], Path, int]:
+        """Start a second agent that claims node ``name`` (as an operator's copy-paste
+        mistake would): its own config, state directory and API port, outside the node's
+        process tree. Returns (process, state dir, API port); stop it by pid."""
+        handle = self.node_handles[name]
+        config = yaml.safe_load(handle.config_path.read_text())
+        state_dir = self.base / "nodes" / f"{name}-{tag}" / "state"
+        port = free_port()
+        config["node"]["state_dir"] = str(state_dir)
+        config["api"]["listen"] = f"127.0.0.1:{port}"
+        path = self.base / "config" / f"{name}-{tag}.yaml"
+        self._write_config(path, config)
+        proc = spawn([sys.executable, "-m", "hafo", "agent", "--config", str(path)],
+                     self.base / "logs" / f"{name}-{tag}.log")
+        return proc, state_dir, port
+
+    def move_state_dir(self, name: str, tag: str = "moved") -> Path:
+        """Point the node's agent at a new, empty state directory (an upgrade that moved it,
+        a wiped disk): takes effect at the agent's next start. Returns the new directory."""
+        handle = self.node_handles[name]
+        config = yaml.safe_load(handle.config_path.read_text())
+        state_dir = self.base / "nodes" / name / tag
+        config["node"]["state_dir"] = str(state_dir)
+        self._write_config(handle.config_path, config)
+        return state_dir
 
     def node_pids(self, name: str) -> list[int]:
         """Every live process of a node: its init and all descendants."""

@@ -50,6 +50,9 @@ class FakeController:
     def ready(self) -> bool:
         return self.stale is None
 
+    def etcd_contact_age(self) -> float:
+        return 0.1
+
     def stale_seconds(self) -> float | None:
         return self.stale
 

@@ -31,6 +31,9 @@ class FakeSource:
     def ready(self) -> bool:
         return True
 
+    def etcd_contact_age(self) -> float:
+        return 0.1
+
     def stale_seconds(self) -> float | None:
         return None
 

@@ -1,0 +1,148 @@
+"""One node name, one holder: duplicate agents, agents that lost their records, liveness keys
+deleted by hand, and nodes left by a planned move. Real processes, real etcd."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hafo.local.cluster import demo_workload_spec
+from hafo.local.procs import pid_alive, stop_process
+from hafo.store import intents, read_events
+
+from .conftest import ClusterFactory
+from .helpers import assert_never_two_copies, running, start_with_workload, view
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def started_at(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot), to tell it from a reused pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def node_status(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/node", timeout=1.0) as resp:
+        return dict(json.loads(resp.read()))
+
+
+async def test_a_second_agent_with_the_same_name_waits_and_runs_nothing(
+        local_cluster: ClusterFactory) -> None:
+    cluster, wid, snapshot = await start_with_workload(local_cluster, nodes=2, controllers=1)
+    node, epoch = view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]
+    pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    lease = snapshot.alive[node].lease
+    dup, dup_state, dup_port = cluster.start_duplicate_agent(node)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                waiting = (await asyncio.to_thread(node_status, dup_port))["waiting_for_name"]
+            except OSError:
+                waiting = None
+            if waiting == f"{lease:x}":
+                break
+            assert time.monotonic() < deadline, "the duplicate never said it waits"
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(3.0)  # long enough to have started anything it would start
+        assert not (dup_state / "instances").exists() or not any(
+            p.name[0] != "." for p in (dup_state / "instances").iterdir()), "it ran nothing"
+        snapshot = await cluster.snapshot()
+        assert snapshot.alive[node].lease == lease
+        assert (view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]) == (node, epoch)
+        assert snapshot.current_status(wid).pid == pid and pid_alive(pid)  # type: ignore[union-attr,arg-type]
+        events = await read_events(cluster.store, cluster.keys, 100)
+        assert any(e.kind == "duplicate-node" and e.node == node for e in events)
+        log = (cluster.base / "logs" / f"{node}-dup.log").read_text()
+        assert f"node name '{node}' is in use" in log
+    finally:
+        stop_process(dup, grace=3.0)
+    await asyncio.sleep(2 * cluster.lease_ttl)  # the duplicate is gone: nothing changes
+    snapshot = await cluster.snapshot()
+    assert snapshot.node_state(node) == "ready" and snapshot.alive[node].lease == lease
+    assert snapshot.current_status(wid).pid == pid and pid_alive(pid)  # type: ignore[union-attr,arg-type]
+    assert_never_two_copies(cluster, wid)
+
+
+@pytest.mark.parametrize("how", ["moved", "wiped"])
+async def test_an_agent_restarted_without_its_records_never_runs_an_epoch_twice(
+        local_cluster: ClusterFactory, how: str) -> None:
+    cluster, wid, snapshot = await start_with_workload(local_cluster, nodes=1, controllers=1)
+    node, epoch = view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]
+    pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    born = started_at(pid)  # type: ignore[arg-type]
+    handle = cluster.node_handles[node]
+    old_agent = cluster.kill_agent(node)
+    if how == "moved":
+        cluster.move_state_dir(node)  # the old guards keep reading the old fence file
+    else:
+        shutil.rmtree(handle.state_dir / "instances")  # records gone, fence file kept
+    cluster.restart_agent(node)
+    deadline = time.monotonic() + 10
+    while handle.agent_pid() in (None, old_agent):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    snapshot = await cluster.wait_for(
+        lambda s: running(wid)(s) and view(s, wid)["epoch"] > epoch, 30,
+        what="running again with a new epoch")
+    assert not (pid_alive(pid) and started_at(pid) == born), "the old instance is dead"  # type: ignore[arg-type]
+    assert view(snapshot, wid)["restarts"] == 0, "not the workload's fault"
+    new_epoch = view(snapshot, wid)["epoch"]
+    deadline = time.monotonic() + 10
+    while True:  # the new instance writes its first line a moment after it starts
+        starts = [ln["epoch"] for ln in cluster.progress_log(wid) if ln.get("event") == "start"]
+        if new_epoch in starts or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    assert starts == [epoch, new_epoch], "the old epoch was never started again"
+    assert_never_two_copies(cluster, wid)
+
+
+async def test_a_liveness_key_deleted_by_hand_is_put_back_and_nothing_moves(
+        local_cluster: ClusterFactory) -> None:
+    cluster, wid, snapshot = await start_with_workload(local_cluster, nodes=2, controllers=1)
+    node, epoch = view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]
+    pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    lease = snapshot.alive[node].lease
+    for _ in range(3):
+        deleted_at = time.monotonic()
+        await cluster.store.delete(cluster.keys.alive(node))
+        await cluster.wait_for(lambda s: node in s.alive, 5, interval=0.02,
+                               what="liveness key back")
+        assert time.monotonic() - deleted_at < cluster.heartbeat + 1.0
+        await cluster.store.delete(cluster.keys.node(node))
+        await cluster.wait_for(lambda s: node in s.nodes, 5, interval=0.02,
+                               what="node record back")
+        await asyncio.sleep(1.0)
+    await asyncio.sleep(cluster.lease_ttl)
+    snapshot = await cluster.snapshot()
+    assert snapshot.alive[node].lease == lease and snapshot.node_state(node) == "ready"
+    assert (view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]) == (node, epoch)
+    assert snapshot.current_status(wid).pid == pid and pid_alive(pid)  # type: ignore[union-attr,arg-type]
+    kinds = {e.kind for e in await read_events(cluster.store, cluster.keys, 100)}
+    assert not kinds & {"failover", "fenced", "restarted", "node-reregistered"}, kinds
+
+
+async def test_after_drain_and_uncordon_a_node_takes_new_work_again(
+        local_cluster: ClusterFactory) -> None:
+    cluster = await local_cluster.start(nodes=2, controllers=1, gpus_per_node=2)
+    wid = await cluster.submit(demo_workload_spec(name="first", gpus=1))
+    snapshot = await cluster.wait_for(running(wid), 20, what="running")
+    node = view(snapshot, wid)["node"]
+    await intents.drain(cluster.store, cluster.keys, node)
+    await cluster.wait_for(running(wid, not_on=node), 30, what="drained")
+    await intents.set_cordon(cluster.store, cluster.keys, node, False)
+    other = await cluster.submit(demo_workload_spec(name="second", gpus=1))
+    snapshot = await cluster.wait_for(running(other), 20, what="second running")
+    assert view(snapshot, other)["node"] == node, "the emptier, uncordoned node"
+    assert not snapshot.assignments[wid].avoid, "a planned move leaves no cool-down"
