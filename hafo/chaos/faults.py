@@ -10,11 +10,13 @@ from random import Random
 from typing import Any
 
 from hafo.local.cluster import LocalCluster
-from hafo.local.procs import kill_pid, pid_alive
+from hafo.local.procs import kill_pid, pid_alive, stop_process
 
 FAULT_KINDS = (
     "node-power-loss", "agent-crash", "agent-restart", "agent-freeze", "agent-partition",
     "leader-crash", "leader-freeze", "etcd-member-crash", "workload-crash",
+    "etcd-restart", "whole-etcd-restart", "duplicate-agent", "agent-restart-without-state",
+    "deleted-liveness-key",
 )
 
 
@@ -29,6 +31,7 @@ class Fault:
     hitless: dict[str, tuple[int, int]] = field(default_factory=dict)  # wid -> (epoch, pid)
     hold: float = 0.0  # the fault lasts this long from injection before ``undo``
     details: dict[str, Any] = field(default_factory=dict)
+    downtime: float = 0.0  # etcd was away this long inside ``inject``: not recovery time
 
 
 async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float) -> Fault:
@@ -96,6 +99,43 @@ async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float) -
             await asyncio.to_thread(cluster.etcd.wait_ready, 20.0)
         return Fault(kind, cluster.etcd.members[index].name, False, restart_member,
                      hold=rng.uniform(1.0, outage), details={"raft_leader": index == raft_leader})
+    every_running = {w: (s.epoch, s.pid or 0) for w, s in running.items()}
+    if kind == "etcd-restart":  # a rolling restart, member by member (an etcd upgrade)
+        await cluster.close_store()
+        for index in range(len(cluster.etcd.members)):
+            cluster.etcd.kill_member(index)
+            cluster.etcd.restart_member(index)
+            await asyncio.to_thread(cluster.etcd.wait_ready, 20.0)
+        return Fault(kind, "etcd", False, None, every_running)
+    if kind == "whole-etcd-restart":  # every member killed at once, then started again
+        await cluster.close_store()
+        for index in range(len(cluster.etcd.members)):
+            cluster.etcd.kill_member(index)
+        down = rng.uniform(1.0, 3 * outage)
+        await asyncio.sleep(down)
+        for index in range(len(cluster.etcd.members)):
+            cluster.etcd.restart_member(index)
+        await asyncio.to_thread(cluster.etcd.wait_ready, 20.0)
+        return Fault(kind, "etcd", False, None, every_running, downtime=down,
+                     details={"down": round(down, 1)})
+    if kind == "duplicate-agent":  # a second agent started with a busy node's name
+        tag = f"dup{rng.randrange(1 << 30)}"
+        proc, _state, _port = cluster.start_duplicate_agent(node, tag=tag)
+        hitless = {w: v for w, v in every_running.items() if running[w].node == node}
+
+        async def stop_duplicate() -> None:
+            stop_process(proc, grace=3.0)
+        return Fault(kind, node, False, stop_duplicate, hitless, hold=outage)
+    if kind == "agent-restart-without-state":  # an upgrade moved the state dir, or a wipe
+        cluster.kill_agent(node)
+        cluster.move_state_dir(node, tag=f"state-{rng.randrange(1 << 30)}")
+        cluster.restart_agent(node)
+        return Fault(kind, node, True, None)
+    if kind == "deleted-liveness-key":  # by hand, while the agent and its lease live
+        await cluster.store.delete(cluster.keys.alive(node))
+        await cluster.store.delete(cluster.keys.node(node))
+        hitless = {w: v for w, v in every_running.items() if running[w].node == node}
+        return Fault(kind, node, False, None, hitless)
     if kind == "workload-crash":
         if not running:
             return Fault(kind, "-", False, None)

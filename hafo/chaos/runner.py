@@ -49,7 +49,7 @@ class ChaosReport:
 
     def table(self) -> str:
         """Per fault kind: count, recovery p50/max, violations."""
-        rows = [f"{'fault':18s} {'count':>5s} {'recovery p50':>12s} {'max':>7s} "
+        rows = [f"{'fault':28s} {'count':>5s} {'recovery p50':>12s} {'max':>7s} "
                 f"{'violations':>10s}"]
         for kind in FAULT_KINDS:
             mine = [r for r in self.results if r.kind == kind]
@@ -57,7 +57,7 @@ class ChaosReport:
                 continue
             times = [r.recovery for r in mine if r.recovery is not None]
             bad = sum(len(r.violations) + (r.recovery is None) for r in mine)
-            rows.append(f"{kind:18s} {len(mine):5d} {percentile(times, .5):11.2f}s "
+            rows.append(f"{kind:28s} {len(mine):5d} {percentile(times, .5):11.2f}s "
                         f"{max(times, default=0):6.2f}s {bad:10d}")
         rows.append(f"{len(self.results)} faults in {self.duration:.0f}s, seed {self.seed}: "
                     f"{len(self.overlaps)} logged overlaps, {len(self.concurrent)} "
@@ -165,7 +165,7 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
             result = FaultResult(kind, fault.target, None)
             try:
                 await _wait_recovered(cluster, fault, before, ids, 60)
-                result.recovery = time.monotonic() - t0
+                result.recovery = time.monotonic() - t0 - fault.downtime
             except TimeoutError as exc:
                 result.violations.append(str(exc))
             await asyncio.sleep(max(0.0, t0 + fault.hold - time.monotonic()))

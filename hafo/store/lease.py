@@ -157,9 +157,15 @@ class LeaseKeeper:
                 ok = await self._keepalive_gathering_proof()
             else:
                 retry = min(0.5, self.heartbeat / 2)
+                # A controller takes up to 0.4 s to find etcd unreachable before it answers
+                # (hafo.controller.failsafe.PROBE_TIMEOUT); a round that waited only as long
+                # as a keepalive retry missed answers on a busy machine and fenced healthy
+                # work in a whole-etcd restart. The extension counts from the round's start,
+                # so a longer round is as safe.
                 result, *extended = await asyncio.gather(
                     self.keepalive_once(retry), self._extend_if_leaderless(retry),
-                    self._extend_if_failsafe(retry), return_exceptions=True)
+                    self._extend_if_failsafe(max(retry, self.heartbeat)),
+                    return_exceptions=True)
                 for outcome in (result, *extended):
                     if isinstance(outcome, BaseException):
                         raise outcome
