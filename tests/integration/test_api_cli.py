@@ -64,7 +64,9 @@ def test_controller_api_read_side(cluster: LocalCluster) -> None:
         assert get(port, "/healthz")[0] == 200
         assert get(port, "/readyz")[0] == 200
         status = eventually(port, "/v1/status", lambda s: s["leader"] and s["nodes"]["ready"])
-        assert set(status) == {"leader", "controllers", "nodes", "workloads"}
+        assert set(status) == {"leader", "controllers", "nodes", "workloads", "stale",
+                               "stale_seconds", "etcd_contact_age"}
+        assert status["stale"] is False and status["stale_seconds"] is None
         assert status["leader"] == leaders[0]
         assert status["nodes"]["ready"] == 2
         code, nodes = get(port, "/v1/nodes")
