@@ -420,12 +420,26 @@ def _api_settings(config: Any) -> tuple[str | None, Any]:
 
 async def _cmd_agent(args: argparse.Namespace) -> int:
     from hafo import logs
+
+    config = load_config(args.config, "agent")
+    logs.configure(config.log_format, node=config.node.name)
+    # Before the heavy imports and the GPU backend: one agent per state directory, and the
+    # lease of a crashed predecessor renewed at once (hafo.agent.early_renewal).
+    from hafo.agent.early_renewal import renew_saved_lease
+    from hafo.agent.statelock import hold_state_dir
+
+    _lock = await hold_state_dir(Path(config.node.state_dir))
+    left = await renew_saved_lease(config)
+    if left is not None:
+        import structlog
+
+        structlog.get_logger("hafo.agent").info("saved lease renewed before start-up",
+                                                node=config.node.name, fenced_in=round(left, 3))
+
     from hafo.agent.daemon import Agent
     from hafo.api import make_agent_app
 
-    config = load_config(args.config, "agent")
     _token, tls = _api_settings(config)
-    logs.configure(config.log_format, node=config.node.name)
     agent = Agent(config)
     agent.api_address = config.api.listen
     runner = await _listen(make_agent_app(agent), config, tls)

@@ -118,6 +118,11 @@ class NodeClaim:
                     continue  # it expired meanwhile: look again
                 if decision.outcome == "wait":
                     self.waiting_for = decision.lease
+                    if saved is not None and saved.lease in view.live:
+                        # Our lease lives but no longer holds the name (its keys were deleted
+                        # and another agent claimed it): what our guards run is not ours.
+                        self.fence_all(f"node {self.name} is held by another agent's lease "
+                                       f"{decision.lease:x}")
                     if time.monotonic() - last_said >= WAIT_LOG_EVERY:
                         last_said = time.monotonic()
                         log.warning(f"node name {self.name!r} is in use: {decision.why}; "

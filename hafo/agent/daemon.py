@@ -351,19 +351,24 @@ class Agent:
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Lease, registration and assignments; the loops are started by ``run``."""
+    async def run(self, ready: asyncio.Event | None = None) -> None:
+        """Run until cancelled. The lease is kept alive from the moment it is held: the first
+        registration (a health cycle, NVML on a real node) may take longer than the fencing
+        deadline leaves an adopted lease."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         await self.acquire_lease()
-        await self.register()
-        await self.assignments.load()
-
-    async def run(self, ready: asyncio.Event | None = None) -> None:
-        """Run until cancelled."""
-        await self.start()
+        lease = asyncio.create_task(self._keep_lease(), name="lease")
+        try:
+            async with self._reclaiming:  # a lease lost meanwhile is reclaimed after this
+                await self.register()
+                await self.assignments.load()
+        except BaseException:
+            lease.cancel()
+            await asyncio.gather(lease, return_exceptions=True)
+            raise
         if ready is not None:
             ready.set()
-        await run_all(lease=self._keep_lease(), identity=self._watch_identity(),
+        await run_all(lease=lease, identity=self._watch_identity(),
                       assignments=self.assignments.follow(),
                       supervise=self._supervise_loop(), health=self._health_loop(),
                       loop_lag=self._loop_lag())

@@ -58,7 +58,9 @@ async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float) -
     if kind == "agent-restart":
         hitless = {w: (s.epoch, s.pid or 0) for w, s in running.items() if s.node == node}
         cluster.kill_agent(node)
-        await asyncio.sleep(rng.uniform(0.1, 1.0))
+        # systemd restarts a crashed agent after RestartSec=100ms; the new one must renew the
+        # lease within lease_ttl - fence_margin - heartbeat of the crash (README "Safety").
+        await asyncio.sleep(rng.uniform(0.1, 0.6))
         cluster.restart_agent(node)
         return Fault(kind, node, False, None, hitless)
     if kind == "agent-freeze":

@@ -190,14 +190,17 @@ class LocalCluster:
         for i in range(1, self.nodes + 1):
             self.start_node(self.add_node(f"node-{i}").name)
 
-    def start_duplicate_agent(self, name: str, tag: str = "dup") -> tuple[
+    def start_duplicate_agent(self, name: str, tag: str = "dup",
+                              same_state_dir: bool = False) -> tuple[
             subprocess.Popen[bytes], Path, int]:
         """Start a second agent that claims node ``name`` (as an operator's copy-paste
-        mistake would): its own config, state directory and API port, outside the node's
-        process tree. Returns (process, state dir, API port); stop it by pid."""
+        mistake would): its own config and API port, outside the node's process tree, with
+        its own state directory or (``same_state_dir``) the node's. Returns (process, state
+        dir, API port); stop it by pid."""
         handle = self.node_handles[name]
         config = yaml.safe_load(handle.config_path.read_text())
-        state_dir = self.base / "nodes" / f"{name}-{tag}" / "state"
+        state_dir = (Path(config["node"]["state_dir"]) if same_state_dir
+                     else self.base / "nodes" / f"{name}-{tag}" / "state")
         port = free_port()
         config["node"]["state_dir"] = str(state_dir)
         config["api"]["listen"] = f"127.0.0.1:{port}"

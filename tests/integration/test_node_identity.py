@@ -4,6 +4,7 @@ deleted by hand, and nodes left by a planned move. Real processes, real etcd."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import time
@@ -146,3 +147,72 @@ async def test_after_drain_and_uncordon_a_node_takes_new_work_again(
     snapshot = await cluster.wait_for(running(other), 20, what="second running")
     assert view(snapshot, other)["node"] == node, "the emptier, uncordoned node"
     assert not snapshot.assignments[wid].avoid, "a planned move leaves no cool-down"
+
+
+async def test_a_second_agent_on_the_same_state_directory_waits_then_adopts(
+        local_cluster: ClusterFactory) -> None:
+    """Two agent processes on one state directory would both adopt the lease and both
+    launch guards: the second waits on the directory's lock until the first is gone, then
+    renews the saved lease at once and keeps the work (same pid, same epoch)."""
+    cluster, wid, snapshot = await start_with_workload(local_cluster, nodes=1, controllers=1)
+    node, epoch = view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]
+    pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    lease = snapshot.alive[node].lease
+    dup, _state, dup_port = cluster.start_duplicate_agent(node, tag="same-dir",
+                                                          same_state_dir=True)
+    log_path = cluster.base / "logs" / f"{node}-same-dir.log"
+    try:
+        deadline = time.monotonic() + 20
+        while "is in use by another agent" not in log_path.read_text():
+            assert time.monotonic() < deadline, "the second agent never said it waits"
+            assert dup.poll() is None, log_path.read_text()
+            await asyncio.sleep(0.1)
+        with pytest.raises(OSError):  # it waits before it serves anything
+            await asyncio.to_thread(node_status, dup_port)
+        await asyncio.sleep(2.0)
+        assert snapshot.current_status(wid).pid == pid and pid_alive(pid)  # type: ignore[union-attr,arg-type]
+        cluster.kill_agent(node)  # the first one dies (its nodeinit does not restart it)
+        deadline = time.monotonic() + 15
+        while True:
+            with contextlib.suppress(OSError):
+                if (await asyncio.to_thread(node_status, dup_port))["lease_valid"]:
+                    break
+            assert time.monotonic() < deadline, log_path.read_text()
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(cluster.lease_ttl + 1.0)  # past the old deadline and the TTL
+        snapshot = await cluster.snapshot()
+        assert snapshot.alive[node].lease == lease
+        assert (view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]) == (node, epoch)
+        assert view(snapshot, wid)["restarts"] == 0
+        assert snapshot.current_status(wid).pid == pid and pid_alive(pid)  # type: ignore[union-attr,arg-type]
+        assert "saved lease renewed before start-up" in log_path.read_text()
+    finally:
+        stop_process(dup, grace=3.0)
+    assert_never_two_copies(cluster, wid)
+
+
+async def test_an_agent_crashed_and_restarted_repeatedly_keeps_its_work(
+        local_cluster: ClusterFactory) -> None:
+    """SIGKILL the agent and start it 0.6 s later, again and again (the chaos fault's longest
+    delay; systemd's is 0.1 s): the saved lease is renewed before the guards' deadline every
+    time, so the workload keeps its process and epoch."""
+    cluster, wid, snapshot = await start_with_workload(local_cluster, nodes=1, controllers=1)
+    node, epoch = view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]
+    pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    handle = cluster.node_handles[node]
+    for _ in range(5):
+        old_agent = cluster.kill_agent(node)
+        await asyncio.sleep(0.6)
+        cluster.restart_agent(node)
+        deadline = time.monotonic() + 10
+        while handle.agent_pid() in (None, old_agent):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(cluster.lease_ttl)  # past the old fencing deadline
+        assert pid_alive(pid), handle.log_path.read_text()[-3000:]  # type: ignore[arg-type]
+    snapshot = await cluster.snapshot()
+    assert (view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]) == (node, epoch)
+    assert view(snapshot, wid)["restarts"] == 0 and view(snapshot, wid)["state"] == "running"
+    assert snapshot.current_status(wid).pid == pid
+    assert handle.log_path.read_text().count("saved lease renewed before start-up") == 5
+    assert_never_two_copies(cluster, wid)
