@@ -336,7 +336,7 @@ class Agent:
         reason = guard.reason
         if key in self.supervisor.stopping:
             kind = "stopped"
-            if "no checkpoint" in reason or "checkpoint" not in reason:
+            if guard.stop_checkpoint is None:  # no checkpoint committed for this stop
                 last = status.checkpoint.step if status.checkpoint else None
                 reason = (f"{reason}; resumes from its last checkpoint"
                           + (f" (step {last})" if last is not None else " (none: from start)"))

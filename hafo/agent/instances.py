@@ -50,6 +50,11 @@ class GuardState:
     reason: str
     transparent: str | None = None  # why a transparent checkpoint was refused
     ended: InstanceEnd | None = None  # how it ended (exited instances)
+    stop_checkpoint: int | None = None  # the step committed for a stop (None: none)
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def instance_dir(state_dir: Path, key: InstanceKey) -> Path:
@@ -87,4 +92,5 @@ def read_guard_state(path: Path) -> GuardState | None:
                       state=str(data.get("state", "starting")), exit_code=data.get("exit_code"),
                       started_at=data.get("started_at"), finished_at=data.get("finished_at"),
                       reason=str(data.get("reason", "")), transparent=data.get("transparent"),
-                      ended=instance_end(data.get("ended")))
+                      ended=instance_end(data.get("ended")),
+                      stop_checkpoint=_int_or_none(data.get("stop_checkpoint")))

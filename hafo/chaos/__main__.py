@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     except asyncio.CancelledError:
         print("interrupted; cluster stopped", file=sys.stderr)
         return 130
+    except (TimeoutError, OSError) as exc:  # the cluster never came up, or a port was taken
+        print(f"hafo.chaos: {exc}; cluster stopped", file=sys.stderr)
+        return 2
     print(report.table())
     for overlap in report.overlaps:
         print(f"overlap: {overlap}")

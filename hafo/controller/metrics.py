@@ -7,8 +7,9 @@ detection and recovery (``hafo_detection_seconds``, ``hafo_recovery_seconds``), 
 of each reconcile cycle and of each etcd request.
 
 The pure parts are plain functions over a snapshot and a plan with an injected ``now``:
-``classify`` maps an applied action to (``failover`` | ``restart``, cause) from the state it
-was decided on, ``decisions`` adds the time each failure is known from. Causes:
+``classify`` maps an applied action to (``failover`` | ``restart``, cause) from the cause the
+action carries (``hafo.decisions.plan.Cause``), ``decisions`` adds the time each failure is
+known from. Causes:
 
 ========================  ====================================================================
 failover cause            decision
@@ -22,8 +23,9 @@ failover cause            decision
 ``preempted``             room for a higher-priority workload
 ========================  ====================================================================
 
-Restart causes (in place, within the restart limit): ``exited`` (non-zero exit) and ``failing``
-(a check past its threshold, or an application Xid on its GPU).
+Restart causes (in place): ``exited`` (non-zero exit) and ``failing`` (a check past its
+threshold, or an application Xid on its GPU), within the restart limit, and
+``infrastructure`` (fenced, guard lost, node claimed anew: counted toward no limit).
 
 What ``hafo_detection_seconds`` measures (the records carry no time of the failure itself for
 most causes; every time is this controller's wall clock unless said):
@@ -57,8 +59,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from hafo.decisions.failures import after_failure
-from hafo.decisions.plan import Action, Plan
+from hafo.decisions.plan import Action, Cause, Plan
 from hafo.model.cluster import ClusterSnapshot, Liveness
 from hafo.model.views import NODE_STATES, WORKLOAD_STATES, allocations, status_view
 from hafo.store.metrics import EtcdMetrics
@@ -68,19 +69,26 @@ log = structlog.get_logger("hafo.controller")
 Kind = Literal["failover", "restart"]
 FAILOVER_CAUSES = ("node-down", "node-unhealthy", "gpu-fault", "gpu-degraded", "app-failed",
                    "planned", "preempted")
-RESTART_CAUSES = ("exited", "failing")
+RESTART_CAUSES = ("exited", "failing", "infrastructure")
 GPU_STATES = ("healthy", "degraded", "unhealthy", "down", "allocated")
 #: seconds-scale failover: lease TTL 3 s, heartbeat 1 s, restart backoff up to 30 s
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0)
 CYCLE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 MAX_PENDING = 10_000  # recoveries tracked at once; the oldest is dropped beyond this
 
-_MOVE_CAUSES: Mapping[str, tuple[Kind, str]] = {
-    "node-unhealthy": ("failover", "node-unhealthy"),
-    "gpu-unhealthy": ("failover", "gpu-fault"),
-    "gpu-degraded": ("failover", "gpu-degraded"),
-    "checkpoint-requested": ("failover", "planned"),
-    "preempted": ("failover", "preempted"),
+#: The counted decisions: an action's cause -> (failover | restart, the metric's cause label).
+#: Other causes (new work, a move's second step, completion, deletion, refusals) count nothing.
+COUNTED: Mapping[Cause, tuple[Kind, str]] = {
+    Cause.NODE_DOWN: ("failover", "node-down"),
+    Cause.NODE_UNHEALTHY: ("failover", "node-unhealthy"),
+    Cause.GPU_FAULT: ("failover", "gpu-fault"),
+    Cause.GPU_DEGRADED: ("failover", "gpu-degraded"),
+    Cause.APP_FAILED: ("failover", "app-failed"),
+    Cause.PLANNED: ("failover", "planned"),
+    Cause.PREEMPTED: ("failover", "preempted"),
+    Cause.EXITED: ("restart", "exited"),
+    Cause.FAILING: ("restart", "failing"),
+    Cause.INFRASTRUCTURE: ("restart", "infrastructure"),
 }
 
 
@@ -98,75 +106,39 @@ class Decision:
     since: float | None
 
 
-def classify(snapshot: ClusterSnapshot, action: Action, now: float) -> tuple[Kind, str] | None:
-    """(kind, cause) of an action decided on ``snapshot`` at ``now``; None for actions that are
-    neither a failover nor a restart (placing new work, finishing, forgetting, the second step
-    of a move, refusals)."""
-    previous = snapshot.assignments.get(action.workload)
-    if previous is None or previous.phase != "placed" or previous.node is None:
-        return None  # new, pending or already moving: not a new decision to replace it
-    if action.kind == "move":
-        if action.event == "app-failed":
-            moving = action.assignment
-            restart = moving is not None and moving.after_stop == "restart"
-            return ("restart", "failing") if restart else ("failover", "app-failed")
-        return _MOVE_CAUSES.get(action.event)
-    if action.kind not in ("place", "pending"):
-        return None  # e.g. finish: exited 0, or failed on every node
-    if snapshot.node_state(previous.node) == "down":
-        return "failover", "node-down"
-    after = _after_exit(snapshot, action.workload, now)
-    if after is None:
+def classify(action: Action) -> tuple[Kind, str] | None:
+    """(kind, cause) of an action, from the cause it carries; None for actions that are
+    neither a failover nor a restart. A finish (exited 0, or failed on every node) counts
+    nothing, whatever led to it."""
+    if action.kind not in ("move", "place", "pending"):
         return None
-    return ("restart", "exited") if after.kind == "restart" else ("failover", "app-failed")
+    return COUNTED.get(action.cause)
 
 
-def _after_exit(snapshot: ClusterSnapshot, wid: str, now: float) -> _Exit | None:
-    """The restart decision for a workload whose current instance exited non-zero, as
-    ``hafo.decisions.failures`` takes it (same inputs, same answer)."""
-    status = snapshot.current_status(wid)
-    assignment = snapshot.assignments.get(wid)
-    submission = snapshot.workloads.get(wid)
-    if (status is None or status.state != "exited" or not status.exit_code
-            or assignment is None or assignment.node is None or submission is None):
-        return None
-    failed_at = status.finished_at if status.finished_at is not None else now
-    after = after_failure(assignment, submission.spec.restart, assignment.node, "", failed_at,
-                          now)
-    return _Exit(after.kind, after.not_before if after.kind == "restart" else failed_at)
-
-
-@dataclass(frozen=True)
-class _Exit:
-    kind: Literal["restart", "move"]
-    since: float  # the exit, plus the backoff for a restart
-
-
-def decisions(snapshot: ClusterSnapshot, plan: Plan, now: float, *,
+def decisions(snapshot: ClusterSnapshot, plan: Plan, *,
               down_since: Mapping[str, float], reported_since: float | None,
               lease_ttl: float) -> list[Decision]:
-    """The failovers and restarts in ``plan`` (decided on ``snapshot`` at ``now``), each with
-    the time its failure is known from: ``down_since`` (node -> the cycle that first saw it
-    down, this term), ``reported_since`` (the cycle that saw agent-reported conditions, None
-    when they may be older than the term), ``lease_ttl`` (see the module docstring)."""
+    """The failovers and restarts in ``plan`` (decided on ``snapshot``), each with the time
+    its failure is known from: ``down_since`` (node -> the cycle that first saw it down, this
+    term), ``reported_since`` (the cycle that saw agent-reported conditions, None when they
+    may be older than the term), ``lease_ttl``, and the action's own ``known_since`` (an exit's
+    time plus the backoff taken; see the module docstring)."""
     out: list[Decision] = []
     for action in plan.actions:
-        found = classify(snapshot, action, now)
+        found = classify(action)
         if found is None:
             continue
         kind, cause = found
         previous = snapshot.assignments[action.workload]
         assert previous.node is not None
         since: float | None
-        if cause == "node-down":
+        if action.cause is Cause.NODE_DOWN:
             seen = down_since.get(previous.node)
             since = None if seen is None else seen - lease_ttl
-        elif cause in ("planned", "preempted"):
+        elif action.cause in (Cause.PLANNED, Cause.PREEMPTED):
             since = None
         else:
-            exit_ = _after_exit(snapshot, action.workload, now) if action.kind != "move" \
-                else None
-            since = exit_.since if exit_ is not None else reported_since
+            since = action.known_since if action.known_since is not None else reported_since
         out.append(Decision(action.workload, kind, cause, previous.epoch, since))
     return out
 
@@ -255,7 +227,8 @@ class ControllerMetrics:
         self.restarts = Counter(
             "hafo_restarts", "Workloads restarted in place, counted by the leader once per "
             "applied decision, by cause: exited (non-zero exit), failing (a check past its "
-            "threshold or an application Xid)", ["cause"], registry=registry)
+            "threshold or an application Xid), infrastructure (fenced, guard lost or node "
+            "claimed anew; counted toward no restart limit)", ["cause"], registry=registry)
         for cause in FAILOVER_CAUSES:
             self.failovers.labels(cause)
         for cause in RESTART_CAUSES:
@@ -326,7 +299,7 @@ class ControllerMetrics:
 
     def _count(self, snapshot: ClusterSnapshot, plan: Plan, now: float,
                reported_since: float | None) -> None:
-        found = decisions(snapshot, plan, now, down_since=self.down_since,
+        found = decisions(snapshot, plan, down_since=self.down_since,
                           reported_since=reported_since, lease_ttl=self.lease_ttl)
         if not found:
             return

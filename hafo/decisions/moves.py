@@ -21,63 +21,68 @@ from hafo.decisions.placement import (
     node_capacity,
     place_one,
 )
-from hafo.decisions.plan import Action, Need
+from hafo.decisions.plan import Action, Cause, Need, move_cause
 from hafo.model.cluster import (
     PLANNED_CAUSES,
     Assignment,
     CheckpointInfo,
     ClusterSnapshot,
-    MoveCause,
     MoveRequest,
 )
 from hafo.model.views import latest_checkpoint
 
 
-def _refuse(wid: str, move: MoveRequest, why: str) -> Action:
-    return Action("refuse-move", wid, f"move refused: {why}", 0, None, "move-refused",
+def _refuse(wid: str, why: str) -> Action:
+    return Action(kind="refuse-move", workload=wid, cause=Cause.MOVE_REFUSED,
+                  why=f"move refused: {why}", expected_revision=0, assignment=None,
                   clear_move=True)
+
+
+def move_refusal(snapshot: ClusterSnapshot, wid: str, to: str | None, now: float) -> str:
+    """Why a planned move of ``wid`` (to ``to``) would be refused now, "" if it would start.
+    ``start_move`` applies these rules to a request; the API answers 409 with this reason
+    before it writes one."""
+    current = snapshot.assignments.get(wid)
+    if current is None or current.phase != "placed" or current.node is None:
+        return "the workload is not running"
+    if snapshot.node_state(current.node) == "down":
+        return f"its node {current.node} is down (it fails over instead)"
+    if to is None:
+        return ""
+    if to == current.node:
+        return f"it already runs on {to}"
+    if to not in snapshot.nodes:
+        return f"{to} cannot take it (no such node)"
+    state = snapshot.node_state(to)
+    if state != "ready":
+        return f"{to} cannot take it (it is {state})"
+    submission = snapshot.workloads[wid]
+    fit = place_one(PlacementRequest(wid, submission.spec, submission.submitted_at, only=to),
+                    node_capacity(snapshot, to, [wid]), now)
+    if isinstance(fit, Unplaceable):
+        return f"{to} cannot take it ({fit.reason})"
+    return ""
 
 
 def start_move(snapshot: ClusterSnapshot, wid: str, move: MoveRequest, now: float) -> Action:
     """Step 1 for a workload with a pending move request."""
-    current = snapshot.assignments.get(wid)
-    if current is None or current.phase != "placed" or current.node is None:
-        return _refuse(wid, move, "the workload is not running")
-    if snapshot.node_state(current.node) == "down":
-        return _refuse(wid, move, f"its node {current.node} is down (it fails over instead)")
-    if move.to is not None:
-        if move.to == current.node:
-            return _refuse(wid, move, f"it already runs on {move.to}")
-        if move.to not in snapshot.nodes:
-            return _refuse(wid, move, f"{move.to} cannot take it (no such node)")
-        state = snapshot.node_state(move.to)
-        if state != "ready":
-            return _refuse(wid, move, f"{move.to} cannot take it (it is {state})")
-        submission = snapshot.workloads[wid]
-        fit = place_one(PlacementRequest(wid, submission.spec, submission.submitted_at,
-                                         only=move.to), node_capacity(snapshot, move.to, [wid]),
-                        now)
-        if isinstance(fit, Unplaceable):
-            return _refuse(wid, move, f"{move.to} cannot take it ({fit.reason})")
+    refused = move_refusal(snapshot, wid, move.to, now)
+    if refused:
+        return _refuse(wid, refused)
+    current = snapshot.assignments[wid]
+    assert current.node is not None
     moving = Assignment(workload=wid, phase="moving", node=current.node, gpus=current.gpus,
                         restarts=current.restarts, restart_times=current.restart_times,
                         reason=move.reason or "planned move", avoid=current.avoid,
                         stopping=current.epoch, move_to=move.to, cause="planned")
     target = move.to or "another node"
-    return Action("move", wid, f"{move.reason or 'planned move'}: checkpoint and stop on "
-                  f"{current.node}, then run on {target}", current.epoch, moving,
-                  "checkpoint-requested", clear_move=True)
+    return Action(kind="move", workload=wid, cause=Cause.PLANNED,
+                  why=f"{move.reason or 'planned move'}: checkpoint and stop on "
+                  f"{current.node}, then run on {target}", expected_revision=current.epoch,
+                  assignment=moving, clear_move=True)
 
 
-def move_refusal(snapshot: ClusterSnapshot, wid: str, to: str | None, now: float) -> str:
-    """Why a planned move of ``wid`` (to ``to``) would be refused now, "" if it would start:
-    the API answers 409 with this before it writes the request (the same rules as
-    ``start_move``, which the leader applies to the request)."""
-    action = start_move(snapshot, wid, MoveRequest(wid, to, ""), now)
-    return action.why.removeprefix("move refused: ") if action.kind == "refuse-move" else ""
-
-
-def stop_then_place(current: Assignment, why: str, event: MoveCause, *, urgent: bool,
+def stop_then_place(current: Assignment, why: str, cause: Cause, *, urgent: bool,
                     after: AfterFailure | None = None,
                     preempted_for: str | None = None) -> Action:
     """Stop the running instance first, then place the workload again (see ``moved_off``):
@@ -93,10 +98,11 @@ def stop_then_place(current: Assignment, why: str, event: MoveCause, *, urgent: 
         urgent=urgent, after_stop=after.kind if after else "move",
         not_before=after.not_before if after else 0.0,
         failed_on=after.failed_on if after else current.failed_on,
-        preempted_for=preempted_for, cause=event)
+        preempted_for=preempted_for, cause=move_cause(cause))
     how = "stop now" if urgent else "checkpoint and stop"
-    return Action("move", current.workload, f"{after.why if after else why}: {how} on "
-                  f"{current.node}", current.epoch, moving, event)
+    return Action(kind="move", workload=current.workload, cause=cause,
+                  why=f"{after.why if after else why}: {how} on {current.node}",
+                  expected_revision=current.epoch, assignment=moving)
 
 
 def moved_off(snapshot: ClusterSnapshot, current: Assignment, now: float, cooldown: float,
@@ -115,8 +121,9 @@ def moved_off(snapshot: ClusterSnapshot, current: Assignment, now: float, cooldo
     if current.after_stop == "restart":
         request = PlacementRequest(current.workload, submission.spec, submission.submitted_at,
                                    avoid, prefer=node, exclude=current.failed_on)
-        return Need(request, current, current.restarts, current.restart_times, "restarted",
-                    f"{current.reason}{_resumes(snapshot, current.workload, checkpoints)}")
+        return Need(request=request, previous=current, restarts=current.restarts,
+                    restart_times=current.restart_times, cause=Cause.RESTARTED,
+                    why=f"{current.reason}{_resumes(snapshot, current.workload, checkpoints)}")
     kept = dict(avoid)  # what the new assignment remembers
     if current.move_to is None:
         avoid[node] = now + cooldown  # this placement goes elsewhere if it can
@@ -125,8 +132,9 @@ def moved_off(snapshot: ClusterSnapshot, current: Assignment, now: float, cooldo
     request = PlacementRequest(current.workload, submission.spec, submission.submitted_at,
                                avoid, prefer=current.move_to, only=current.move_to,
                                exclude=current.failed_on)
-    return Need(request, current, current.restarts, current.restart_times, "moved",
-                f"move off {node}: {current.reason} (instance {current.stopping} stopped"
+    return Need(request=request, previous=current, restarts=current.restarts,
+                restart_times=current.restart_times, cause=Cause.MOVED,
+                why=f"move off {node}: {current.reason} (instance {current.stopping} stopped"
                 f"{_resumes(snapshot, current.workload, checkpoints)})", avoid=kept)
 
 

@@ -4,26 +4,91 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Literal
 
 from hafo.decisions.placement import PlacementRequest
-from hafo.model.cluster import Assignment
+from hafo.model.cluster import Assignment, MoveCause
 
 ActionKind = Literal["place", "pending", "finish", "forget", "move", "refuse-move"]
 FAILED_NODE_COOLDOWN = 60.0
 
 
-@dataclass(frozen=True)
+class Cause(StrEnum):
+    """Why an action is taken: carried in the data, so that metrics, events and the API
+    never read it back out of a message (``Action.why`` is for people only)."""
+
+    NEW = "new"                        # a workload placed for the first time (or pending)
+    NODE_DOWN = "node-down"            # its node's lease expired
+    NODE_UNHEALTHY = "node-unhealthy"  # its agent marked the node unhealthy
+    GPU_FAULT = "gpu-fault"            # one of its GPUs is unhealthy
+    GPU_DEGRADED = "gpu-degraded"      # one of its GPUs is degrading (still usable)
+    APP_FAILED = "app-failed"          # the application failed past its restart limit: move
+    EXITED = "exited"                  # a non-zero exit: restart in place
+    FAILING = "failing"                # a check past its threshold: stop, restart in place
+    INFRASTRUCTURE = "infrastructure"  # fenced, guard lost, node claimed anew: not its fault
+    PLANNED = "planned"                # hafo migrate / hafo drain
+    PREEMPTED = "preempted"            # room for a higher-priority workload
+    MOVED = "moved"                    # a move's instance stopped: place it elsewhere
+    RESTARTED = "restarted"            # a failing instance stopped: run it again in place
+    COMPLETED = "completed"            # exited 0
+    DELETED = "deleted"                # deleted by the user
+    MOVE_REFUSED = "move-refused"      # a move request that cannot be honoured
+
+
+#: The event-log kind (README "Events", a public contract) of a move's first step, by cause.
+_MOVE_EVENTS: Mapping[Cause, str] = {
+    Cause.PLANNED: "checkpoint-requested", Cause.NODE_UNHEALTHY: "node-unhealthy",
+    Cause.GPU_FAULT: "gpu-unhealthy", Cause.GPU_DEGRADED: "gpu-degraded",
+    Cause.PREEMPTED: "preempted", Cause.APP_FAILED: "app-failed", Cause.FAILING: "app-failed",
+}
+#: ... and of a placement.
+_PLACE_EVENTS: Mapping[Cause, str] = {
+    Cause.NEW: "placed", Cause.NODE_DOWN: "failover", Cause.MOVED: "moved",
+}
+
+
+def move_cause(cause: Cause) -> MoveCause:
+    """What a ``moving`` assignment records as its cause (``Assignment.cause``)."""
+    names: Mapping[Cause, MoveCause] = {
+        Cause.PLANNED: "planned", Cause.PREEMPTED: "preempted",
+        Cause.NODE_UNHEALTHY: "node-unhealthy", Cause.GPU_FAULT: "gpu-unhealthy",
+        Cause.GPU_DEGRADED: "gpu-degraded", Cause.APP_FAILED: "app-failed",
+        Cause.FAILING: "app-failed"}
+    return names[cause]
+
+
+def event_kind(kind: ActionKind, cause: Cause) -> str:
+    """The event-log kind of an action (the contract's names, unchanged)."""
+    if kind == "place":
+        return _PLACE_EVENTS.get(cause, "restarted")
+    if kind == "move":
+        return _MOVE_EVENTS[cause]
+    if kind == "finish":
+        return "completed" if cause is Cause.COMPLETED else "failed"
+    return {"pending": "pending", "forget": "deleted", "refuse-move": "move-refused"}[kind]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Action:
-    """One change to one workload's assignment."""
+    """One change to one workload's assignment: what (``kind``), why (``cause``; ``why`` is
+    the sentence for people), decided from which revision, and the new assignment.
+    ``known_since``: when the failure behind it is known from (an exit's time plus the
+    backoff taken), None when the action's inputs do not say."""
 
     kind: ActionKind
     workload: str
+    cause: Cause
     why: str
     expected_revision: int
     assignment: Assignment | None
-    event: str
     clear_move: bool = False
+    known_since: float | None = None
+
+    @property
+    def event(self) -> str:
+        """The kind of the event this action writes."""
+        return event_kind(self.kind, self.cause)
 
 
 @dataclass(frozen=True)
@@ -36,7 +101,7 @@ class Plan:
         return bool(self.actions)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Need:
     """Why a workload needs a (new) placement, and with which history. ``avoid``: the
     cool-downs the new assignment keeps (None: those of the request; a planned move avoids
@@ -46,6 +111,7 @@ class Need:
     previous: Assignment | None
     restarts: int
     restart_times: tuple[float, ...]
-    event: str
+    cause: Cause
     why: str
     avoid: Mapping[str, float] | None = None
+    known_since: float | None = None

@@ -27,7 +27,7 @@ from hafo.decisions.placement import (
     place_batch,
 )
 from hafo.decisions.placement_index import SignatureKey, signature
-from hafo.decisions.plan import FAILED_NODE_COOLDOWN, Action, Need, Plan
+from hafo.decisions.plan import FAILED_NODE_COOLDOWN, Action, Cause, Need, Plan
 from hafo.decisions.preemption import (
     Preemption,
     Waiting,
@@ -38,7 +38,7 @@ from hafo.decisions.preemption import (
 )
 from hafo.model.cluster import Assignment, CheckpointInfo, ClusterSnapshot, InstanceEnd
 
-__all__ = ["FAILED_NODE_COOLDOWN", "Action", "Plan", "reconcile"]
+__all__ = ["FAILED_NODE_COOLDOWN", "Action", "Cause", "Plan", "reconcile"]
 
 
 def _resume(checkpoints: Mapping[str, CheckpointInfo], wid: str) -> str:
@@ -68,10 +68,11 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
     if current is None or current.phase == "pending":
         avoid = dict(current.avoid) if current else {}
         exclude = {n: t for n, t in current.failed_on.items() if t > now} if current else {}
-        return Need(PlacementRequest(wid, spec, submission.submitted_at, avoid,
-                                     exclude=exclude), current,
-                     current.restarts if current else 0,
-                     current.restart_times if current else (), "placed", "new workload")
+        return Need(request=PlacementRequest(wid, spec, submission.submitted_at, avoid,
+                                             exclude=exclude), previous=current,
+                    restarts=current.restarts if current else 0,
+                    restart_times=current.restart_times if current else (), cause=Cause.NEW,
+                    why="new workload")
     if current.phase in ("completed", "failed") or current.node is None:
         return None
     node = current.node
@@ -81,10 +82,10 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
             return None  # failsafe: an agent may still run it on our word; decide later
         avoid = {n: t for n, t in current.avoid.items() if t > now}
         avoid[node] = now + cooldown
-        return Need(PlacementRequest(wid, spec, submission.submitted_at, avoid,
-                                     exclude=current.failed_on), current,
-                    current.restarts, current.restart_times, "failover",
-                    f"node {node} is down; {_resume(checkpoints, wid)}")
+        return Need(request=PlacementRequest(wid, spec, submission.submitted_at, avoid,
+                                             exclude=current.failed_on), previous=current,
+                    restarts=current.restarts, restart_times=current.restart_times,
+                    cause=Cause.NODE_DOWN, why=f"node {node} is down; {_resume(checkpoints, wid)}")
     registered = snapshot.alive.get(node)
     if registered is not None and current.epoch <= registered.claimed:
         return _infrastructure_restart(
@@ -102,25 +103,33 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
             return None
         after = after_failure(current, spec.restart, node, f"failing ({status.failing})",
                               now, now)
-        return stop_then_place(current, after.why, "app-failed", urgent=True, after=after)
+        cause = Cause.FAILING if after.kind == "restart" else Cause.APP_FAILED
+        return stop_then_place(current, after.why, cause, urgent=True, after=after)
     if status.exit_code == 0:
         done = Assignment(workload=wid, phase="completed", node=None, restarts=current.restarts,
                           restart_times=current.restart_times, reason="exited with code 0")
-        return Action("finish", wid, f"exited 0 on {node}", _revision(current), done, "completed")
+        return Action(kind="finish", workload=wid, cause=Cause.COMPLETED,
+                      why=f"exited 0 on {node}", expected_revision=_revision(current),
+                      assignment=done)
     if status.ended_by_infrastructure:
         how = "fenced" if status.ended is InstanceEnd.FENCED else "lost with its guard"
         return _infrastructure_restart(snapshot, current, now, checkpoints,
                                        f"instance {current.epoch} on {node} was {how}")
+    failed_at = status.finished_at or now
     after = after_failure(current, spec.restart, node, f"exited with code {status.exit_code}",
-                          status.finished_at or now, now)
+                          failed_at, now)
     if now < after.not_before:
         return None  # backing off; a later cycle restarts it
     avoid = {n: t for n, t in current.avoid.items() if t > now}
     request = PlacementRequest(wid, spec, submission.submitted_at, avoid,
                                prefer=node if after.kind == "restart" else None,
                                exclude=after.failed_on)
-    return Need(request, current, after.restarts, after.restart_times, "restarted",
-                f"{after.why}; {_resume(checkpoints, wid)}")
+    restart = after.kind == "restart"
+    return Need(request=request, previous=current, restarts=after.restarts,
+                restart_times=after.restart_times,
+                cause=Cause.EXITED if restart else Cause.APP_FAILED,
+                why=f"{after.why}; {_resume(checkpoints, wid)}",
+                known_since=after.not_before if restart else failed_at)
 
 
 def _infrastructure_restart(snapshot: ClusterSnapshot, current: Assignment, now: float,
@@ -133,8 +142,9 @@ def _infrastructure_restart(snapshot: ClusterSnapshot, current: Assignment, now:
     avoid = {n: t for n, t in current.avoid.items() if t > now}
     request = PlacementRequest(current.workload, submission.spec, submission.submitted_at,
                                avoid, prefer=current.node, exclude=current.failed_on)
-    return Need(request, current, current.restarts, current.restart_times, "restarted",
-                f"{why}: restart in place, not counted (not the workload's fault); "
+    return Need(request=request, previous=current, restarts=current.restarts,
+                restart_times=current.restart_times, cause=Cause.INFRASTRUCTURE,
+                why=f"{why}: restart in place, not counted (not the workload's fault); "
                 f"{_resume(checkpoints, current.workload)}")
 
 
@@ -151,7 +161,7 @@ def _hardware_move(snapshot: ClusterSnapshot, current: Assignment) -> Action | N
     if snapshot.node_state(current.node) == "unhealthy":
         reason = record.reason or "no reason given"
         return stop_then_place(current, f"node {current.node} is unhealthy ({reason})",
-                               "node-unhealthy", urgent=lost)
+                               Cause.NODE_UNHEALTHY, urgent=lost)
     bad = [g for g in used if not g.usable]
     if not bad:
         return None
@@ -159,7 +169,7 @@ def _hardware_move(snapshot: ClusterSnapshot, current: Assignment) -> Action | N
     level = "degrading" if gpu.healthy else "unhealthy"
     return stop_then_place(current, f"GPU {gpu.index} on {current.node} is {level} "
                            f"({gpu.reason or 'no reason given'})",
-                           "gpu-degraded" if gpu.healthy else "gpu-unhealthy", urgent=lost)
+                           Cause.GPU_DEGRADED if gpu.healthy else Cause.GPU_FAULT, urgent=lost)
 
 
 def _strategy(name: str) -> Strategy:
@@ -222,7 +232,7 @@ def _victim_actions(snapshot: ClusterSnapshot,
         for victim in preemption.victims:
             actions.append(stop_then_place(
                 snapshot.assignments[victim], f"preempted by {preemptor} (priority {priority})",
-                "preempted", urgent=False, preempted_for=preemptor))
+                Cause.PREEMPTED, urgent=False, preempted_for=preemptor))
     return actions
 
 
@@ -251,12 +261,14 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
     actions: list[Action] = []
     for wid, assignment in sorted(snapshot.assignments.items()):
         if wid not in snapshot.workloads:
-            actions.append(Action("forget", wid, "workload deleted", assignment.epoch, None,
-                                  "deleted"))
+            actions.append(Action(kind="forget", workload=wid, cause=Cause.DELETED,
+                                  why="workload deleted", expected_revision=assignment.epoch,
+                                  assignment=None))
     for wid in sorted(snapshot.moves):
         if wid not in snapshot.workloads:
-            actions.append(Action("refuse-move", wid, "no such workload", 0, None,
-                                  "move-refused", clear_move=True))
+            actions.append(Action(kind="refuse-move", workload=wid, cause=Cause.MOVE_REFUSED,
+                                  why="no such workload", expected_revision=0, assignment=None,
+                                  clear_move=True))
     checkpoints = latest_checkpoints(snapshot)
     needs: list[Need] = []
     settled: list[str] = []
@@ -285,8 +297,10 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
             new = Assignment(workload=wid, phase="placed", node=result.node, gpus=result.gpus,
                              restarts=need.restarts, restart_times=need.restart_times,
                              reason=need.why, avoid=avoid, failed_on=failed_on)
-            actions.append(Action("place", wid, f"{need.why} -> {result.node}",
-                                  _revision(need.previous), new, need.event))
+            actions.append(Action(kind="place", workload=wid, cause=need.cause,
+                                  why=f"{need.why} -> {result.node}",
+                                  expected_revision=_revision(need.previous), assignment=new,
+                                  known_since=need.known_since))
             continue
         previous = need.previous
         if result.exhausted:
@@ -294,8 +308,9 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
             failed = Assignment(workload=wid, phase="failed", node=None,
                                 restarts=need.restarts, restart_times=need.restart_times,
                                 reason=reason, failed_on=failed_on)
-            actions.append(Action("finish", wid, reason, _revision(previous), failed,
-                                  "failed"))
+            actions.append(Action(kind="finish", workload=wid, cause=need.cause, why=reason,
+                                  expected_revision=_revision(previous), assignment=failed,
+                                  known_since=need.known_since))
             continue
         reason = _waiting_reason(wid, preemptions, waiting, releasing) or result.reason
         unchanged = previous is not None and previous.phase == "pending" \
@@ -305,7 +320,8 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
         pending = Assignment(workload=wid, phase="pending", node=None, restarts=need.restarts,
                              restart_times=need.restart_times, reason=reason,
                              avoid=avoid, failed_on=failed_on)
-        actions.append(Action("pending", wid, f"{need.why}; {reason}",
-                              _revision(previous), pending, "pending"))
+        actions.append(Action(kind="pending", workload=wid, cause=need.cause,
+                              why=f"{need.why}; {reason}", expected_revision=_revision(previous),
+                              assignment=pending, known_since=need.known_since))
     actions.extend(_victim_actions(snapshot, preemptions))
     return Plan(tuple(actions))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hafo.controller.apply import _mirror_ops
-from hafo.decisions.plan import Action
+from hafo.decisions.plan import Action, Cause
 from hafo.model.cluster import Assignment
 from hafo.store import Delete, Keys, Put
 
@@ -15,7 +15,8 @@ KEYS = Keys("c")
 def action(phase: str | None, node: str | None) -> Action:
     assignment = None if phase is None else Assignment(workload="w", phase=phase,  # type: ignore[arg-type]
                                                        node=node)
-    return Action("place", "w", "why", 1, assignment, "placed")
+    return Action(kind="place", workload="w", cause=Cause.NEW, why="why", expected_revision=1,
+                  assignment=assignment)
 
 
 @pytest.mark.parametrize(("previous", "phase", "node", "expected"), [

@@ -13,8 +13,10 @@ import dataclasses
 
 import pytest
 
+from hafo.controller.metrics import classify
 from hafo.decisions.claim import ClaimView, decide_claim, may_start_epoch
 from hafo.decisions.instances import plan_instances
+from hafo.decisions.plan import Cause
 from hafo.decisions.reconcile import reconcile
 from hafo.model.cluster import (
     Assignment,
@@ -61,7 +63,8 @@ def test_infrastructure_end_restarts_in_place_uncounted_even_past_the_budget(
     assert (new.restarts, new.restart_times) == (3, BUDGET_SPENT), "not counted"
     assert dict(new.failed_on) == {"b": NOW + 5} and not new.avoid, "no exclusion, no cool-down"
     assert new.not_before == 0.0
-    assert "not counted" in action.why
+    assert action.cause is Cause.INFRASTRUCTURE
+    assert classify(action) == ("restart", "infrastructure")
 
 
 @pytest.mark.parametrize(("end", "code"), [(InstanceEnd.EXIT, -9), (None, -9),

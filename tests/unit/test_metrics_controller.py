@@ -20,7 +20,7 @@ from hafo.controller.metrics import (
     decisions,
     gpu_counts,
 )
-from hafo.decisions.plan import Action, Plan
+from hafo.decisions.plan import Action, Cause, Plan
 from hafo.decisions.reconcile import reconcile
 from hafo.model.cluster import Assignment, ClusterSnapshot, Gpu, MoveRequest, NodeRecord
 from hafo.model.config import parse_config
@@ -108,17 +108,21 @@ def test_classify_the_actions_reconcile_makes(snapshot: ClusterSnapshot, workloa
                                               expected: tuple[str, str] | None) -> None:
     plan = reconcile(snapshot, NOW)
     (action,) = [a for a in plan.actions if a.workload == workload]
-    assert classify(snapshot, action, NOW) == expected
+    assert classify(action) == expected
     if expected is not None:
         assert expected[1] in FAILOVER_CAUSES or expected[0] == "restart"
 
 
 def test_other_actions_are_not_counted() -> None:
     snapshot = running_on_a()
-    refuse = Action("refuse-move", "w", "no", 0, None, "move-refused", clear_move=True)
-    finish = Action("finish", "w", "done", 10, None, "completed")
-    assert classify(snapshot, refuse, NOW) is None
-    assert classify(snapshot, finish, NOW) is None
+    refuse = Action(kind="refuse-move", workload="w", cause=Cause.MOVE_REFUSED, why="no",
+                    expected_revision=0, assignment=None, clear_move=True)
+    finish = Action(kind="finish", workload="w", cause=Cause.COMPLETED, why="done",
+                    expected_revision=10, assignment=None)
+    failed = Action(kind="finish", workload="w", cause=Cause.EXITED, why="failed everywhere",
+                    expected_revision=10, assignment=None)
+    assert snapshot.assignments["w"].phase == "placed"
+    assert classify(refuse) is None and classify(finish) is None and classify(failed) is None
 
 
 @pytest.mark.parametrize(("snapshot", "down_since", "reported", "since"), [
@@ -142,7 +146,7 @@ def test_other_actions_are_not_counted() -> None:
 def test_decisions_know_the_failure_from(snapshot: ClusterSnapshot, down_since: dict[str, float],
                                          reported: float | None, since: float | None) -> None:
     plan = reconcile(snapshot, NOW)
-    (decision,) = decisions(snapshot, plan, NOW, down_since=down_since,
+    (decision,) = decisions(snapshot, plan, down_since=down_since,
                             reported_since=reported, lease_ttl=3.0)
     assert decision.workload == "w" and decision.replaces == 10
     assert decision.since == (pytest.approx(since) if since is not None else None)
