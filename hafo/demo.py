@@ -39,6 +39,7 @@ async def _demo(cluster: LocalCluster) -> int:
     snapshot = await cluster.wait_for(running, 30, what="workload running")
     view = workload_view(snapshot, wid)
     victim, old_epoch = view["node"], view["epoch"]
+    assert victim is not None  # running: it has a node
     say(f"  running on {victim} (epoch {old_epoch}, GPU {view['gpus'][0][:12]}...)")
     snapshot = await cluster.wait_for(
         lambda s: (workload_view(s, wid)["checkpoint"] or {}).get("step", 0) >= 30, 30,

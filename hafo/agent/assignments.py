@@ -3,14 +3,9 @@ node's copies of them (``Keys.node_assignments``): etcd sends an agent only its 
 
 from __future__ import annotations
 
-import asyncio
-
-import structlog
-
 from hafo.model.cluster import Assignment, Submission
-from hafo.store import EtcdStore, Keys, Resync, WatchEvent, codec
-
-log = structlog.get_logger("hafo.agent")
+from hafo.store import Keys, Store, codec
+from hafo.store.watched import WatchedPrefix
 
 
 def for_node(assignment: Assignment, node: str) -> tuple[bool, int | None]:
@@ -25,29 +20,29 @@ def for_node(assignment: Assignment, node: str) -> tuple[bool, int | None]:
 class NodeAssignments:
     """Placed assignments for one node, plus the specs they refer to."""
 
-    def __init__(self, store: EtcdStore, keys: Keys, node: str) -> None:
+    def __init__(self, store: Store, keys: Keys, node: str) -> None:
         self.store = store
         self.keys = keys
         self.node = node
         self.placed: dict[str, Assignment] = {}
         self.urgent: dict[str, int] = {}  # workload -> epoch to stop at once (no checkpoint)
         self.specs: dict[str, Submission] = {}
-        self.changed = asyncio.Event()
-        self.revision = 0
+        self.copies: WatchedPrefix[Assignment] = WatchedPrefix(
+            store, keys.node_assignments(node),
+            lambda kv: codec.decode_assignment(kv.value, kv.mod_revision), self._changed)
+        self.changed = self.copies.changed
 
-    def _apply(self, key: str, value: bytes, mod_revision: int, deleted: bool) -> None:
-        workload = key[len(self.keys.node_assignments(self.node)):]
-        if deleted:
-            self.placed.pop(workload, None)
-            self.urgent.pop(workload, None)
+    @property
+    def revision(self) -> int:
+        """The store revision the assignments reflect."""
+        return self.copies.revision
+
+    def _changed(self, key: str, _old: Assignment | None, assignment: Assignment | None) -> None:
+        workload = self.keys.parse(key).workload
+        if workload is None:
             return
-        try:
-            assignment = codec.decode_assignment(value, mod_revision)
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("undecodable assignment", key=key, error=str(exc))
-            return
-        placed, urgent = for_node(assignment, self.node)
-        if placed:
+        placed, urgent = (False, None) if assignment is None else for_node(assignment, self.node)
+        if placed and assignment is not None:
             self.placed[workload] = assignment
         else:
             self.placed.pop(workload, None)
@@ -58,30 +53,11 @@ class NodeAssignments:
 
     async def load(self) -> int:
         """Read all assignments (a full re-read, e.g. after re-registering)."""
-        revision, kvs = await self.store.get_prefix(self.keys.node_assignments(self.node))
-        self.placed.clear()
-        self.urgent.clear()
-        for kv in kvs:
-            self._apply(kv.key, kv.value, kv.mod_revision, deleted=False)
-        self.revision = revision
-        self.changed.set()
-        return revision
+        return await self.copies.load()
 
     async def follow(self) -> None:
         """Apply assignment changes forever."""
-        async for event in self.store.watch_prefix(self.keys.node_assignments(self.node),
-                                                   self.revision + 1):
-            if isinstance(event, Resync):
-                self.placed.clear()
-                self.urgent.clear()
-                for kv in event.kvs:
-                    self._apply(kv.key, kv.value, kv.mod_revision, deleted=False)
-                self.revision = event.revision
-            elif isinstance(event, WatchEvent):
-                self._apply(event.kv.key, event.kv.value, event.kv.mod_revision,
-                            deleted=event.kind == "delete")
-                self.revision = event.kv.mod_revision
-            self.changed.set()
+        await self.copies.follow()
 
     async def spec(self, workload: str) -> Submission | None:
         """The workload's submission (cached; None if it was deleted)."""

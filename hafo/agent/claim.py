@@ -21,7 +21,7 @@ import structlog
 from hafo.agent.instances import INSTANCES, write_json_atomic
 from hafo.decisions.claim import ClaimView, decide_claim
 from hafo.model.cluster import Event, Liveness
-from hafo.store import TRANSIENT, Compare, EtcdStore, EventLog, Get, Keys, LeaseKeeper, Put, codec
+from hafo.store import TRANSIENT, Compare, EventLog, Get, Keys, LeaseKeeper, Put, Store, codec
 
 log = structlog.get_logger("hafo.agent")
 
@@ -67,7 +67,7 @@ class Displaced(Exception):
 class NodeClaim:
     """Acquire the node name (adopt, wait or claim) and keep its keys in place."""
 
-    def __init__(self, name: str, store: EtcdStore, keys: Keys, keeper: LeaseKeeper,
+    def __init__(self, name: str, store: Store, keys: Keys, keeper: LeaseKeeper,
                  state_dir: Path, events: EventLog, heartbeat: float,
                  fence_all: Callable[[str], None]) -> None:
         self.name = name

@@ -31,15 +31,18 @@ from hafo.model.config import Config
 from hafo.model.errors import ValidationError
 from hafo.store import (
     TRANSIENT,
+    Compare,
     EtcdStore,
     EventLog,
     Keys,
     LeaseKeeper,
     LeaseLost,
+    Put,
+    Store,
     StoreError,
     codec,
 )
-from hafo.tasks import run_all
+from hafo.tasks import run_all, wait_event
 
 log = structlog.get_logger("hafo.agent")
 
@@ -51,15 +54,18 @@ START_HEADROOM = 0.5
 class Agent:
     """One node's daemon."""
 
-    def __init__(self, config: Config, gpus: GpuBackend | None = None) -> None:
+    def __init__(self, config: Config, gpus: GpuBackend | None = None,
+                 store: Store | None = None) -> None:
+        """``gpus`` and ``store`` default to the config's (tests pass a simulated backend
+        and ``hafo.store.memory.MemoryStore``)."""
         assert config.node is not None, "the agent needs a node section"
         self.config = config
         self.node = config.node
         self.name = config.node.name
         self.state_dir = Path(config.node.state_dir)
         self.keys = Keys(config.cluster)
-        self.store = EtcdStore.from_config(config.etcd,
-                                           reconnect_backoff=config.timing.heartbeat / 2)
+        self.store: Store = store if store is not None else EtcdStore.from_config(
+            config.etcd, reconnect_backoff=config.timing.heartbeat / 2)
         self.registry = CollectorRegistry()  # Prometheus metrics served at /metrics
         self.gpus = gpus if gpus is not None else backend_for(config.node)
         timing = config.timing
@@ -242,8 +248,7 @@ class Agent:
 
     async def _supervise_loop(self) -> None:
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.assignments.changed.wait(), SUPERVISE_PERIOD)
+            await wait_event(self.assignments.changed, SUPERVISE_PERIOD)
             self.assignments.changed.clear()
             try:
                 await self.supervise_once()
@@ -273,12 +278,12 @@ class Agent:
             key = InstanceKey(workload, epoch)
             assignment = desired[key]
             submission = await self.assignments.spec(key.workload)
-            if submission is None:
+            if submission is None or not await self._announce_start(key):
                 continue
             by_index = {g.index: g.uuid for g in self.inventory}
             try:
                 self.supervisor.launch(assignment, submission,
-                                       [str(i) if self.node.gpus == "simulate" else
+                                       [str(i) if self.node.simulate is not None else
                                         by_index.get(i, str(i)) for i in assignment.gpus])
             except ValidationError as exc:  # an id no submit makes: never a path from it
                 log.error("refusing to start", workload=workload, node=self.name,
@@ -286,6 +291,30 @@ class Agent:
         states = self.supervisor.states()
         await self._check_apps(states, desired)
         await self._report(states, desired)
+
+    async def _announce_start(self, key: InstanceKey) -> bool:
+        """Report the instance as ``starting`` before it is launched, in one txn with a
+        compare that its assignment is still the one that placed it (mod revision == epoch).
+
+        A controller that moves the workload (phase ``moving``) waits until the instance it
+        stops is reported exited; it takes a missing report to mean "never launched". This
+        makes that true: an instance is launched only after its report is in etcd, and never
+        once its assignment has changed (docs/safety.md, rule 1)."""
+        lease = self.keeper.lease_id
+        if lease is None:
+            return False
+        status = InstanceStatus(workload=key.workload, node=self.name, epoch=key.epoch,
+                                state="starting")
+        result = await self.store.txn(
+            [Compare(self.keys.assignment(key.workload), "mod", "==", key.epoch)],
+            [Put(self.keys.status(key.workload, self.name), codec.encode(status.to_dict()),
+                 lease=lease)])
+        if not result.succeeded:
+            log.info("not started: its assignment changed meanwhile", workload=key.workload,
+                     node=self.name, epoch=key.epoch)
+            return False
+        self.reported[key.workload] = status
+        return True
 
     def failing(self, key: InstanceKey) -> str:
         """Why a running instance counts as failed ("" if it does not)."""

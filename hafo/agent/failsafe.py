@@ -14,7 +14,7 @@ import structlog
 
 from hafo.decisions.failsafe import may_extend
 from hafo.model.cluster import FailsafeSet
-from hafo.store import TRANSIENT, EtcdStore, Keys, StoreError, codec
+from hafo.store import TRANSIENT, Keys, Store, StoreError, codec
 
 log = structlog.get_logger("hafo.agent")
 
@@ -22,7 +22,7 @@ log = structlog.get_logger("hafo.agent")
 class AgentFailsafe:
     """Failsafe set tracking and the question round."""
 
-    def __init__(self, node: str, store: EtcdStore, keys: Keys, failsafe_max: float,
+    def __init__(self, node: str, store: Store, keys: Keys, failsafe_max: float,
                  last_contact: Callable[[], float],
                  clock: Callable[[], float] = time.monotonic, tls_ca: str | None = None) -> None:
         self.node = node

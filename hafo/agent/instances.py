@@ -1,14 +1,18 @@
 """Instances (one workload at one epoch) on disk: what the agent launched, what each guard
-reports. Everything lives in ``<state_dir>/instances/<workload>.<epoch>/`` so a restarted agent
-finds its guards again.
+reports. Each lives in ``<state_dir>/instances/<workload>.<epoch>/`` so a restarted agent
+finds its guards again (docs/contract.md, "Files on a node"):
 
-    launch.json   written by the agent: argv, env, cwd, grace, workload, epoch, node
-    state.json    written by the guard: guard_pid, pid, state, exit_code, started_at,
-                  finished_at, reason, ended (how it ended: hafo.model.cluster.InstanceEnd),
-                  stop_checkpoint, transparent
-    .lease.json   the agent's lease record (see hafo.agent.claim): kept with the instance
-                  records, so that one cannot survive without the other
+    launch.json   written by the agent: workload, epoch, node, argv, env, cwd, grace,
+                  fence_file, checkpoint_mode, launched_at
+    state.json    written by the guard (by the agent once the guard is gone): guard_pid, pid,
+                  state, exit_code, started_at, finished_at, reason, ended (how it ended:
+                  hafo.model.cluster.InstanceEnd), stop_checkpoint, transparent
     output.log    the workload's stdout and stderr
+    guard.log     the guard's own stderr
+
+Beside them, ``<state_dir>/instances/.lease.json`` is the agent's lease record (see
+hafo.agent.claim): kept with the instance records, so that one cannot survive without the
+other.
 """
 
 from __future__ import annotations

@@ -152,12 +152,13 @@ class Supervisor:
         if state.state == "exited" or key in self.stopping_now or (
                 key in self.stopping and not urgent):
             return
+        if not (state.guard_pid and pid_alive(state.guard_pid)):
+            return  # its guard has not written its pid yet: asked again next cycle
         self.stopping.add(key)
         if urgent:
             self.stopping_now.add(key)
-        if state.guard_pid and pid_alive(state.guard_pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(state.guard_pid, signal.SIGUSR2 if urgent else signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(state.guard_pid, signal.SIGUSR2 if urgent else signal.SIGTERM)
         log.info("instance stopping", workload=key.workload, node=self.node, epoch=key.epoch,
                  why=why, urgent=urgent)
 

@@ -1,13 +1,17 @@
-"""Reading a request's JSON body: one clear 400 naming ``body`` for anything malformed."""
+"""Request and response bodies: reading a request's JSON (one clear 400 naming ``body`` for
+anything malformed), and the declarations of the API's own bodies."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NotRequired
 
 from aiohttp import web
+from typing_extensions import TypedDict  # pydantic reads this one on Python 3.11
 
 from hafo.model.errors import ValidationError
+from hafo.model.schema import NodeName, Schema, Section
 
 
 async def json_object(request: web.Request, required: bool) -> dict[str, Any] | None:
@@ -36,3 +40,44 @@ async def json_object(request: web.Request, required: bool) -> dict[str, Any] | 
     if not isinstance(value, dict):
         raise ValidationError("body", f"must be a JSON object, got {type(value).__name__}")
     return value
+
+
+# --- the API's own bodies (the OpenAPI document's schemas come from these) -------------------
+
+@dataclass(frozen=True)
+class MigrateRequest(Section):
+    """The optional body of ``POST /v1/workloads/{id}/migrate``: the node to move to
+    (default: any other)."""
+
+    to: NodeName | None = None
+
+
+MIGRATE: Schema[MigrateRequest] = Schema(MigrateRequest, "body")
+
+
+class Deleted(TypedDict):
+    """A workload deleted (its instance is stopped)."""
+
+    id: str
+    deleted: bool
+
+
+class Moving(TypedDict):
+    """A planned move asked for (``to``: null for any other node)."""
+
+    id: str
+    to: str | None
+
+
+class NodeChange(TypedDict):
+    """A node cordoned, uncordoned or drained (``moving``: the workloads moved off)."""
+
+    node: str
+    cordoned: bool
+    moving: NotRequired[list[str]]
+
+
+class Health(TypedDict):
+    """A probe's answer; the daemon's role is a key too (``{"status": "ok", "agent": "n1"}``)."""
+
+    status: str

@@ -23,7 +23,7 @@ from hafo.api.probes import probe_routes
 from hafo.api.write_routes import node_name, workload_id, write_routes
 from hafo.model.cluster import ClusterSnapshot, Event
 from hafo.model.views import all_nodes, all_workloads, node_view, status_view, workload_view
-from hafo.store import EtcdStore, Keys
+from hafo.store import Keys, Store
 
 #: Header on every ``/v1/`` read answered while etcd does not answer this controller: how
 #: old, in seconds, the cached state may be.
@@ -37,7 +37,7 @@ class ControllerSource(Protocol):
     """What the API reads from a controller."""
 
     name: str
-    store: EtcdStore
+    store: Store
     keys: Keys
     registry: CollectorRegistry
 

@@ -7,15 +7,17 @@ anything unexpected (500, logged with its traceback; the fuzzing tests expect no
 
 from __future__ import annotations
 
+from typing import NotRequired
+
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from typing_extensions import TypedDict  # pydantic reads this one on Python 3.11
 
 from hafo.model.errors import ValidationError
 from hafo.store import TRANSIENT, StoreError
 
 log = structlog.get_logger("hafo.api")
-
 
 
 #: The application's request body limit, in bytes (for the 413 message).
@@ -26,10 +28,17 @@ class NotFound(Exception):
     """A path names a node or workload that does not exist (404 with this message)."""
 
 
+class ErrorBody(TypedDict):
+    """Every error response: what went wrong, and the field at fault for bad input."""
+
+    error: str
+    field: NotRequired[str]
+
+
 def error(status: int, message: str, field: str | None = None,
           headers: dict[str, str] | None = None) -> web.Response:
     """The contract's error body, with the offending field when there is one."""
-    body: dict[str, str] = {"error": message}
+    body: ErrorBody = {"error": message}
     if field is not None:
         body["field"] = field
     return web.json_response(body, status=status, headers=headers)

@@ -1,25 +1,34 @@
 """The OpenAPI 3.1 documents of the controller's and the agent's HTTP APIs.
 
 Served at ``/openapi.json``; a test checks that the documented operations are exactly the
-routes the applications serve, and the fuzzing test drives the API from this document. The
-workload-spec schema mirrors ``hafo.model.spec.parse_spec``, which is the one validator of a
-spec (the CLI and the API both call it), so a body this schema accepts is accepted by the API.
+routes the applications serve, and the fuzzing test drives the API from this document. Every
+body schema is generated from the declaration the code uses (JSON Schema 2020-12, which is
+OpenAPI 3.1's dialect): the workload spec from ``hafo.model.spec.WorkloadSpec``, which
+``parse_spec`` validates with (the CLI and the API both call it), so a body this schema
+accepts is accepted by the API; the responses from the views, records and bodies that make
+them.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from hafo import __version__
-from hafo.model.names import NODE_NAME_RE, WORKLOAD_ID_RE, WORKLOAD_NAME
-from hafo.model.views import NODE_STATES, WORKLOAD_STATES
+from hafo.api.body import MIGRATE, Deleted, Health, Moving, NodeChange
+from hafo.api.errors import ErrorBody
+from hafo.model.cluster import Event
+from hafo.model.names import NODE_NAME_RE, WORKLOAD_ID_RE
+from hafo.model.schema import Schema, json_schemas, schema_of
+from hafo.model.spec import SPEC
+from hafo.model.views import NodeView, StatusView, WorkloadView
 
 JSON = "application/json"
-NO_NUL = "^[^\\u0000]+$"
+COMPONENTS = "#/components/schemas/{model}"
 
 
 def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
+    return {"$ref": COMPONENTS.format(model=name)}
 
 
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -36,129 +45,24 @@ def _errors(*codes: int) -> dict[str, Any]:
     return {str(c): {**ERROR, "description": texts[c]} for c in codes}
 
 
-def _number(minimum: float, exclusive: bool = False) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "number", "minimum": minimum, "nullable": True}
-    if exclusive:
-        schema["exclusiveMinimum"] = True
-    return schema
+@functools.cache
+def schemas() -> dict[str, Any]:
+    """The components' schemas: requests as validated (input), responses as written (made
+    once; the documents share it, read-only)."""
+    return json_schemas({
+        "WorkloadSpec": (SPEC, "validation"),
+        "MigrateRequest": (MIGRATE, "validation"),
+        "Error": (Schema(ErrorBody, "error"), "serialization"),
+        "Workload": (Schema(WorkloadView, "workload"), "serialization"),
+        "Node": (Schema(NodeView, "node"), "serialization"),
+        "Status": (Schema(StatusView, "status"), "serialization"),
+        "Event": (schema_of(Event), "serialization"),
+        "Deleted": (Schema(Deleted, "deleted"), "serialization"),
+        "Moving": (Schema(Moving, "moving"), "serialization"),
+        "NodeChange": (Schema(NodeChange, "node"), "serialization"),
+        "Health": (Schema(Health, "health"), "serialization"),
+    }, ref_template=COMPONENTS)
 
-
-def _str_map() -> dict[str, Any]:
-    value = {"oneOf": [{"type": "string", "pattern": "^[^\\u0000]*$"}, {"type": "number"},
-                       {"type": "boolean"}]}
-    return {"type": "object", "nullable": True, "additionalProperties": value,
-            "propertyNames": {"minLength": 1, "pattern": "^[^=\\u0000]+$"}}
-
-
-WORKLOAD_SPEC: dict[str, Any] = {
-    "type": "object",
-    "description": "A workload spec (the YAML of `hafo submit`, as JSON).",
-    "required": ["name", "command"],
-    "additionalProperties": False,
-    "properties": {
-        "name": {"type": "string", "pattern": f"^{WORKLOAD_NAME}$"},
-        "command": {"type": "array", "minItems": 1,
-                    "items": {"type": "string", "pattern": NO_NUL}},
-        "gpus": {"type": "integer", "minimum": 0, "maximum": 64, "nullable": True},
-        "gpu_model": {"type": "string", "minLength": 1, "nullable": True},
-        "gpu_memory_mib": {"type": "integer", "minimum": 1, "nullable": True},
-        "env": _str_map(),
-        "restart": {"type": "object", "nullable": True, "additionalProperties": False,
-                    "properties": {
-                        "max_restarts": {"type": "integer", "minimum": 0, "nullable": True},
-                        "window": _number(0, exclusive=True),
-                        "backoff": _number(0), "max_backoff": _number(0)}},
-        "checks": {"type": "array", "nullable": True, "items": _ref("CheckSpec")},
-        "stop_grace": _number(0),
-        "workdir": {"type": "string", "minLength": 1, "nullable": True},
-        "priority": {"type": "integer", "minimum": -1000, "maximum": 1000, "nullable": True},
-        "node_selector": _str_map(),
-        "checkpoint": {"type": "object", "nullable": True, "additionalProperties": False,
-                       "properties": {"mode": {"type": "string", "nullable": True,
-                                               "enum": ["cooperative", "transparent", None]}}},
-        "gpu_profile": {"type": "string", "nullable": True,
-                        "pattern": "^[1-8]g\\.[1-9][0-9]{0,3}gb(\\+[a-z]+)?$"},
-        "placement": {"type": "string", "nullable": True,
-                      "enum": ["spread", "binpack", None]},
-        "preempt": {"type": "boolean", "nullable": True},
-    },
-}
-
-CHECK_SPEC: dict[str, Any] = {
-    "type": "object",
-    "description": "An application check: `type` (built in: http, tcp, exec, process, "
-                   "progress; plugins add more) and the type's own fields.",
-    "required": ["type"],
-    "additionalProperties": True,
-    "properties": {
-        "type": {"type": "string", "minLength": 1},
-        "interval": _number(0, exclusive=True),
-        "timeout": _number(0, exclusive=True),
-        "failure_threshold": {"type": "integer", "minimum": 1, "nullable": True},
-        "initial_delay": _number(0),
-    },
-}
-
-SCHEMAS: dict[str, Any] = {
-    "Error": {"type": "object", "required": ["error"],
-              "properties": {"error": {"type": "string"}, "field": {"type": "string"}}},
-    "WorkloadSpec": WORKLOAD_SPEC,
-    "CheckSpec": CHECK_SPEC,
-    "Checkpoint": {"type": "object", "nullable": True, "required": ["step", "epoch", "path"],
-                   "properties": {"step": {"type": "integer"}, "epoch": {"type": "integer"},
-                                  "path": {"type": "string"}}},
-    "Workload": {
-        "type": "object",
-        "required": ["id", "name", "state", "node", "epoch", "restarts", "gpus", "checkpoint"],
-        "properties": {
-            "id": {"type": "string"}, "name": {"type": "string"},
-            "state": {"type": "string", "enum": list(WORKLOAD_STATES)},
-            "node": {"type": "string", "nullable": True},
-            "epoch": {"type": "integer", "nullable": True},
-            "restarts": {"type": "integer"},
-            "gpus": {"type": "array", "items": {"type": "string"}},
-            "checkpoint": _ref("Checkpoint"),
-            "priority": {"type": "integer"}, "submitted_at": {"type": "number"},
-            "reason": {"type": "string"}}},
-    "Gpu": {"type": "object",
-            "required": ["index", "uuid", "model", "memory_mib", "healthy", "allocated_to"],
-            "properties": {"index": {"type": "integer"}, "uuid": {"type": "string"},
-                           "model": {"type": "string"}, "memory_mib": {"type": "integer"},
-                           "healthy": {"type": "boolean"},
-                           "allocated_to": {"type": "string", "nullable": True}}},
-    "Node": {"type": "object", "required": ["name", "state", "labels", "gpus", "workloads"],
-             "properties": {"name": {"type": "string"},
-                            "state": {"type": "string", "enum": list(NODE_STATES)},
-                            "labels": {"type": "object",
-                                       "additionalProperties": {"type": "string"}},
-                            "gpus": {"type": "array", "items": _ref("Gpu")},
-                            "workloads": {"type": "array", "items": {"type": "string"}}}},
-    "Status": {"type": "object", "required": ["leader", "controllers", "nodes", "workloads"],
-               "properties": {
-                   "leader": {"type": "string", "nullable": True},
-                   "controllers": {"type": "array", "items": {"type": "string"}},
-                   "nodes": {"type": "object", "additionalProperties": {"type": "integer"}},
-                   "workloads": {"type": "object",
-                                 "additionalProperties": {"type": "integer"}},
-                   "stale": {"type": "boolean"},
-                   "stale_seconds": {"type": "number", "nullable": True},
-                   "etcd_contact_age": {"type": "number"}}},
-    "Event": {"type": "object", "required": ["ts", "kind", "message"],
-              "properties": {"ts": {"type": "number"}, "kind": {"type": "string"},
-                             "message": {"type": "string"}}},
-    "Deleted": {"type": "object", "required": ["id", "deleted"],
-                "properties": {"id": {"type": "string"}, "deleted": {"type": "boolean"}}},
-    "Moving": {"type": "object", "required": ["id", "to"],
-               "properties": {"id": {"type": "string"},
-                              "to": {"type": "string", "nullable": True}}},
-    "MigrateRequest": {"type": "object", "additionalProperties": False,
-                       "properties": {"to": {"type": "string", "nullable": True,
-                                             "pattern": f"^{NODE_NAME_RE.pattern}$"}}},
-    "NodeChange": {"type": "object", "required": ["node", "cordoned"],
-                   "properties": {"node": {"type": "string"}, "cordoned": {"type": "boolean"},
-                                  "moving": {"type": "array", "items": {"type": "string"}}}},
-    "Health": {"type": "object", "properties": {"status": {"type": "string"}}},
-}
 
 WORKLOAD_ID = {"name": "id", "in": "path", "required": True,
                "schema": {"type": "string", "pattern": f"^{WORKLOAD_ID_RE.pattern}$"}}
@@ -204,25 +108,6 @@ def _probes(subject: str) -> dict[str, Any]:
     }
 
 
-def as_openapi_31(schema: Any) -> Any:
-    """The schemas above are written with OpenAPI 3.0's ``nullable`` and boolean
-    ``exclusiveMinimum``; OpenAPI 3.1 is plain JSON Schema 2020-12 (which also has
-    ``propertyNames``), so rewrite them into that form."""
-    if isinstance(schema, list):
-        return [as_openapi_31(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {key: as_openapi_31(value) for key, value in schema.items()}
-    if out.pop("exclusiveMinimum", False) is True:
-        out["exclusiveMinimum"] = out.pop("minimum")
-    if out.pop("nullable", False):
-        if "type" in out:
-            out["type"] = [out["type"], "null"]
-        else:
-            out = {"anyOf": [out, {"type": "null"}]}
-    return out
-
-
 def _document(title: str, paths: dict[str, Any]) -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
@@ -230,8 +115,8 @@ def _document(title: str, paths: dict[str, Any]) -> dict[str, Any]:
                  "description": "Errors are JSON {\"error\": \"...\"} (with \"field\" for bad "
                                 "input). Mutations need 'Authorization: Bearer <token>' when "
                                 "api.token_file is set."},
-        "paths": as_openapi_31(paths),
-        "components": {"schemas": as_openapi_31(SCHEMAS),
+        "paths": paths,
+        "components": {"schemas": schemas(),
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
     }
 

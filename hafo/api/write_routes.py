@@ -12,21 +12,20 @@ from typing import Protocol
 
 from aiohttp import web
 
-from hafo.api.body import json_object
+from hafo.api.body import MIGRATE, Deleted, Moving, NodeChange, json_object
 from hafo.api.errors import NotFound, error
 from hafo.decisions.moves import move_refusal
 from hafo.model.cluster import ClusterSnapshot
-from hafo.model.errors import ValidationError
-from hafo.model.names import check_node_name, is_node_name, is_workload_id
+from hafo.model.names import is_node_name, is_workload_id
 from hafo.model.spec import parse_spec
 from hafo.model.views import submitted_view
-from hafo.store import EtcdStore, Keys, intents
+from hafo.store import Keys, Store, intents
 
 
 class WriteTarget(Protocol):
     """What the mutations need from a controller."""
 
-    store: EtcdStore
+    store: Store
     keys: Keys
 
     def snapshot(self) -> ClusterSnapshot:
@@ -70,20 +69,12 @@ def write_routes(target: WriteTarget) -> web.RouteTableDef:
             await intents.delete(target.store, target.keys, wid)
         except intents.NotFound as exc:
             return error(404, str(exc))
-        return web.json_response({"id": wid, "deleted": True})
+        return web.json_response(Deleted(id=wid, deleted=True))
 
     @routes.post("/v1/workloads/{id}/migrate")
     async def migrate(request: web.Request) -> web.Response:
         wid = workload_id(request)
-        body = await json_object(request, required=False) or {}
-        unknown = sorted(set(body) - {"to"})
-        if unknown:
-            raise ValidationError(f"body.{unknown[0]}", "unknown field (allowed: to)")
-        to = body.get("to")
-        if to is not None:
-            if not isinstance(to, str):
-                raise ValidationError("body.to", "must be a node name")
-            check_node_name(to, "body.to")
+        to = MIGRATE.validate(await json_object(request, required=False) or {}).to
         conflict = _migrate_conflict(target.snapshot(), wid, to)
         if conflict:
             return error(409, conflict)
@@ -91,7 +82,7 @@ def write_routes(target: WriteTarget) -> web.RouteTableDef:
             await intents.migrate(target.store, target.keys, wid, to)
         except intents.NotFound as exc:
             return error(404, str(exc))
-        return web.json_response({"id": wid, "to": to}, status=202)
+        return web.json_response(Moving(id=wid, to=to), status=202)
 
     @routes.post("/v1/nodes/{name}/drain")
     async def drain(request: web.Request) -> web.Response:
@@ -100,7 +91,7 @@ def write_routes(target: WriteTarget) -> web.RouteTableDef:
             moving = await intents.drain(target.store, target.keys, name)
         except intents.NotFound as exc:
             return error(404, str(exc))
-        return web.json_response({"node": name, "cordoned": True, "moving": moving})
+        return web.json_response(NodeChange(node=name, cordoned=True, moving=moving))
 
     async def set_cordon(request: web.Request, cordoned: bool) -> web.Response:
         name = node_name(request)
@@ -108,7 +99,7 @@ def write_routes(target: WriteTarget) -> web.RouteTableDef:
             await intents.set_cordon(target.store, target.keys, name, cordoned)
         except intents.NotFound as exc:
             return error(404, str(exc))
-        return web.json_response({"node": name, "cordoned": cordoned})
+        return web.json_response(NodeChange(node=name, cordoned=cordoned))
 
     @routes.post("/v1/nodes/{name}/cordon")
     async def cordon(request: web.Request) -> web.Response:

@@ -59,7 +59,8 @@ async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float) -
         hitless = {w: (s.epoch, s.pid or 0) for w, s in running.items() if s.node == node}
         cluster.kill_agent(node)
         # systemd restarts a crashed agent after RestartSec=100ms; the new one must renew the
-        # lease within lease_ttl - fence_margin - heartbeat of the crash (README "Safety").
+        # lease within lease_ttl - fence_margin - heartbeat of the crash (docs/safety.md,
+        # "Hitless agent restarts").
         await asyncio.sleep(rng.uniform(0.1, 0.6))
         cluster.restart_agent(node)
         return Fault(kind, node, False, None, hitless)

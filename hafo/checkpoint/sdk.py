@@ -1,4 +1,4 @@
-"""The checkpoint SDK used inside workloads (DESIGN.md part B, 'Checkpoint SDK')."""
+"""The checkpoint SDK used inside workloads (docs/contract.md, "Checkpoint SDK")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The built-in check types: ``http``, ``tcp``, ``exec``, ``process`` and ``progress``.
 
-Each class is its type's factory: constructed from the options, it validates them
-(``CheckOptionError`` names the first bad one; unknown options are refused so a typo is not
+Each class is its type's factory: constructed from the options, it validates them with the
+type's declaration in ``hafo.model.checks`` (the one the spec validation uses too;
+``CheckOptionError`` names the first bad one; unknown options are refused so a typo is not
 silently ignored); the runner calls its ``probe`` under the check's ``timeout``.
 """
 
@@ -9,65 +10,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 import signal
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
+from typing import Any, TypeVar
 
 import aiohttp
 
 from hafo.checks.api import CheckContext, CheckOptionError, CheckResult
+from hafo.model.checks import (
+    EXEC_OPTIONS,
+    HTTP_OPTIONS,
+    PROCESS_OPTIONS,
+    PROGRESS_OPTIONS,
+    TCP_OPTIONS,
+)
+from hafo.model.errors import ValidationError
 from hafo.model.progress import parse_heartbeat
+from hafo.model.schema import Schema
 
 HTTP_CLIENT_TIMEOUT = 30.0  # the runner's per-check timeout normally cancels the probe first
 HTTP_BODY_LIMIT = 1 << 20
-HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 DETAIL_LIMIT = 200
 HEARTBEAT_READ_LIMIT = 1 << 16
 
 
-def _only(options: Mapping[str, Any], allowed: set[str]) -> None:
-    for key in options:
-        if key not in allowed:
-            known = ", ".join(sorted(allowed))
-            raise CheckOptionError(str(key), f"unknown option (allowed: {known})")
+T = TypeVar("T")
 
 
-def _str(options: Mapping[str, Any], key: str, default: str | None = None,
-         required: bool = False) -> str | None:
-    value = options.get(key)
-    if value is None:
-        if required:
-            raise CheckOptionError(key, "is required")
-        return default
-    if not isinstance(value, str) or not value:
-        raise CheckOptionError(key, "must be a non-empty string")
-    return value
-
-
-def _int(value: Any, key: str, lo: int, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise CheckOptionError(key, f"must be an integer, got {value!r}")
-    if value < lo or (hi is not None and value > hi):
-        raise CheckOptionError(key, f"must be between {lo} and {hi}" if hi is not None
-                               else f"must be >= {lo}, got {value}")
-    return value
-
-
-def _str_map(options: Mapping[str, Any], key: str) -> dict[str, str]:
-    value = options.get(key) or {}
-    if not isinstance(value, Mapping):
-        raise CheckOptionError(key, "must be a mapping of strings")
-    out: dict[str, str] = {}
-    for k, v in value.items():
-        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, str | int | float):
-            raise CheckOptionError(f"{key}.{k}", "must be a string or number")
-        out[k] = str(v)
-    return out
+def _options(schema: Schema[T], options: Mapping[str, Any]) -> T:
+    """``options`` read with their declaration; CheckOptionError names the first bad one."""
+    try:
+        return schema.validate(options)
+    except ValidationError as exc:
+        raise CheckOptionError(exc.field, exc.message) from None
 
 
 def _bounded(text: str, limit: int = DETAIL_LIMIT) -> str:
@@ -83,23 +61,12 @@ class HttpCheck:
     """An HTTP request whose status (and optionally body) says healthy."""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        _only(options, {"url", "method", "expect_status", "body_contains", "headers"})
-        url = _str(options, "url", required=True)
-        assert url is not None
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise CheckOptionError("url", "must be an http:// or https:// URL with a host")
-        self.url = url
-        self.method = (_str(options, "method", "GET") or "GET").upper()
-        if self.method not in HTTP_METHODS:
-            raise CheckOptionError("method", f"must be one of {', '.join(HTTP_METHODS)}")
-        raw = options.get("expect_status")
-        statuses = [] if raw is None else raw if isinstance(raw, list) else [raw]
-        if isinstance(raw, list) and not raw:
-            raise CheckOptionError("expect_status", "must be a status code or a non-empty list")
-        self.expect = frozenset(_int(s, "expect_status", 100, 599) for s in statuses)
-        self.body_contains = _str(options, "body_contains")
-        self.headers = _str_map(options, "headers")
+        opts = _options(HTTP_OPTIONS, options)
+        self.url = opts.url
+        self.method = opts.method
+        self.expect = frozenset(opts.expect_status)
+        self.body_contains = opts.body_contains
+        self.headers = dict(opts.headers)
 
     def _status_ok(self, status: int) -> bool:
         return status in self.expect if self.expect else 200 <= status < 400
@@ -134,11 +101,9 @@ class TcpCheck:
     """A TCP connection that opens (then is closed at once)."""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        _only(options, {"host", "port"})
-        self.host = _str(options, "host", "127.0.0.1") or "127.0.0.1"
-        if options.get("port") is None:
-            raise CheckOptionError("port", "is required")
-        self.port = _int(options["port"], "port", 1, 65535)
+        opts = _options(TCP_OPTIONS, options)
+        self.host = opts.host
+        self.port = opts.port
 
     async def probe(self, ctx: CheckContext) -> CheckResult:
         """Connect and close."""
@@ -160,17 +125,10 @@ class ExecCheck:
     """
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        _only(options, {"command", "env", "cwd"})
-        argv = options.get("command")
-        if isinstance(argv, str) or not isinstance(argv, list) or not argv:
-            raise CheckOptionError("command",
-                                   "must be a non-empty list of strings (argv, no shell)")
-        for i, item in enumerate(argv):
-            if not isinstance(item, str) or not item:
-                raise CheckOptionError(f"command[{i}]", "must be a non-empty string")
-        self.argv: list[str] = list(argv)
-        self.env = _str_map(options, "env")
-        self.cwd = _str(options, "cwd")
+        opts = _options(EXEC_OPTIONS, options)
+        self.argv: list[str] = list(opts.command)
+        self.env = dict(opts.env)
+        self.cwd = opts.cwd
 
     async def probe(self, ctx: CheckContext) -> CheckResult:
         """Run the command; if cancelled (timeout, stop) its whole process group is killed."""
@@ -235,9 +193,7 @@ class ProcessCheck:
     """The workload's process is alive, not a zombie, not stopped, and within ``max_rss_mib``."""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        _only(options, {"max_rss_mib"})
-        raw = options.get("max_rss_mib")
-        self.max_rss_mib = None if raw is None else _int(raw, "max_rss_mib", 1)
+        self.max_rss_mib = _options(PROCESS_OPTIONS, options).max_rss_mib
 
     def probe(self, ctx: CheckContext) -> CheckResult:
         """Read /proc/<pid>/stat (and status for the RSS)."""
@@ -263,15 +219,9 @@ class ProgressCheck:
 
     def __init__(self, options: Mapping[str, Any],
                  clock: Callable[[], float] = time.time) -> None:
-        _only(options, {"stall_after", "file"})
-        stall = options.get("stall_after")
-        if stall is None:
-            raise CheckOptionError("stall_after", "is required (seconds without progress)")
-        if (isinstance(stall, bool) or not isinstance(stall, int | float)
-                or not math.isfinite(stall) or stall <= 0):
-            raise CheckOptionError("stall_after", f"must be a number > 0, got {stall!r}")
-        self.stall_after = float(stall)
-        self.file = _str(options, "file")
+        opts = _options(PROGRESS_OPTIONS, options)
+        self.stall_after = opts.stall_after
+        self.file = opts.file
         self.clock = clock
 
     def path(self, ctx: CheckContext) -> Path:

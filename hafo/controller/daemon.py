@@ -36,7 +36,8 @@ from hafo.store import (
     codec,
     read_events,
 )
-from hafo.tasks import run_all
+from hafo.store.protocol import Store
+from hafo.tasks import run_all, wait_event
 
 log = structlog.get_logger("hafo.controller")
 RECOVERABLE: tuple[type[BaseException], ...] = (*TRANSIENT, StoreError)
@@ -47,13 +48,16 @@ TICK = 1.0  # time-based decisions (restart windows, cool-downs) are re-evaluate
 class Controller:
     """One controller process."""
 
-    def __init__(self, config: Config, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, config: Config, clock: Callable[[], float] = time.time,
+                 store: Store | None = None) -> None:
+        """``clock``: wall-clock seconds for decisions; ``store``: etcd from the config
+        unless given (tests pass ``hafo.store.memory.MemoryStore``)."""
         assert config.controller_name is not None
         self.config = config
         self.name = config.controller_name
         self.keys = Keys(config.cluster)
-        self.store = EtcdStore.from_config(config.etcd,
-                                           reconnect_backoff=config.timing.heartbeat / 2)
+        self.store: Store = store if store is not None else EtcdStore.from_config(
+            config.etcd, reconnect_backoff=config.timing.heartbeat / 2)
         self.registry = CollectorRegistry()  # Prometheus metrics served at /metrics
         timing = config.timing
         self.keeper = LeaseKeeper(self.store, timing.lease_ttl, timing.heartbeat,
@@ -206,8 +210,7 @@ class Controller:
                 self.metrics.cycle(snapshot, now, applied, time.monotonic() - started)
                 if plan:
                     continue
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.cache.changed.wait(), TICK)
+            await wait_event(self.cache.changed, TICK)
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Run until cancelled."""

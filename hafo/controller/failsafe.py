@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 
 import structlog
 
 from hafo.decisions.failsafe import may_lead, updated_set
 from hafo.model.cluster import ClusterSnapshot, FailsafeSet
-from hafo.store import TRANSIENT, Compare, Election, EtcdStore, Keys, Put, StoreError, codec
+from hafo.store import TRANSIENT, Compare, Election, Keys, Put, Store, StoreError, codec
+from hafo.tasks import loop_time
 
 log = structlog.get_logger("hafo.controller")
 PROBE_TIMEOUT = 0.4
@@ -20,8 +20,8 @@ PROBE_FAILURES: tuple[type[BaseException], ...] = (*TRANSIENT, StoreError, Timeo
 class ControllerFailsafe:
     """Answers agents' failsafe questions and keeps this controller's promises."""
 
-    def __init__(self, name: str, store: EtcdStore, keys: Keys, ttl: float, margin: float,
-                 failsafe_max: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, name: str, store: Store, keys: Keys, ttl: float, margin: float,
+                 failsafe_max: float, clock: Callable[[], float] = loop_time) -> None:
         self.name = name
         self.store = store
         self.keys = keys

@@ -9,7 +9,7 @@ live lease holds the name it waits (a second agent started with the same name, o
 agent's previous run, whose records were lost and whose guards may still run); once no live
 lease holds it, it fences whatever its own records still run and claims the name with a fresh
 lease. Every guard of an earlier holder is dead by then: guards kill their workloads before
-their lease can expire (README "Safety", rule 2), and a claim waits for that expiry.
+their lease can expire (docs/safety.md, rule 2), and a claim waits for that expiry.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Failsafe mode (all of etcd unreachable): who may keep work, who may lead. Pure.
 
-The rule, in full (README, "Safety"):
+The rule, in full (docs/safety.md, rule 5):
 1. A controller answers "etcd unavailable" to an agent only after its own etcd request just
    failed, and then makes no failover decision for ``TTL + margin`` from that answer.
 2. An agent whose keepalives fail may extend its fencing deadline to (send time of a round of

@@ -1,4 +1,4 @@
-"""Fencing deadline math (DESIGN.md, 'Fencing'). Pure; times are monotonic seconds.
+"""Fencing deadline math (docs/safety.md, rule 2). Pure; times are monotonic seconds.
 
 etcd expires a lease no earlier than (receipt of the last keepalive + TTL). The agent sent that
 keepalive before etcd received it, so ``sent_at + ttl`` is never later than the expiry; taking

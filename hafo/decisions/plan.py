@@ -36,7 +36,8 @@ class Cause(StrEnum):
     MOVE_REFUSED = "move-refused"      # a move request that cannot be honoured
 
 
-#: The event-log kind (README "Events", a public contract) of a move's first step, by cause.
+#: The event-log kind (a public contract: docs/contract.md, "Events") of a move's first
+#: step, by cause.
 _MOVE_EVENTS: Mapping[Cause, str] = {
     Cause.PLANNED: "checkpoint-requested", Cause.NODE_UNHEALTHY: "node-unhealthy",
     Cause.GPU_FAULT: "gpu-unhealthy", Cause.GPU_DEGRADED: "gpu-degraded",

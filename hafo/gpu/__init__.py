@@ -7,17 +7,18 @@ import structlog
 from hafo.gpu.base import GpuBackend, GpuSample, NoGpus
 from hafo.gpu.nvml import NvmlGpus, NvmlUnavailable
 from hafo.gpu.simulated import SimulatedGpus
-from hafo.model.config import NodeConfig
+from hafo.model.config import GpuSource, NodeConfig
 
 log = structlog.get_logger("hafo.gpu")
 
 
 def backend_for(node: NodeConfig) -> GpuBackend:
-    """The backend ``node.gpus`` asks for. ``auto`` without NVML means no GPUs, said clearly."""
-    if node.gpus == "none":
+    """The backend ``node.gpu_source`` (config ``node.gpus``) asks for. ``auto`` without NVML
+    means no GPUs, said clearly."""
+    if node.gpu_source is GpuSource.NONE:
         return NoGpus("no GPUs (gpus: none)")
-    if node.gpus == "simulate" and node.simulate is not None:
-        sim = node.simulate
+    sim = node.simulate
+    if sim is not None:
         return SimulatedGpus(node.name, sim.count, sim.model, sim.memory_mib, sim.faults_file,
                              utilization=sim.utilization, mig=sim.mig)
     try:

@@ -1,13 +1,14 @@
 """Simulated GPUs for machines without them: inventory from config, faults from a JSON file.
 
-The faults file (DESIGN.md part B) maps a GPU index to a fault, e.g. ``{"0": {"xid": 79}}``,
-``{"1": {"ecc_dbe": 1}}``, ``{"2": {"lost": true}}``. It is re-read on every call; an absent
-file or ``{}`` means healthy. Each key of a GPU's entry becomes a finding (see
-``hafo.model.health``): ``xid`` (number), ``ecc_dbe`` (count), ``ecc_sbe_rate`` (per hour),
-``thermal`` (degrees C at or above slowdown), ``pcie_replay`` (per minute), ``recovery_action``
-(NVML value), and the flags ``lost``, ``remap_pending``, ``remap_failed``,
-``retired_pages_pending``, ``hw_slowdown``, ``hw_thermal_slowdown``, ``hw_power_brake``.
-A fault stays while it is in the file, as a persistent hardware fault would.
+The faults file (docs/contract.md, "Simulated GPUs and the faults file") maps a GPU index to a
+fault, e.g. ``{"0": {"xid": 79}}``, ``{"1": {"ecc_dbe": 1}}``, ``{"2": {"lost": true}}``. It is
+re-read on every call; an absent file or ``{}`` means healthy. Each key of a GPU's entry
+becomes a finding (see ``hafo.model.health``): ``xid`` (number), ``ecc_dbe`` (count),
+``ecc_sbe_rate`` (per hour), ``thermal`` (degrees C at or above slowdown), ``pcie_replay`` (per
+minute), ``recovery_action`` (NVML value), and the flags ``lost``, ``remap_pending``,
+``remap_failed``, ``retired_pages_pending``, ``hw_slowdown``, ``hw_thermal_slowdown``,
+``hw_power_brake``. A fault stays while it is in the file, as a persistent hardware fault
+would.
 
 ``utilization`` (GPU index -> percent) is reported with the inventory (unlisted: unknown).
 
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from hafo.gpu.base import GpuSample
 from hafo.model import health as h
 from hafo.model.cluster import Gpu, mig_index
 from hafo.model.health import Finding
+from hafo.model.names import mig_profile_mib
 
 log = structlog.get_logger("hafo.gpu")
 
@@ -101,7 +102,7 @@ class SimulatedGpus:
             for slot, profile in enumerate(profiles):
                 out.append(Gpu(index=mig_index(i, slot), uuid=self.mig_uuid(i, slot),
                                model=self.model,
-                               memory_mib=min(_profile_mib(profile), self.memory_mib),
+                               memory_mib=min(mig_profile_mib(profile) or 0, self.memory_mib),
                                profile=profile, parent=i))
         return out
 
@@ -157,12 +158,6 @@ class SimulatedGpus:
 
     def close(self) -> None:
         """Nothing to release."""
-
-
-def _profile_mib(profile: str) -> int:
-    """A MIG profile's memory: "3g.40gb" -> 40960 MiB."""
-    match = re.match(r"^\d+g\.(\d+)gb", profile)
-    return int(match.group(1)) * 1024 if match else 0
 
 
 _READINGS = ("temperature", "power", "utilization", "memory_used")  # telemetry, not faults

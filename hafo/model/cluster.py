@@ -1,7 +1,9 @@
 """Plain frozen records of cluster state, and their JSON (dict) forms.
 
 Every record here is what one etcd key holds (see ``hafo.store.keys``), except
-``ClusterSnapshot``, which is the whole picture a decision is made from.
+``ClusterSnapshot``, which is the whole picture a decision is made from. Each record's
+dataclass is the declaration of its JSON form: ``to_dict``, ``from_dict`` and the codec's
+decoding (``RECORDS``) come from it (``hafo.model.schema.Record``).
 """
 
 from __future__ import annotations
@@ -10,8 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo
+
+from hafo.model.schema import Record, schema_of
 from hafo.model.spec import WorkloadSpec
 
 NodeState = Literal["ready", "cordoned", "unhealthy", "down"]
@@ -41,7 +46,7 @@ class InstanceEnd(StrEnum):
 
 #: Ends caused by the infrastructure (fencing, lease loss, an etcd outage, a lost guard), not
 #: by the workload: the restart that follows does not count toward ``restart.max_restarts``,
-#: waits for no backoff and excludes no node (docs: README "Safety", infrastructure restarts).
+#: waits for no backoff and excludes no node (docs/safety.md, "Infrastructure restarts").
 INFRASTRUCTURE_ENDS = frozenset({InstanceEnd.FENCED, InstanceEnd.GUARD_LOST})
 
 
@@ -66,13 +71,17 @@ def physical_of(index: int) -> int:
     return index // MIG_INDEX_BASE - 1 if index >= MIG_INDEX_BASE else index
 
 
-@dataclass(frozen=True)
-class Gpu:
+@dataclass(frozen=True, slots=True)
+class Gpu(Record):
     """One schedulable GPU of a node, as its agent reports it: a whole GPU, or one MIG device
     of a GPU in MIG mode (``profile`` like "1g.10gb", ``parent`` the physical GPU's index,
     ``index`` from ``mig_index``, ``uuid`` "MIG-...", ``memory_mib`` the slice's). A GPU in MIG
     mode is not listed itself: only its MIG devices are. ``utilization``: percent busy (0-100)
-    as last measured, None when unknown."""
+    as last measured, None when unknown.
+
+    ``reason`` says why it is unhealthy or degraded; ``degraded``: still usable but failing
+    (work is moved off with a fresh checkpoint, nothing new placed); ``lost``: it does not
+    answer at all (no checkpoint can be taken from it)."""
 
     index: int
     uuid: str
@@ -86,16 +95,6 @@ class Gpu:
     profile: str | None = None
     parent: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form. ``reason`` says why it is unhealthy or degraded; ``degraded``: still
-        usable but failing (work is moved off with a fresh checkpoint, nothing new placed);
-        ``lost``: it does not answer at all (no checkpoint can be taken from it);
-        ``utilization``, ``profile``, ``parent``: see the class (null when not applicable)."""
-        return {"index": self.index, "uuid": self.uuid, "model": self.model,
-                "memory_mib": self.memory_mib, "healthy": self.healthy, "reason": self.reason,
-                "degraded": self.degraded, "lost": self.lost, "utilization": self.utilization,
-                "profile": self.profile, "parent": self.parent}
-
     @property
     def usable(self) -> bool:
         """May new work be placed on it."""
@@ -106,24 +105,13 @@ class Gpu:
         """The index of the physical GPU (its own for a whole GPU, the parent's for MIG)."""
         return self.parent if self.parent is not None else physical_of(self.index)
 
-    @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> Gpu:
-        """Inverse of ``to_dict``."""
-        utilization = d.get("utilization")
-        profile = d.get("profile")
-        parent = d.get("parent")
-        return Gpu(index=int(d["index"]), uuid=str(d["uuid"]), model=str(d["model"]),
-                   memory_mib=int(d["memory_mib"]), healthy=bool(d.get("healthy", True)),
-                   reason=str(d.get("reason", "")), degraded=bool(d.get("degraded", False)),
-                   lost=bool(d.get("lost", False)),
-                   utilization=None if utilization is None else float(utilization),
-                   profile=None if profile is None else str(profile),
-                   parent=None if parent is None else int(parent))
 
+@dataclass(frozen=True, slots=True)
+class NodeRecord(Record):
+    """A node's inventory and health, written by its agent (outlives the agent).
 
-@dataclass(frozen=True)
-class NodeRecord:
-    """A node's inventory and health, written by its agent (outlives the agent)."""
+    ``lease``: the lease of the agent that registered the node last (a claimant waits while it
+    lives, even if the liveness key was deleted)."""
 
     name: str
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -134,27 +122,9 @@ class NodeRecord:
     failsafe_seen: int = 0
     lease: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form. ``lease``: the lease of the agent that registered the node last (a
-        claimant waits while it lives, even if the liveness key was deleted)."""
-        return {"name": self.name, "labels": dict(self.labels),
-                "gpus": [g.to_dict() for g in self.gpus], "healthy": self.healthy,
-                "reason": self.reason, "api": self.api, "failsafe_seen": self.failsafe_seen,
-                "lease": self.lease}
 
-    @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> NodeRecord:
-        """Inverse of ``to_dict``."""
-        return NodeRecord(name=str(d["name"]), labels=dict(d.get("labels") or {}),
-                          gpus=tuple(Gpu.from_dict(g) for g in d.get("gpus") or ()),
-                          healthy=bool(d.get("healthy", True)), reason=str(d.get("reason", "")),
-                          api=str(d.get("api", "")),
-                          failsafe_seen=int(d.get("failsafe_seen", 0)),
-                          lease=int(d.get("lease", 0)))
-
-
-@dataclass(frozen=True)
-class Liveness:
+@dataclass(frozen=True, slots=True)
+class Liveness(Record):
     """The lease-bound key that says a node's agent is alive.
 
     ``claimed``: the etcd revision at which this agent verified that the node name was free
@@ -167,86 +137,15 @@ class Liveness:
     since: float
     claimed: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form."""
-        return {"node": self.node, "lease": self.lease, "since": self.since,
-                "claimed": self.claimed}
 
-    @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> Liveness:
-        """Inverse of ``to_dict``."""
-        return Liveness(node=str(d["node"]), lease=int(d["lease"]), since=float(d["since"]),
-                        claimed=int(d.get("claimed", 0)))
+def _from_context(value: int, info: ValidationInfo) -> int:
+    """The key's mod_revision, given as the validation context's ``epoch``."""
+    context = info.context
+    return int(context["epoch"]) if context and "epoch" in context else value
 
 
-@dataclass(frozen=True)
-class Assignment:
-    """The controller's decision for one workload.
-
-    ``epoch`` is the etcd revision that wrote this assignment (the key's mod_revision): a
-    new instance (a move or a restart) always gets a new, larger epoch.
-    """
-
-    workload: str
-    phase: Phase
-    node: str | None = None
-    gpus: tuple[int, ...] = ()
-    epoch: int = 0
-    restarts: int = 0
-    restart_times: tuple[float, ...] = ()
-    reason: str = ""
-    avoid: Mapping[str, float] = field(default_factory=dict)
-    stopping: int = 0
-    move_to: str | None = None
-    urgent: bool = False
-    after_stop: AfterStop = "move"
-    not_before: float = 0.0
-    failed_on: Mapping[str, float] = field(default_factory=dict)
-    preempted_for: str | None = None
-    cause: MoveCause | None = None
-
-    @property
-    def holds_node(self) -> bool:
-        """Placed, or being moved off its node (its instance still runs there)."""
-        return self.phase in ("placed", "moving") and self.node is not None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form (the epoch is not stored: it is the key's revision).
-
-        Phase ``moving``: the instance of epoch ``stopping`` on ``node`` is stopped (after a
-        checkpoint, unless ``urgent``), then, not before ``not_before``, the workload is placed
-        again: ``after_stop`` ``restart`` prefers the same node, ``move`` another one (or
-        ``move_to``). ``failed_on``: nodes where it failed too often, excluded until then.
-        ``preempted_for``: the higher-priority workload this move makes room for (its GPUs
-        are held for that workload, on this node, until it is placed). ``cause``: why a
-        ``moving`` workload is stopped (``MoveCause``; null in other phases).
-        """
-        return {"workload": self.workload, "phase": self.phase, "node": self.node,
-                "gpus": list(self.gpus), "restarts": self.restarts,
-                "restart_times": list(self.restart_times), "reason": self.reason,
-                "avoid": dict(self.avoid), "stopping": self.stopping, "move_to": self.move_to,
-                "urgent": self.urgent, "after_stop": self.after_stop,
-                "not_before": self.not_before, "failed_on": dict(self.failed_on),
-                "preempted_for": self.preempted_for, "cause": self.cause}
-
-    @staticmethod
-    def from_dict(d: Mapping[str, Any], epoch: int) -> Assignment:
-        """Inverse of ``to_dict``; ``epoch`` comes from the key's mod_revision."""
-        return Assignment(workload=str(d["workload"]), phase=d["phase"], node=d.get("node"),
-                          gpus=tuple(int(g) for g in d.get("gpus") or ()), epoch=epoch,
-                          restarts=int(d.get("restarts", 0)),
-                          restart_times=tuple(float(t) for t in d.get("restart_times") or ()),
-                          reason=str(d.get("reason", "")),
-                          avoid={str(k): float(v) for k, v in (d.get("avoid") or {}).items()},
-                          stopping=int(d.get("stopping", 0)), move_to=d.get("move_to"),
-                          urgent=bool(d.get("urgent", False)),
-                          after_stop="restart" if d.get("after_stop") == "restart" else "move",
-                          not_before=float(d.get("not_before", 0.0)),
-                          failed_on={str(k): float(v)
-                                     for k, v in (d.get("failed_on") or {}).items()},
-                          preempted_for=(None if d.get("preempted_for") is None
-                                         else str(d["preempted_for"])),
-                          cause=_move_cause(d.get("cause")))
+def _after_stop(value: object) -> AfterStop:
+    return "restart" if value == "restart" else "move"
 
 
 _MOVE_CAUSES: dict[str, MoveCause] = {c: c for c in (
@@ -257,29 +156,79 @@ def _move_cause(value: object) -> MoveCause | None:
     return _MOVE_CAUSES.get(str(value)) if value is not None else None
 
 
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """The newest committed checkpoint of a workload."""
+def _or_empty(value: object) -> object:
+    return "" if value is None else value
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment(Record):
+    """The controller's decision for one workload.
+
+    ``epoch`` is the etcd revision that wrote this assignment (the key's mod_revision): a
+    new instance (a move or a restart) always gets a new, larger epoch. It is not in the JSON
+    form: it is the key's revision.
+
+    Phase ``moving``: the instance of epoch ``stopping`` on ``node`` is stopped (after a
+    checkpoint, unless ``urgent``), then, not before ``not_before``, the workload is placed
+    again: ``after_stop`` ``restart`` prefers the same node, ``move`` another one (or
+    ``move_to``). ``failed_on``: nodes where it failed too often, excluded until then.
+    ``preempted_for``: the higher-priority workload this move makes room for (its GPUs
+    are held for that workload, on this node, until it is placed). ``cause``: why a
+    ``moving`` workload is stopped (``MoveCause``; null in other phases).
+    """
+
+    workload: str
+    phase: Phase
+    node: str | None = None
+    gpus: tuple[int, ...] = ()
+    epoch: Annotated[int, Field(exclude=True, validate_default=True),
+                     AfterValidator(_from_context)] = 0
+    restarts: int = 0
+    restart_times: tuple[float, ...] = ()
+    reason: str = ""
+    avoid: Mapping[str, float] = field(default_factory=dict)
+    stopping: int = 0
+    move_to: str | None = None
+    urgent: bool = False
+    after_stop: Annotated[AfterStop, BeforeValidator(_after_stop)] = "move"
+    not_before: float = 0.0
+    failed_on: Mapping[str, float] = field(default_factory=dict)
+    preempted_for: str | None = None
+    cause: Annotated[MoveCause | None, BeforeValidator(_move_cause)] = None
+
+    @property
+    def holds_node(self) -> bool:
+        """Placed, or being moved off its node (its instance still runs there)."""
+        return self.phase in ("placed", "moving") and self.node is not None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], epoch: int = 0) -> Assignment:
+        """Inverse of ``to_dict``; ``epoch`` comes from the key's mod_revision."""
+        return schema_of(cls).validate(data, context={"epoch": epoch})
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo(Record):
+    """The newest committed checkpoint of a workload (the contract's ``checkpoint`` object)."""
 
     step: int
     epoch: int
     path: str
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form (the contract's ``checkpoint`` object)."""
-        return {"step": self.step, "epoch": self.epoch, "path": self.path}
-
-    @staticmethod
-    def from_dict(d: Mapping[str, Any] | None) -> CheckpointInfo | None:
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> CheckpointInfo | None:  # type: ignore[override]
         """Inverse of ``to_dict``; None stays None."""
-        if not d:
-            return None
-        return CheckpointInfo(step=int(d["step"]), epoch=int(d["epoch"]), path=str(d["path"]))
+        return schema_of(cls).validate(data) if data else None
 
 
-@dataclass(frozen=True)
-class InstanceStatus:
-    """What a node's agent reports about one instance (workload at an epoch) it runs."""
+@dataclass(frozen=True, slots=True)
+class InstanceStatus(Record):
+    """What a node's agent reports about one instance (workload at an epoch) it runs.
+
+    ``failing``: why the running instance is considered failed (a check past its failure
+    threshold, an application XID on its GPU), "" when it is fine. ``ended``: how an exited
+    instance ended (``InstanceEnd``), null while it runs (and for an end this version does
+    not know)."""
 
     workload: str
     node: str
@@ -290,39 +239,17 @@ class InstanceStatus:
     started_at: float | None = None
     finished_at: float | None = None
     checkpoint: CheckpointInfo | None = None
-    failing: str = ""
-    ended: InstanceEnd | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form. ``failing``: why the running instance is considered failed (a check
-        past its failure threshold, an application XID on its GPU), "" when it is fine.
-        ``ended``: how an exited instance ended (``InstanceEnd``), null while it runs."""
-        return {"workload": self.workload, "node": self.node, "epoch": self.epoch,
-                "state": self.state, "pid": self.pid, "exit_code": self.exit_code,
-                "started_at": self.started_at, "finished_at": self.finished_at,
-                "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None,
-                "failing": self.failing,
-                "ended": self.ended.value if self.ended is not None else None}
+    failing: Annotated[str, BeforeValidator(_or_empty)] = ""
+    ended: Annotated[InstanceEnd | None, BeforeValidator(instance_end)] = None
 
     @property
     def ended_by_infrastructure(self) -> bool:
         """Exited because of fencing, lease loss or a lost guard (``INFRASTRUCTURE_ENDS``)."""
         return self.ended in INFRASTRUCTURE_ENDS
 
-    @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> InstanceStatus:
-        """Inverse of ``to_dict``."""
-        return InstanceStatus(workload=str(d["workload"]), node=str(d["node"]),
-                              epoch=int(d["epoch"]), state=d["state"], pid=d.get("pid"),
-                              exit_code=d.get("exit_code"), started_at=d.get("started_at"),
-                              finished_at=d.get("finished_at"),
-                              checkpoint=CheckpointInfo.from_dict(d.get("checkpoint")),
-                              failing=str(d.get("failing") or ""),
-                              ended=instance_end(d.get("ended")))
 
-
-@dataclass(frozen=True)
-class Event:
+@dataclass(frozen=True, slots=True)
+class Event(Record):
     """Something that happened, for people (``hafo events``)."""
 
     ts: float
@@ -332,20 +259,9 @@ class Event:
     node: str | None = None
     epoch: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form."""
-        return {"ts": self.ts, "kind": self.kind, "message": self.message,
-                "workload": self.workload, "node": self.node, "epoch": self.epoch}
 
-    @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> Event:
-        """Inverse of ``to_dict``."""
-        return Event(ts=float(d["ts"]), kind=str(d["kind"]), message=str(d["message"]),
-                     workload=d.get("workload"), node=d.get("node"), epoch=d.get("epoch"))
-
-
-@dataclass(frozen=True)
-class Submission:
+@dataclass(frozen=True, slots=True)
+class Submission(Record):
     """A workload as submitted: its id, spec and submit time (key ``workloads/<id>``)."""
 
     id: str
@@ -353,47 +269,30 @@ class Submission:
     submitted_at: float
 
 
-@dataclass(frozen=True)
-class FailsafeSet:
+@dataclass(frozen=True, slots=True)
+class FailsafeSet(Record):
     """The controllers agents must all hear from; ``version`` grows with every change."""
 
     version: int = 0
     members: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form."""
-        return {"version": self.version, "members": {k: dict(v) for k, v in
-                                                     self.members.items()}}
-
-    @staticmethod
-    def from_dict(data: Mapping[str, Any] | None) -> FailsafeSet:
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> FailsafeSet:
         """Inverse of ``to_dict`` (None -> the empty set, version 0)."""
-        if not data:
-            return FailsafeSet()
-        return FailsafeSet(int(data.get("version", 0)),
-                           {str(k): dict(v) for k, v in (data.get("members") or {}).items()})
+        return schema_of(cls).validate(data) if data else FailsafeSet()
 
     def apis(self) -> dict[str, str]:
         """name -> API base URL."""
         return {name: str(m.get("api", "")) for name, m in self.members.items()}
 
 
-@dataclass(frozen=True)
-class MoveRequest:
+@dataclass(frozen=True, slots=True)
+class MoveRequest(Record):
     """An operator's request to move a workload (``hafo migrate``, ``hafo drain``)."""
 
     workload: str
     to: str | None = None
     reason: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form."""
-        return {"workload": self.workload, "to": self.to, "reason": self.reason}
-
-    @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> MoveRequest:
-        """Inverse of ``to_dict``."""
-        return MoveRequest(str(d["workload"]), d.get("to"), str(d.get("reason", "")))
 
 
 @dataclass(frozen=True)

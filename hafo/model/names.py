@@ -16,6 +16,11 @@ WORKLOAD_NAME = r"[a-z0-9]([a-z0-9-]{0,50}[a-z0-9])?"
 WORKLOAD_NAME_RE = re.compile(WORKLOAD_NAME)
 WORKLOAD_ID_RE = re.compile(rf"{WORKLOAD_NAME}-[0-9a-f]{{6}}")
 NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+#: A MIG profile: compute slices (1-8), "g.", memory in GB, "gb", optional "+extension"
+#: ("1g.10gb", "3g.40gb", "1g.20gb+me"). The one definition: config, specs and the OpenAPI
+#: document use it, and ``mig_profile_mib`` reads the memory from it.
+MIG_PROFILE = r"([1-8])g\.([1-9][0-9]{0,3})gb(\+[a-z]+)?"
+MIG_PROFILE_RE = re.compile(MIG_PROFILE)
 
 
 def is_workload_id(text: str) -> bool:
@@ -26,6 +31,12 @@ def is_workload_id(text: str) -> bool:
 def is_node_name(text: str) -> bool:
     """Letters, digits, '.', '_' or '-', at most 63 characters, not starting with '.'."""
     return bool(NODE_NAME_RE.fullmatch(text))
+
+
+def mig_profile_mib(profile: str) -> int | None:
+    """A MIG profile's memory in MiB ("3g.40gb" -> 40960), None if it is not a profile."""
+    match = MIG_PROFILE_RE.fullmatch(profile)
+    return int(match.group(2)) * 1024 if match else None
 
 
 def check_workload_id(text: str, field: str = "workload") -> str:

@@ -1,20 +1,85 @@
-"""The public JSON shapes (DESIGN.md part B) computed from a snapshot: used by CLI and API."""
+"""The public JSON shapes (docs/contract.md, "JSON shapes") computed from a snapshot: used
+by the CLI and the API."""
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Annotated, Any, NotRequired, get_args
+
+from typing_extensions import TypedDict  # pydantic reads this one on Python 3.11
 
 from hafo.model.cluster import (
     CheckpointInfo,
     ClusterSnapshot,
     Event,
+    NodeState,
     Submission,
     WorkloadState,
 )
+from hafo.model.schema import JsonOf
 
-NODE_STATES = ("ready", "cordoned", "unhealthy", "down")
-WORKLOAD_STATES = ("pending", "starting", "running", "stopping", "completed", "failed")
+NODE_STATES: tuple[str, ...] = get_args(NodeState)
+WORKLOAD_STATES: tuple[str, ...] = get_args(WorkloadState)
+
+#: The contract's ``checkpoint`` object (``CheckpointInfo.to_dict()``), or null.
+CheckpointJson = Annotated[dict[str, Any] | None, JsonOf(CheckpointInfo | None)]
+
+
+class WorkloadView(TypedDict):
+    """A workload as the API and ``hafo status`` show it. ``epoch``: its instance's (the one
+    being stopped while it moves); ``gpus``: the UUIDs of its GPUs."""
+
+    id: str
+    name: str
+    state: WorkloadState
+    node: str | None
+    epoch: int | None
+    restarts: int
+    gpus: list[str]
+    checkpoint: CheckpointJson
+    priority: int
+    submitted_at: float
+    reason: str
+
+
+class GpuView(TypedDict):
+    """One GPU of a node view: its record's fields and the workload it is allocated to."""
+
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    healthy: bool
+    allocated_to: str | None
+    degraded: bool
+    reason: str
+    utilization: float | None
+    profile: str | None
+    parent: int | None
+
+
+class NodeView(TypedDict):
+    """A node as the API and ``hafo nodes`` show it."""
+
+    name: str
+    state: NodeState
+    labels: dict[str, str]
+    gpus: list[GpuView]
+    workloads: list[str]
+    reason: str
+
+
+class StatusView(TypedDict):
+    """The cluster summary: counts by state. The API adds how fresh its cache is: ``stale``,
+    ``stale_seconds`` (null when fresh) and ``etcd_contact_age``."""
+
+    leader: str | None
+    controllers: list[str]
+    nodes: dict[str, int]  # by NODE_STATES
+    workloads: dict[str, int]  # by WORKLOAD_STATES
+    stale: NotRequired[bool]
+    stale_seconds: NotRequired[float | None]
+    etcd_contact_age: NotRequired[float]
 
 
 def workload_state(snapshot: ClusterSnapshot, workload_id: str) -> WorkloadState:
@@ -46,7 +111,7 @@ def latest_checkpoint(snapshot: ClusterSnapshot, workload_id: str) -> Checkpoint
     return best
 
 
-def workload_view(snapshot: ClusterSnapshot, workload_id: str) -> dict[str, Any]:
+def workload_view(snapshot: ClusterSnapshot, workload_id: str) -> WorkloadView:
     """``{"id", "name", "state", "node", "epoch", "restarts", "gpus", "checkpoint"}``."""
     submission = snapshot.workloads[workload_id]
     assignment = snapshot.assignments.get(workload_id)
@@ -58,7 +123,7 @@ def workload_view(snapshot: ClusterSnapshot, workload_id: str) -> dict[str, Any]
         by_index = {g.index: g.uuid for g in record.gpus} if record else {}
         gpu_uuids = [by_index.get(i, str(i)) for i in assignment.gpus]
     checkpoint = latest_checkpoint(snapshot, workload_id)
-    view: dict[str, Any] = {
+    view: WorkloadView = {
         "id": workload_id,
         "name": submission.spec.name,
         "state": workload_state(snapshot, workload_id),
@@ -75,7 +140,7 @@ def workload_view(snapshot: ClusterSnapshot, workload_id: str) -> dict[str, Any]
     return view
 
 
-def submitted_view(submission: Submission) -> dict[str, Any]:
+def submitted_view(submission: Submission) -> WorkloadView:
     """The view of a workload just submitted (not placed yet)."""
     return {"id": submission.id, "name": submission.spec.name, "state": "pending",
             "node": None, "epoch": None, "restarts": 0, "gpus": [], "checkpoint": None,
@@ -92,7 +157,7 @@ def allocations(snapshot: ClusterSnapshot, node: str) -> dict[int, str]:
     return out
 
 
-def node_view(snapshot: ClusterSnapshot, name: str) -> dict[str, Any]:
+def node_view(snapshot: ClusterSnapshot, name: str) -> NodeView:
     """``{"name", "state", "labels", "gpus": [...], "workloads": [...]}``."""
     record = snapshot.nodes[name]
     alloc = allocations(snapshot, name)
@@ -112,7 +177,7 @@ def node_view(snapshot: ClusterSnapshot, name: str) -> dict[str, Any]:
     }
 
 
-def status_view(snapshot: ClusterSnapshot) -> dict[str, Any]:
+def status_view(snapshot: ClusterSnapshot) -> StatusView:
     """``{"leader", "controllers", "nodes": {state: n}, "workloads": {state: n}}``."""
     node_counts: Counter[str] = Counter(snapshot.node_state(n) for n in snapshot.nodes)
     wl_counts: Counter[str] = Counter(workload_state(snapshot, w) for w in snapshot.workloads)
@@ -124,12 +189,12 @@ def status_view(snapshot: ClusterSnapshot) -> dict[str, Any]:
     }
 
 
-def all_nodes(snapshot: ClusterSnapshot) -> list[dict[str, Any]]:
+def all_nodes(snapshot: ClusterSnapshot) -> list[NodeView]:
     """Every node's view, sorted by name."""
     return [node_view(snapshot, n) for n in sorted(snapshot.nodes)]
 
 
-def all_workloads(snapshot: ClusterSnapshot) -> list[dict[str, Any]]:
+def all_workloads(snapshot: ClusterSnapshot) -> list[WorkloadView]:
     """Every workload's view, oldest submission first."""
     order = sorted(snapshot.workloads.values(), key=lambda s: (s.submitted_at, s.id))
     return [workload_view(snapshot, s.id) for s in order]

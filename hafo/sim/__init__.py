@@ -1,4 +1,4 @@
-"""``hafo sim``: many simulated agents in one process, for scale tests (DESIGN.md, Scale)."""
+"""``hafo sim``: many simulated agents in one process, for scale tests (docs/design.md, "Scale")."""
 
 from hafo.sim.fleet import SimFleet
 

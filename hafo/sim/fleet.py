@@ -31,11 +31,10 @@ from hafo.store import (
     EtcdStore,
     Keys,
     Put,
-    Resync,
     StoreError,
-    WatchEvent,
     codec,
 )
+from hafo.store.watched import WatchedPrefix
 from hafo.tasks import run_all
 
 log = structlog.get_logger("hafo.sim")
@@ -83,7 +82,10 @@ class SimFleet:
         self.failsafe = FailsafeSet()
         self._dirty: set[str] = set()
         self.placed_on: dict[str, str] = {}  # workload -> the node it was last placed on
-        self._wake = asyncio.Event()
+        self.copies: WatchedPrefix[Assignment] = WatchedPrefix(
+            store, keys.by_node, lambda kv: codec.decode_assignment(kv.value, kv.mod_revision),
+            self._changed)
+        self._wake = self.copies.changed  # set by every change of a copy
         self.started: dict[str, float] = {}  # workload -> wall time its newest instance started
         self._keeper: asyncio.Future[None] | None = None  # started by ``start``
 
@@ -166,16 +168,16 @@ class SimFleet:
                 await self._keepalive_round()
             await asyncio.sleep(max(0.0, self.heartbeat - (time.monotonic() - started)))
 
-    def _apply(self, key: str, value: bytes, revision: int, deleted: bool) -> None:
+    def _changed(self, key: str, _old: Assignment | None, assignment: Assignment | None) -> None:
         """One change of a node's copy of an assignment (``Keys.node_assignment``)."""
-        node_name, _, workload = key[len(self.keys.by_node):].partition("/")
-        node = self.nodes.get(node_name)
-        if node is None:
+        parsed = self.keys.parse(key)
+        node, workload = self.nodes.get(parsed.node or ""), parsed.workload
+        if node is None or workload is None:
             return
+        node_name = node.name
         self._dirty.add(node_name)
         placed = False
-        if not deleted:
-            assignment = codec.decode_assignment(value, revision)
+        if assignment is not None:
             placed, _urgent = for_node(assignment, node_name)
             if placed:
                 node.desired[workload] = assignment
@@ -185,21 +187,8 @@ class SimFleet:
 
     async def _follow_assignments(self) -> None:
         """One watch over every node's copies (a real agent watches only its own)."""
-        revision, kvs = await self.store.get_prefix(self.keys.by_node)
-        for kv in kvs:
-            self._apply(kv.key, kv.value, kv.mod_revision, False)
-        self._wake.set()
-        async for event in self.store.watch_prefix(self.keys.by_node, revision + 1):
-            if isinstance(event, Resync):
-                for node in self.nodes.values():
-                    node.desired.clear()
-                    self._dirty.add(node.name)
-                for kv in event.kvs:
-                    self._apply(kv.key, kv.value, kv.mod_revision, False)
-            elif isinstance(event, WatchEvent):
-                self._apply(event.kv.key, event.kv.value, event.kv.mod_revision,
-                            event.kind == "delete")
-            self._wake.set()
+        await self.copies.load()
+        await self.copies.follow()
 
     def _pass(self, node: SimNode, now: float) -> list[Put | Delete]:
         """One agent pass for one node: the instances to stop and start, and the reports."""

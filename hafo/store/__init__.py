@@ -18,6 +18,7 @@ from hafo.store.election import Election, NotLeader
 from hafo.store.events import EventLog
 from hafo.store.keys import Keys
 from hafo.store.lease import LeaseKeeper, LeaseLost
+from hafo.store.protocol import Store
 from hafo.store.retry import StoreUnavailable
 from hafo.store.state import ClusterCache, read_events, read_snapshot
 from hafo.store.tls import TlsFiles
@@ -38,6 +39,7 @@ __all__ = [
     "NotLeader",
     "Put",
     "Resync",
+    "Store",
     "StoreAuthError",
     "StoreError",
     "StoreUnavailable",

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
@@ -21,8 +20,16 @@ import structlog
 from aetcd import exceptions as etcd_errors
 
 from hafo.model.config import EtcdConfig
+from hafo.store import aetcd_adapter as adapter
+from hafo.store.records import KV, Compare, Delete, Get, Put, Resync, TxnResult, WatchEvent
 from hafo.store.retry import StoreUnavailable, with_store_retry
-from hafo.store.tls import SecureClient, TlsFiles
+from hafo.store.tls import TlsFiles
+
+__all__ = [  # the records are re-exported from their first home
+    "KV", "TRANSIENT", "Compare", "Delete", "EtcdStore", "Get", "Put", "Resync",
+    "StoreAuthError", "StoreError", "TxnResult", "WatchEvent", "channel_options",
+    "parse_endpoint",
+]
 
 T = TypeVar("T")
 log = structlog.get_logger("hafo.store")
@@ -49,76 +56,6 @@ class StoreAuthError(StoreError):
 Observer = Callable[[float, BaseException | None], None]
 
 
-@dataclass(frozen=True)
-class KV:
-    """One key-value pair as read from etcd."""
-
-    key: str
-    value: bytes
-    create_revision: int
-    mod_revision: int
-    lease: int
-
-
-@dataclass(frozen=True)
-class WatchEvent:
-    """A change under a watched prefix. For deletes ``value`` is empty."""
-
-    kind: Literal["put", "delete"]
-    kv: KV
-
-
-@dataclass(frozen=True)
-class Resync:
-    """The watch could not resume (revision compacted): here is the full state instead."""
-
-    revision: int
-    kvs: tuple[KV, ...]
-
-
-@dataclass(frozen=True)
-class Compare:
-    """A txn condition: ``target`` of ``key`` ``op`` ``value``."""
-
-    key: str
-    target: Literal["create", "mod", "version", "value"]
-    op: Literal["==", "!=", "<", ">"]
-    value: int | bytes
-
-
-@dataclass(frozen=True)
-class Put:
-    """A txn write."""
-
-    key: str
-    value: bytes
-    lease: int | None = None
-
-
-@dataclass(frozen=True)
-class Delete:
-    """A txn delete (of one key, or of a prefix)."""
-
-    key: str
-    prefix: bool = False
-
-
-@dataclass(frozen=True)
-class Get:
-    """A txn read of one key."""
-
-    key: str
-
-
-@dataclass(frozen=True)
-class TxnResult:
-    """Outcome of a transaction: whether the compares held, the revision, values read."""
-
-    succeeded: bool
-    revision: int
-    reads: tuple[KV | None, ...] = ()
-
-
 def parse_endpoint(url: str) -> tuple[str, int]:
     """``http://host:port`` -> (host, port)."""
     parts = urlsplit(url)
@@ -142,11 +79,6 @@ def channel_options(max_backoff: float) -> dict[str, int]:
             "grpc.initial_reconnect_backoff_ms": 100,
             "grpc.min_reconnect_backoff_ms": 100,
             "grpc.max_reconnect_backoff_ms": ceiling}
-
-
-def _kv(raw: Any) -> KV:
-    return KV(key=raw.key.decode(), value=bytes(raw.value), create_revision=raw.create_revision,
-              mod_revision=raw.mod_revision, lease=raw.lease)
 
 
 class EtcdStore:
@@ -184,15 +116,10 @@ class EtcdStore:
         return cls(config.endpoints, username=config.username, password=password, tls=tls,
                    **kwargs)
 
-    def _new_client(self, host: str, port: int, timeout: int) -> aetcd.Client:
-        options = channel_options(self.reconnect_backoff)
-        if self._tls is not None:
-            return SecureClient(host=host, port=port, timeout=timeout, tls=self._tls,
-                                username=self._username, password=self._password,
-                                options=options)
-        return aetcd.Client(host=host, port=port, timeout=timeout,
-                            username=self._username, password=self._password,
-                            options=options)
+    def _new_client(self, host: str, port: int, timeout: float) -> aetcd.Client:
+        return adapter.new_client(host, port, timeout, tls=self._tls,
+                                  username=self._username, password=self._password,
+                                  options=channel_options(self.reconnect_backoff))
 
     def _observe(self, started: float, error: BaseException | None) -> None:
         if self.observer is not None:
@@ -211,16 +138,13 @@ class EtcdStore:
                 raise StoreUnavailable("store is closed")
             if self._client is None:
                 host, port = self.endpoints[self._index]
-                client = self._new_client(host, port, self.timeout)  # type: ignore[arg-type]
+                client = self._new_client(host, port, self.timeout)
                 try:
                     await client.connect()
                 except (etcd_errors.UnauthenticatedError,
                         etcd_errors.InvalidArgumentError) as exc:
                     raise StoreAuthError(f"etcd refused the credentials: {exc}") from None
-                # Watches on a member cut off from the raft leader must fail, not stall.
-                watcher = getattr(client, "_watcher", None)
-                if watcher is not None:
-                    watcher._metadata = (*(watcher._metadata or ()), ("hasleader", "true"))
+                adapter.require_leader(client)  # watches fail, not stall, without a leader
                 self._client = client
                 self._generation += 1
             return self._client, self._generation
@@ -305,29 +229,18 @@ class EtcdStore:
     async def get(self, key: str) -> KV | None:
         """Read one key."""
         result = await self.call(lambda c: c.get(key.encode()))
-        return None if result is None else _kv(result)
+        return None if result is None else adapter.to_kv(result)
 
     async def get_prefix(self, prefix: str) -> tuple[int, list[KV]]:
         """Read every key under ``prefix``; returns (revision, kvs)."""
         result = await self.call(lambda c: c.get_prefix(prefix.encode()))
-        return result.header.revision, [_kv(kv) for kv in result]
+        return result.header.revision, [adapter.to_kv(kv) for kv in result]
 
     async def get_newest(self, prefix: str, limit: int) -> list[KV]:
         """The ``limit`` keys under ``prefix`` that sort last (newest for time-ordered keys),
         returned in ascending key order. Only those are transferred."""
-
-        async def op(client: aetcd.Client) -> list[KV]:
-            from aetcd import utils
-
-            request = aetcd.rpc.RangeRequest(
-                key=prefix.encode(), range_end=utils.prefix_range_end(prefix.encode()),
-                limit=limit, sort_order=aetcd.rpc.RangeRequest.DESCEND,
-                sort_target=aetcd.rpc.RangeRequest.KEY)
-            response = await client.kvstub.Range(request, timeout=self.timeout,
-                                                 metadata=client.metadata)
-            return [_kv(kv) for kv in reversed(response.kvs)]
-
-        return await self.call(_wrap_rpc(op))
+        return await self.call(adapter.mapped_errors(
+            lambda c: adapter.range_newest(c, prefix, limit, self.timeout)))
 
     async def revision(self) -> int:
         """The store's current revision."""
@@ -347,24 +260,8 @@ class EtcdStore:
     async def txn(self, compares: Sequence[Compare], success: Sequence[Put | Delete | Get],
                   failure: Sequence[Put | Delete | Get] = ()) -> TxnResult:
         """Atomic compare-and-write. Not retried blindly on ambiguous errors by callers."""
-
-        async def op(client: aetcd.Client) -> TxnResult:
-            conds = [_compare(client, c) for c in compares]
-            ok_ops = [_operation(client, o) for o in success]
-            fail_ops = [_operation(client, o) for o in failure]
-            request = aetcd.rpc.TxnRequest(compare=[c.build_message() for c in conds],
-                                           success=client._ops_to_requests(ok_ops),
-                                           failure=client._ops_to_requests(fail_ops))
-            response = await client.kvstub.Txn(request, timeout=self.timeout,
-                                               metadata=client.metadata)
-            reads: list[KV | None] = []
-            for item in response.responses:
-                if item.WhichOneof("response") == "response_range":
-                    kvs = item.response_range.kvs
-                    reads.append(_kv(kvs[0]) if kvs else None)
-            return TxnResult(response.succeeded, response.header.revision, tuple(reads))
-
-        return await self.call(_wrap_rpc(op))
+        return await self.call(adapter.mapped_errors(
+            lambda c: adapter.txn(c, compares, success, failure, self.timeout)))
 
     async def write_many(self, ops: Sequence[Put | Delete], per_txn: int = 100) -> int:
         """Unconditional writes, batched ``per_txn`` to a transaction (etcd allows 128
@@ -391,7 +288,7 @@ class EtcdStore:
 
         client, generation = await self._current()
         try:
-            return await asyncio.wait_for(_wrap_rpc(op)(client), timeout)
+            return await asyncio.wait_for(adapter.mapped_errors(op)(client), timeout)
         except TRANSIENT as exc:
             await self._rotate(generation, exc)
             raise
@@ -402,23 +299,12 @@ class EtcdStore:
         lease is gone). No retry; ids without a reply before ``timeout`` are left out."""
         if not lease_ids:
             return {}
-        wanted = list(lease_ids)
-
         async def op(client: aetcd.Client) -> dict[int, int]:
-            requests = (aetcd.rpc.LeaseKeepAliveRequest(ID=i) for i in wanted)
-            replies: dict[int, int] = {}
-            stream = client.leasestub.LeaseKeepAlive(requests, timeout=timeout,
-                                                     metadata=client.metadata)
-            async for reply in stream:
-                replies[int(reply.ID)] = int(reply.TTL)
-                if len(replies) == len(wanted):
-                    stream.cancel()
-                    break
-            return replies
+            return await adapter.keepalive_stream(client, lease_ids, timeout)
 
         client, generation = await self._current()
         try:
-            return await asyncio.wait_for(_wrap_rpc(op)(client), timeout + 0.5)
+            return await asyncio.wait_for(adapter.mapped_errors(op)(client), timeout + 0.5)
         except TRANSIENT as exc:
             await self._rotate(generation, exc)
             raise
@@ -429,15 +315,8 @@ class EtcdStore:
         client = self._new_client(host, port, max(1, int(timeout + 0.999)))
         try:
             await asyncio.wait_for(client.connect(), timeout)
-            status = await asyncio.wait_for(
-                client.maintenancestub.Status(aetcd.rpc.StatusRequest(),
-                                              timeout=timeout, metadata=client.metadata),
-                timeout)
-            members = await asyncio.wait_for(
-                client.clusterstub.MemberList(aetcd.rpc.MemberListRequest(), timeout=timeout,
-                                              metadata=client.metadata), timeout)
-            return (int(status.header.member_id), int(status.leader), len(members.members))
-        except (TimeoutError, aetcd.rpc.AioRpcError, etcd_errors.ClientError, OSError):
+            return await asyncio.wait_for(adapter.member_status(client, timeout), timeout)
+        except (TimeoutError, adapter.RpcError, etcd_errors.ClientError, OSError):
             return None
         finally:
             await self._close_quietly(client)
@@ -460,13 +339,8 @@ class EtcdStore:
         """The ids of every lease etcd has now (one LeaseLeases call: a few hundred kB at
         10,000 nodes). A lease absent here has expired or was revoked."""
 
-        async def op(client: aetcd.Client) -> set[int]:
-            reply = await client.leasestub.LeaseLeases(aetcd.rpc.LeaseLeasesRequest(),
-                                                       timeout=self.timeout,
-                                                       metadata=client.metadata)
-            return {int(item.ID) for item in reply.leases}
-
-        return await self.call(_wrap_rpc(op))
+        return await self.call(adapter.mapped_errors(
+            lambda c: adapter.lease_ids(c, self.timeout)))
 
     async def lease_ttl(self, lease_id: int) -> int:
         """Remaining TTL of a lease (<= 0 when it no longer exists)."""
@@ -519,7 +393,7 @@ class EtcdStore:
                 log.debug("watch created", prefix=prefix, start_revision=next_revision)
                 failures = 0
                 async for event in watch:
-                    kv = _kv(event.kv)
+                    kv = adapter.to_kv(event.kv)
                     log.debug("watch event", key=kv.key, revision=kv.mod_revision)
                     next_revision = kv.mod_revision + 1
                     kind: Literal["put", "delete"] = "put" if event.kind == "PUT" else "delete"
@@ -542,44 +416,3 @@ class EtcdStore:
                     # The consumer stopped (or we reconnect): free the server-side watch.
                     with contextlib.suppress(Exception):
                         await asyncio.shield(watch.cancel())
-
-
-def _compare(client: aetcd.Client, c: Compare) -> Any:
-    key = c.key.encode()
-    target = {"create": client.transactions.create, "mod": client.transactions.mod,
-              "version": client.transactions.version, "value": client.transactions.value}[c.target]
-    base = target(key)
-    value = c.value
-    if c.op == "==":
-        return base == value
-    if c.op == "!=":
-        return base != value
-    if c.op == "<":
-        return base < value
-    return base > value
-
-
-def _operation(client: aetcd.Client, o: Put | Delete | Get) -> Any:
-    if isinstance(o, Put):
-        return client.transactions.put(o.key.encode(), o.value, lease=o.lease)
-    if isinstance(o, Delete):
-        if o.prefix:
-            from aetcd import utils
-
-            return client.transactions.delete(o.key.encode(),
-                                              range_end=utils.prefix_range_end(o.key.encode()))
-        return client.transactions.delete(o.key.encode())
-    return client.transactions.get(o.key.encode())
-
-
-def _wrap_rpc(op: Callable[[aetcd.Client], Awaitable[T]]) -> Callable[[aetcd.Client], Awaitable[T]]:
-    """Map raw gRPC errors of direct stub calls to aetcd's exception types."""
-
-    async def wrapped(client: aetcd.Client) -> T:
-        try:
-            return await op(client)
-        except aetcd.rpc.AioRpcError as exc:
-            etcd_errors._handle_exception(exc)
-            raise  # pragma: no cover - _handle_exception always raises
-
-    return wrapped

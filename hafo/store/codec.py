@@ -1,4 +1,9 @@
-"""JSON encoding of model records into etcd values, and decoding of keys back into records."""
+"""JSON encoding of model records into etcd values, and decoding of keys back into records.
+
+Decoding parses the JSON text straight into the record's dataclass with the record's own
+declaration (``hafo.model.schema.Record``), without building dicts first: at 10,000 nodes a
+snapshot decodes thousands of these per second.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +20,15 @@ from hafo.model.cluster import (
     NodeRecord,
     Submission,
 )
-from hafo.model.spec import parse_spec
+from hafo.model.schema import schema_of
+
+_ASSIGNMENT = schema_of(Assignment)
+_NODE = schema_of(NodeRecord)
+_LIVENESS = schema_of(Liveness)
+_STATUS = schema_of(InstanceStatus)
+_SUBMISSION = schema_of(Submission)
+_MOVE = schema_of(MoveRequest)
+_EVENT = schema_of(Event)
 
 
 def encode(data: dict[str, Any]) -> bytes:
@@ -30,35 +43,34 @@ def decode(value: bytes) -> Any:
 
 def encode_submission(submission: Submission) -> bytes:
     """A workload record: id, spec, submit time."""
-    return encode({"id": submission.id, "spec": submission.spec.to_dict(),
-                   "submitted_at": submission.submitted_at})
+    return encode(submission.to_dict())
 
 
 def decode_submission(value: bytes) -> Submission:
-    """Inverse of ``encode_submission`` (the spec is validated again)."""
-    data = decode(value)
-    return Submission(id=str(data["id"]), spec=parse_spec(data["spec"]),
-                      submitted_at=float(data["submitted_at"]))
+    """Inverse of ``encode_submission`` (the spec is validated again). Not straight from the
+    JSON text: the spec's validators take Python values, and ``json.loads`` makes them
+    faster than pydantic's JSON-to-Python conversion."""
+    return _SUBMISSION.validate(decode(value))
 
 
 def decode_assignment(value: bytes, mod_revision: int) -> Assignment:
     """An assignment; its epoch is the key's mod_revision."""
-    return Assignment.from_dict(decode(value), epoch=mod_revision)
+    return _ASSIGNMENT.validate_json(value, context={"epoch": mod_revision})
 
 
 def decode_node(value: bytes) -> NodeRecord:
     """A node's inventory record."""
-    return NodeRecord.from_dict(decode(value))
+    return _NODE.validate_json(value)
 
 
 def decode_liveness(value: bytes) -> Liveness:
     """A node's liveness record."""
-    return Liveness.from_dict(decode(value))
+    return _LIVENESS.validate_json(value)
 
 
 def decode_status(value: bytes) -> InstanceStatus:
     """An agent's instance report."""
-    return InstanceStatus.from_dict(decode(value))
+    return _STATUS.validate_json(value)
 
 
 def decode_controller(value: bytes) -> str:
@@ -74,9 +86,9 @@ def decode_failsafe(value: bytes) -> FailsafeSet:
 
 def decode_move(value: bytes) -> MoveRequest:
     """A move request."""
-    return MoveRequest.from_dict(decode(value))
+    return _MOVE.validate_json(value)
 
 
 def decode_event(value: bytes) -> Event:
     """An event."""
-    return Event.from_dict(decode(value))
+    return _EVENT.validate_json(value)

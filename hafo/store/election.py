@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-from hafo.store.client import Compare, Delete, EtcdStore, Get, Put, TxnResult, WatchEvent
+from hafo.store.client import Compare, Delete, Get, Put, TxnResult, WatchEvent
+from hafo.store.protocol import Store
 
 log = structlog.get_logger("hafo.election")
 
@@ -24,7 +25,7 @@ class NotLeader(Exception):
 class Election:
     """Campaign for, hold and resign one leader key."""
 
-    def __init__(self, store: EtcdStore, key: str, name: str) -> None:
+    def __init__(self, store: Store, key: str, name: str) -> None:
         self.store = store
         self.key = key
         self.name = name

@@ -2,40 +2,74 @@
 
 Events are bound to a lease of ``retention`` seconds that is replaced every
 ``retention / 24``, so every event disappears between 23/24 and 1 x ``retention`` after it was
-written, with no pruning job.
+written, with no pruning job. One such lease serves every event log on a store in a process
+(granted when first needed, granted anew when it is gone), not one per writer.
 """
 
 from __future__ import annotations
 
-import time
+import asyncio
+import weakref
 
 import structlog
 
 from hafo.model.cluster import Event
 from hafo.store import codec
-from hafo.store.client import TRANSIENT, EtcdStore, Put
+from hafo.store.client import TRANSIENT, Put, StoreError
 from hafo.store.keys import Keys
+from hafo.store.protocol import Store
+from hafo.tasks import loop_time
 
 log = structlog.get_logger("hafo.events")
+
+
+class _SharedLease:
+    """The event lease of one store and retention, shared by every ``EventLog`` on that store
+    in this process (the CLI's and the API's writes, a daemon's decisions): each write does not
+    grant a lease of its own, which etcd would keep for a whole ``retention``."""
+
+    def __init__(self) -> None:
+        self.lease: int | None = None
+        self.granted_at = 0.0
+        self.lock = asyncio.Lock()
+
+
+_SHARED: weakref.WeakKeyDictionary[Store, dict[int, _SharedLease]] = weakref.WeakKeyDictionary()
+
+
+def _shared_lease(store: Store, retention: int) -> _SharedLease:
+    try:
+        by_retention = _SHARED.setdefault(store, {})
+    except TypeError:  # a store that cannot be weakly referenced: a lease of its own
+        return _SharedLease()
+    return by_retention.setdefault(retention, _SharedLease())
 
 
 class EventLog:
     """Appends events; failures to record an event are logged, never raised."""
 
-    def __init__(self, store: EtcdStore, keys: Keys, retention: int = 86400) -> None:
+    def __init__(self, store: Store, keys: Keys, retention: int = 86400) -> None:
         self.store = store
         self.keys = keys
         self.retention = retention
-        self._lease: int | None = None
-        self._lease_at = 0.0
+        self._shared = _shared_lease(store, retention)
 
     async def lease(self) -> int:
-        """The current event lease, replaced once it is ``retention/24`` old."""
-        now = time.monotonic()
-        if self._lease is None or now - self._lease_at > self.retention / 24:
-            self._lease, _ttl = await self.store.grant_lease(self.retention)
-            self._lease_at = now
-        return self._lease
+        """The current event lease (granted on first use), replaced once it is
+        ``retention/24`` old or gone."""
+        shared = self._shared
+        async with shared.lock:
+            now = loop_time()
+            if shared.lease is None or now - shared.granted_at > self.retention / 24:
+                shared.lease, _ttl = await self.store.grant_lease(self.retention)
+                shared.granted_at = now
+            return shared.lease
+
+    def _forget(self, lease: int | None) -> None:
+        """``lease`` is gone (revoked, or etcd restored from an older backup): the next
+        event gets a new one."""
+        if lease is not None and self._shared.lease == lease:
+            self._shared.lease = None
 
     async def put_op(self, event: Event) -> Put:
         """The txn operation that records ``event`` (to commit it with a decision)."""
@@ -43,9 +77,16 @@ class EventLog:
                    lease=await self.lease())
 
     async def append(self, event: Event) -> None:
-        """Record one event on its own."""
+        """Record one event on its own (under a new lease if the shared one is gone)."""
         try:
             op = await self.put_op(event)
-            await self.store.put(op.key, op.value, lease=op.lease)
+            try:
+                await self.store.put(op.key, op.value, lease=op.lease)
+            except StoreError:
+                if op.lease is None or await self.store.lease_ttl(op.lease) > 0:
+                    raise
+                self._forget(op.lease)
+                op = await self.put_op(event)
+                await self.store.put(op.key, op.value, lease=op.lease)
         except TRANSIENT as exc:
             log.warning("event not recorded", kind=event.kind, error=type(exc).__name__)

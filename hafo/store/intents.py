@@ -1,16 +1,20 @@
-"""Writes made on a user's behalf (CLI, HTTP API): submit, delete, cordon, uncordon."""
+"""Writes made on a user's behalf (CLI, HTTP API): submit, delete, migrate, drain, cordon and
+uncordon (docs/design.md, "Data flow"). Their events share the process's event lease
+(``EventLog``): a write grants no lease of its own."""
 
 from __future__ import annotations
 
 import os
 import time
 
+from hafo.decisions.drain import workloads_to_drain
 from hafo.model.cluster import Event, MoveRequest, Submission
 from hafo.model.spec import WorkloadSpec
 from hafo.store import codec
-from hafo.store.client import Compare, EtcdStore, Put
+from hafo.store.client import Compare, Put
 from hafo.store.events import EventLog
 from hafo.store.keys import Keys
+from hafo.store.protocol import Store
 from hafo.store.state import read_snapshot
 
 
@@ -23,7 +27,7 @@ def new_workload_id(spec: WorkloadSpec) -> str:
     return f"{spec.name}-{os.urandom(3).hex()}"
 
 
-async def submit(store: EtcdStore, keys: Keys, spec: WorkloadSpec) -> Submission:
+async def submit(store: Store, keys: Keys, spec: WorkloadSpec) -> Submission:
     """Store a new workload; the controller places it."""
     while True:
         submission = Submission(id=new_workload_id(spec), spec=spec, submitted_at=time.time())
@@ -37,7 +41,7 @@ async def submit(store: EtcdStore, keys: Keys, spec: WorkloadSpec) -> Submission
             return submission
 
 
-async def delete(store: EtcdStore, keys: Keys, workload_id: str) -> None:
+async def delete(store: Store, keys: Keys, workload_id: str) -> None:
     """Forget a workload: the controller then withdraws its assignment and it is stopped."""
     if not await store.delete(keys.workload(workload_id)):
         raise NotFound(f"no workload {workload_id!r}")
@@ -46,7 +50,7 @@ async def delete(store: EtcdStore, keys: Keys, workload_id: str) -> None:
                                              message=f"workload {workload_id} deleted"))
 
 
-async def migrate(store: EtcdStore, keys: Keys, workload_id: str, to: str | None = None,
+async def migrate(store: Store, keys: Keys, workload_id: str, to: str | None = None,
                   reason: str = "") -> None:
     """Ask for a planned move: checkpoint, stop, run elsewhere (on ``to`` if given)."""
     if await store.get(keys.workload(workload_id)) is None:
@@ -57,19 +61,16 @@ async def migrate(store: EtcdStore, keys: Keys, workload_id: str, to: str | None
     await store.put(keys.move(workload_id), codec.encode(request.to_dict()))
 
 
-async def drain(store: EtcdStore, keys: Keys, node: str) -> list[str]:
+async def drain(store: Store, keys: Keys, node: str) -> list[str]:
     """Cordon ``node`` and ask for a planned move of every workload on it; returns their ids."""
     await set_cordon(store, keys, node, True)
-    snapshot = await read_snapshot(store, keys)
-    moved = sorted(w for w, a in snapshot.assignments.items()
-                   if a.phase == "placed" and a.node == node)
-    for wid in moved:
-        request = MoveRequest(wid, None, f"drain {node}")
-        await store.put(keys.move(wid), codec.encode(request.to_dict()))
-    return moved
+    requests = workloads_to_drain(await read_snapshot(store, keys), node)
+    for request in requests:
+        await store.put(keys.move(request.workload), codec.encode(request.to_dict()))
+    return [request.workload for request in requests]
 
 
-async def set_cordon(store: EtcdStore, keys: Keys, node: str, cordoned: bool) -> None:
+async def set_cordon(store: Store, keys: Keys, node: str, cordoned: bool) -> None:
     """Cordon (no new work) or uncordon a node."""
     if await store.get(keys.node(node)) is None:
         raise NotFound(f"no node {node!r}")

@@ -1,10 +1,51 @@
-"""The etcd key schema: every key hafo reads or writes is spelled here and nowhere else."""
+"""The etcd key schema: every key of a cluster is built here, and taken apart here
+(``Keys.parse``) (docs/contract.md, "etcd keys").
+
+Outside this module only the root prefix ``/hafo/`` is spelled: in the probe key of
+``EtcdStore.revision`` (``hafo/store/client.py``) and in the etcd role granted to hafo
+(``hafo/local/etcd.py``, ``ansible/roles/etcd``).
+"""
 
 from __future__ import annotations
 
 import os
 import time
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal, NamedTuple
+
+#: What a key is. ``node-assignment`` is the per-node copy of an assignment
+#: (``Keys.node_assignment``); ``unknown`` is any key that is not one of this cluster's.
+KeyKind = Literal["leader", "failsafe", "node", "alive", "cordon", "workload", "assignment",
+                  "node-assignment", "move", "status", "controller", "event", "unknown"]
+
+
+class ParsedKey(NamedTuple):
+    """A key taken apart (``Keys.parse``): its kind and the names in it. ``node`` and
+    ``workload`` are set for the kinds whose key names them; ``name`` is a controller's name
+    or an event's id. (A named tuple: watches parse every key they see.)"""
+
+    kind: KeyKind
+    node: str | None = None
+    workload: str | None = None
+    name: str | None = None
+
+
+UNKNOWN = ParsedKey("unknown")
+
+# Keys of the state prefix with no name in them: the key less that prefix -> what it is.
+_SINGLE: dict[str, ParsedKey] = {"leader": ParsedKey("leader"), "failsafe": ParsedKey("failsafe")}
+
+# Kinds under the state prefix named by one path segment: the segment -> (kind, part).
+_NAMED: dict[str, tuple[KeyKind, Literal["node", "workload", "name"]]] = {
+    "nodes": ("node", "node"),
+    "alive": ("alive", "node"),
+    "cordon": ("cordon", "node"),
+    "workloads": ("workload", "workload"),
+    "assign": ("assignment", "workload"),
+    "moves": ("move", "workload"),
+    "controllers": ("controller", "name"),
+}
 
 
 @dataclass(frozen=True)
@@ -13,12 +54,12 @@ class Keys:
 
     cluster: str
 
-    @property
+    @cached_property
     def root(self) -> str:
         """Prefix of everything of this cluster."""
         return f"/hafo/{self.cluster}/"
 
-    @property
+    @cached_property
     def state(self) -> str:
         """Prefix of all state the controller and the CLI read as a snapshot."""
         return f"{self.root}s/"
@@ -96,3 +137,39 @@ class Keys:
         """A fresh, time-ordered event key."""
         ts = int((now if now is not None else time.time()) * 1e9)
         return f"{self.events}{ts:020d}-{os.urandom(3).hex()}"
+
+    def parse(self, key: str) -> ParsedKey:
+        """What ``key`` is, and the names in it: the inverse of the builders above.
+        ``UNKNOWN`` for a key that is not one of this cluster's (another cluster's, a prefix,
+        an empty or extra path segment). Node names and workload ids never contain '/'; a
+        controller's name is free-form: the whole rest of its key."""
+        root = self.root
+        if not key.startswith(root):
+            return UNKNOWN
+        parts = key[len(root):].split("/")
+        if "" in parts:
+            return UNKNOWN
+        area, count = parts[0], len(parts)
+        if area == "s" and count >= 2:
+            if count == 2:
+                return _SINGLE.get(parts[1], UNKNOWN)
+            if parts[1] == "status":
+                if count != 4:
+                    return UNKNOWN
+                return ParsedKey("status", node=parts[3], workload=parts[2])
+            named = _NAMED.get(parts[1])
+            if named is None:
+                return UNKNOWN
+            kind, part = named
+            if part == "name":
+                return ParsedKey(kind, name="/".join(parts[2:]))
+            if count != 3:
+                return UNKNOWN
+            if part == "node":
+                return ParsedKey(kind, node=parts[2])
+            return ParsedKey(kind, workload=parts[2])
+        if area == "byn" and count == 3:
+            return ParsedKey("node-assignment", node=parts[1], workload=parts[2])
+        if area == "events" and count == 2:
+            return ParsedKey("event", name=parts[1])
+        return UNKNOWN

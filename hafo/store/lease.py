@@ -8,13 +8,14 @@ and tracks ``deadline``: send time of the last acknowledged keepalive + granted 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 
 import structlog
 
 from hafo.decisions.fencing import fence_deadline, renewed_deadline
-from hafo.store.client import TRANSIENT, EtcdStore
+from hafo.store.client import TRANSIENT
+from hafo.store.protocol import Store
+from hafo.tasks import loop_time
 
 log = structlog.get_logger("hafo.lease")
 
@@ -28,8 +29,8 @@ class LeaseLost(Exception):
 class LeaseKeeper:
     """Holds one lease: grant or adopt it, keep it alive, expose the fencing deadline."""
 
-    def __init__(self, store: EtcdStore, ttl: int, heartbeat: float, margin: float,
-                 clock: Clock = time.monotonic,
+    def __init__(self, store: Store, ttl: int, heartbeat: float, margin: float,
+                 clock: Clock = loop_time,
                  on_renew: Callable[[float], Awaitable[None] | None] | None = None,
                  failsafe: Callable[[float], Awaitable[bool]] | None = None) -> None:
         self.store = store

@@ -1,15 +1,16 @@
 """A watched, in-memory copy of the cluster state, and frozen snapshots of it.
 
 ``ClusterCache`` loads everything under the state prefix once, then applies watch events
-(resuming across endpoint failures, re-reading in full after compaction). Decoding errors are
-logged and the key skipped: one bad value never stops the controller.
+(resuming across endpoint failures, re-reading in full after compaction: ``WatchedPrefix``).
+Decoding errors are logged and the key skipped: one bad value never stops the controller.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from types import MappingProxyType
+from typing import cast
 
 import structlog
 
@@ -26,19 +27,20 @@ from hafo.model.cluster import (
     Submission,
 )
 from hafo.store import codec
-from hafo.store.client import KV, TRANSIENT, EtcdStore, Resync, StoreError, WatchEvent
-from hafo.store.keys import Keys
+from hafo.store.client import KV, TRANSIENT, Resync, StoreError, WatchEvent
+from hafo.store.keys import UNKNOWN, KeyKind, Keys, ParsedKey
+from hafo.store.protocol import Store
+from hafo.store.watched import WatchedPrefix
 
 log = structlog.get_logger("hafo.state")
 
 
 class ClusterCache:
-    """The state prefix of one cluster, kept current by a watch."""
+    """The state prefix of one cluster, kept current by a watch (``WatchedPrefix``)."""
 
-    def __init__(self, store: EtcdStore, keys: Keys) -> None:
+    def __init__(self, store: Store, keys: Keys) -> None:
         self.store = store
         self.keys = keys
-        self.revision = 0
         self.nodes: dict[str, NodeRecord] = {}
         self.alive: dict[str, Liveness] = {}
         self.cordoned: set[str] = set()
@@ -54,100 +56,90 @@ class ClusterCache:
         # stays alive until etcd confirms that the lease is gone (``confirm_expiries``).
         self.unconfirmed: dict[str, Liveness] = {}
         self._confirm = asyncio.Event()
-        self.changed = asyncio.Event()
+        self._parsed: tuple[str, ParsedKey] = ("", UNKNOWN)
+        self.watched: WatchedPrefix[object] = WatchedPrefix(store, keys.state, self._decode,
+                                                            self._changed)
+        self.changed = self.watched.changed
 
-    def _clear(self) -> None:
-        self.nodes.clear()
-        self.alive.clear()
-        self.cordoned.clear()
-        self.workloads.clear()
-        self.assignments.clear()
-        self.statuses.clear()
-        self.leader = None
-        self.controllers.clear()
-        self.failsafe = FailsafeSet()
-        self.moves.clear()
+    @property
+    def revision(self) -> int:
+        """The store revision the cache reflects."""
+        return self.watched.revision
 
     async def load(self) -> int:
         """Read the whole state prefix; returns its revision."""
-        revision, kvs = await self.store.get_prefix(self.keys.state)
-        self._reset(revision, kvs)
-        return revision
-
-    def _reset(self, revision: int, kvs: Iterable[KV]) -> None:
-        before = {**self.alive}
-        self._clear()
-        for kv in kvs:
-            self._apply(kv.key, kv.value, kv.mod_revision, deleted=False)
-        for name, liveness in before.items():  # gone during a resync: confirm like a delete
-            if name not in self.alive:
-                self._liveness_deleted(name, liveness)
-        self.revision = revision
-        self.changed.set()
-
-    def _liveness_deleted(self, name: str, liveness: Liveness) -> None:
-        self.alive[name] = liveness
-        self.unconfirmed[name] = liveness
-        self._confirm.set()
+        return await self.watched.load()
 
     def apply_event(self, event: WatchEvent | Resync) -> None:
         """Apply one watch event (or a full resync)."""
-        if isinstance(event, Resync):
-            self._reset(event.revision, event.kvs)
-            return
-        self._apply(event.kv.key, event.kv.value, event.kv.mod_revision,
-                    deleted=event.kind == "delete")
-        self.revision = max(self.revision, event.kv.mod_revision)
-        self.changed.set()
+        self.watched.apply(event)
 
-    def _apply(self, key: str, value: bytes, mod_revision: int, deleted: bool) -> None:
-        rest = key[len(self.keys.state):]
-        kind, _, name = rest.partition("/")
-        try:
-            self._apply_kind(kind, name, value, mod_revision, deleted)
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("skipping undecodable key", key=key, error=str(exc))
+    async def follow(self, on_change: Callable[[], Awaitable[None] | None] | None = None) -> None:
+        """Apply watch events forever (from the loaded revision + 1)."""
+        await self.watched.follow(on_change)
 
-    def _apply_kind(self, kind: str, name: str, value: bytes, mod_revision: int,
-                    deleted: bool) -> None:
+    def _parse(self, key: str) -> ParsedKey:
+        """``Keys.parse``, remembered for the key last parsed: a put is decoded (by its kind),
+        then applied at once."""
+        if key is not self._parsed[0]:
+            self._parsed = (key, self.keys.parse(key))
+        return self._parsed[1]
+
+    def _decode(self, kv: KV) -> object:
+        """The value of a state key, by its kind."""
+        decode = _DECODERS.get(self._parse(kv.key).kind)
+        if decode is not None:
+            return decode(kv)
+        return kv.value  # cordon (present or not), or a key of no known kind
+
+    def _changed(self, key: str, _old: object, value: object) -> None:
+        """One state key put (``value``) or deleted (None)."""
+        parsed = self._parse(key)
+        kind, name = parsed.kind, parsed.node or parsed.workload or parsed.name or ""
+        deleted = value is None
         if kind == "leader":
-            self.leader = None if deleted else value.decode()
-        elif kind == "nodes":
-            _set(self.nodes, name, None if deleted else codec.decode_node(value))
+            self.leader = None if deleted else cast(str, value)
+        elif kind == "node":
+            _set(self.nodes, name, value)
         elif kind == "alive":
             if deleted:
                 if name in self.alive:
                     self._liveness_deleted(name, self.alive[name])
             else:
-                self.alive[name] = codec.decode_liveness(value)
+                self.alive[name] = cast(Liveness, value)
                 self.unconfirmed.pop(name, None)
         elif kind == "cordon":
             if deleted:
                 self.cordoned.discard(name)
             else:
                 self.cordoned.add(name)
-        elif kind == "workloads":
-            _set(self.workloads, name, None if deleted else codec.decode_submission(value))
+        elif kind == "workload":
+            _set(self.workloads, name, value)
             if deleted:
                 self.checkpoints.pop(name, None)
-        elif kind == "assign":
-            _set(self.assignments, name,
-                 None if deleted else codec.decode_assignment(value, mod_revision))
+        elif kind == "assignment":
+            _set(self.assignments, name, value)
         elif kind == "status":
-            workload, _, node = name.partition("/")
-            status = None if deleted else codec.decode_status(value)
+            workload, node = cast(str, parsed.workload), cast(str, parsed.node)
+            status = cast("InstanceStatus | None", value)
             _set(self.statuses, (workload, node), status)
             seen = self.checkpoints.get(workload)
             if status is not None and status.checkpoint is not None and (
                     seen is None or (status.checkpoint.epoch, status.checkpoint.step)
                     > (seen.epoch, seen.step)):
                 self.checkpoints[workload] = status.checkpoint
-        elif kind == "controllers":
-            _set(self.controllers, name, None if deleted else codec.decode_controller(value))
-        elif kind == "moves":
-            _set(self.moves, name, None if deleted else codec.decode_move(value))
+        elif kind == "controller":
+            _set(self.controllers, name, value)
+        elif kind == "move":
+            _set(self.moves, name, value)
         elif kind == "failsafe":
-            self.failsafe = FailsafeSet() if deleted else codec.decode_failsafe(value)
+            self.failsafe = FailsafeSet() if deleted else cast(FailsafeSet, value)
+
+    def _liveness_deleted(self, name: str, liveness: Liveness) -> None:
+        """A liveness key went: the node stays alive until its lease is confirmed gone."""
+        self.alive[name] = liveness
+        self.unconfirmed[name] = liveness
+        self._confirm.set()
 
     def snapshot(self) -> ClusterSnapshot:
         """A frozen copy for decisions and views."""
@@ -170,8 +162,8 @@ class ClusterCache:
     async def confirm_expiries(self, interval: float = 0.25) -> None:
         """Forever: drop a node whose liveness key was deleted from ``alive`` once etcd no
         longer has its lease. A lease expires only after its holder's guards killed their
-        workloads (README "Safety"); a key deleted by hand while the lease lives says nothing
-        of the kind, and its agent puts it back within a heartbeat."""
+        workloads (docs/safety.md, rule 2); a key deleted by hand while the lease lives says
+        nothing of the kind, and its agent puts it back within a heartbeat."""
         while True:
             await self._confirm.wait()
             self._confirm.clear()
@@ -199,15 +191,6 @@ class ClusterCache:
         except StoreError:
             return {lease for lease in leases if await self.store.lease_ttl(lease) > 0}
 
-    async def follow(self, on_change: Callable[[], Awaitable[None] | None] | None = None) -> None:
-        """Apply watch events forever (from the loaded revision + 1)."""
-        async for event in self.store.watch_prefix(self.keys.state, self.revision + 1):
-            self.apply_event(event)
-            if on_change is not None:
-                result = on_change()
-                if result is not None:
-                    await result
-
 
 def _set(target: dict, key: object, value: object) -> None:  # type: ignore[type-arg]
     if value is None:
@@ -216,14 +199,27 @@ def _set(target: dict, key: object, value: object) -> None:  # type: ignore[type
         target[key] = value
 
 
-async def read_snapshot(store: EtcdStore, keys: Keys) -> ClusterSnapshot:
+_DECODERS: dict[KeyKind, Callable[[KV], object]] = {
+    "leader": lambda kv: kv.value.decode(),
+    "node": lambda kv: codec.decode_node(kv.value),
+    "alive": lambda kv: codec.decode_liveness(kv.value),
+    "workload": lambda kv: codec.decode_submission(kv.value),
+    "assignment": lambda kv: codec.decode_assignment(kv.value, kv.mod_revision),
+    "status": lambda kv: codec.decode_status(kv.value),
+    "controller": lambda kv: codec.decode_controller(kv.value),
+    "move": lambda kv: codec.decode_move(kv.value),
+    "failsafe": lambda kv: codec.decode_failsafe(kv.value),
+}
+
+
+async def read_snapshot(store: Store, keys: Keys) -> ClusterSnapshot:
     """One consistent snapshot (for the CLI): a single range read."""
     cache = ClusterCache(store, keys)
     await cache.load()
     return cache.snapshot()
 
 
-async def read_events(store: EtcdStore, keys: Keys, limit: int = 100) -> list[Event]:
+async def read_events(store: Store, keys: Keys, limit: int = 100) -> list[Event]:
     """The newest ``limit`` events (all when 0), oldest first."""
     if limit:
         kvs = await store.get_newest(keys.events, limit)

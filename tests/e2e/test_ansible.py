@@ -293,7 +293,7 @@ def test_apply_writes_configs_hafo_accepts(applied: Applied) -> None:
     assert agent.node is not None
     assert agent.node.name == "localhost"
     assert dict(agent.node.labels) == {"rack": "r1"}
-    assert agent.node.gpus == "auto"
+    assert agent.node.gpu_source == "auto"
     assert agent.node.state_dir == str(applied.root / "var/lib/hafo")
     assert agent.api.listen == "127.0.0.1:8601"
     controller = _config(applied, "controller")

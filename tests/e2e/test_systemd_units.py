@@ -202,7 +202,7 @@ def test_agent_unit_keeps_workloads_alive_across_restarts() -> None:
     assert service["NotifyAccess"] == ["main"]
     assert int(service["WatchdogSec"][0]) > 0
     assert service["Restart"] == ["always"]
-    assert service["RestartSec"] == ["1"]
+    assert service["RestartSec"] == ["100ms"]  # at once: renew before the fencing deadline
     assert "TimeoutStartSec" in service and "TimeoutStopSec" in service
     # Guards (and their workloads) must survive an agent restart: only the main process is
     # signalled.

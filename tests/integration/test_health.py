@@ -98,7 +98,7 @@ async def test_failing_http_check_restarts_in_place_then_moves(
                     "initial_delay": 0.5}]})
     snapshot = await cluster.wait_for(running(wid), 30, what="running")
     first_node, first_epoch = view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]
-    await asyncio.sleep(1.5)  # healthy checks pass: nothing happens
+    await asyncio.sleep(1.5)  # on purpose: healthy checks pass for 1.5 s: nothing happens
     snapshot = await cluster.snapshot()
     assert view(snapshot, wid)["epoch"] == first_epoch and view(snapshot, wid)["restarts"] == 0
     sick = Path(cluster.checkpoint_root) / wid / "sick"
@@ -111,7 +111,7 @@ async def test_failing_http_check_restarts_in_place_then_moves(
     assert view(snapshot, wid)["node"] != first_node, "restarts used up: another node"
     assert first_node in snapshot.assignments[wid].failed_on
     sick.unlink()
-    await asyncio.sleep(1.5)
+    await asyncio.sleep(1.5)  # on purpose: checks pass again for 1.5 s: no further restart
     snapshot = await cluster.snapshot()
     assert view(snapshot, wid)["restarts"] == 2 and view(snapshot, wid)["state"] == "running"
     events = [e for e in await read_events(cluster.store, cluster.keys, 0) if e.workload == wid]

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from hafo.local.cluster import demo_workload_spec
+from hafo.local.procs import pid_alive
 from hafo.model.cluster import Event
 from hafo.store import intents, read_events
 
@@ -56,7 +57,7 @@ async def test_migrate_checkpoints_stops_and_resumes_elsewhere_losing_no_steps(
     source, epoch = view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]
     await cluster.wait_for(lambda s: (view(s, wid)["checkpoint"] or {}).get("step", 0) >= 10,
                            20, what="checkpointing (the SDK is listening)")
-    await asyncio.sleep(0.3)  # some steps past the last periodic checkpoint
+    await asyncio.sleep(0.3)  # on purpose: some steps past the last periodic checkpoint
     target = next(n for n in sorted(cluster.node_handles) if n != source)
     await intents.migrate(cluster.store, cluster.keys, wid, to=target)
     snapshot = await cluster.wait_for(running(wid, not_on=source), 30, what="moved")
@@ -107,14 +108,19 @@ async def test_migrate_to_a_full_node_is_refused_and_nothing_stops(
     snapshot = await cluster.wait_for(lambda s: running(first)(s) and running(second)(s), 30,
                                       what="both running")
     other = view(snapshot, second)["node"]
+    before = view(snapshot, first)
     pid = snapshot.current_status(first).pid  # type: ignore[union-attr]
     await intents.migrate(cluster.store, cluster.keys, first, to=other)
     await cluster.wait_for(lambda s: first not in s.moves, 10, what="request consumed")
     events = await read_events(cluster.store, cluster.keys, 0)
     refused = [e for e in events if e.kind == "move-refused" and e.workload == first]
     assert refused and "cannot take it" in refused[0].message
+    assert not [e for e in events if e.workload == first and e.kind == "checkpoint-requested"]
     snapshot = await cluster.snapshot()
-    assert snapshot.current_status(first).pid == pid  # type: ignore[union-attr]
+    after = view(snapshot, first)
+    assert (after["state"], after["node"], after["epoch"]) == (
+        "running", before["node"], before["epoch"]), "the assignment was left as it was"
+    assert snapshot.current_status(first).pid == pid and pid_alive(pid)  # type: ignore[union-attr,arg-type]
 
 
 async def test_workload_that_does_not_checkpoint_is_stopped_anyway_and_says_so(

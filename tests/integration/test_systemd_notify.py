@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from hafo.local.etcd import EtcdCluster
-from hafo.local.procs import free_port
+from hafo.local.procs import free_port, wait_until
 from hafo.store import Keys
 
 pytestmark = pytest.mark.timeout(90)
@@ -33,6 +33,11 @@ def receive(sock: socket.socket, seconds: float) -> list[str]:
         except TimeoutError:
             break
     return out
+
+
+def stopped(pid: int) -> bool:
+    """The process is stopped (SIGSTOP delivered): state T in /proc/<pid>/stat."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
 
 def wait_for(sock: socket.socket, needle: str, seconds: float) -> list[str]:
@@ -76,9 +81,9 @@ def test_daemon_notifies_systemd(role: str, tmp_path: Path, etcd_server: EtcdClu
         assert len(pings) >= 2  # every 0.3 s (a loaded CI machine may delay one)
         os.kill(proc.pid, signal.SIGSTOP)  # a stuck daemon sends nothing
         try:
-            time.sleep(0.2)
+            assert wait_until(lambda: stopped(proc.pid), 5), "SIGSTOP not delivered"
             receive(sock, 0.1)  # drop what was in flight
-            assert receive(sock, 1.0) == []
+            assert receive(sock, 1.0) == []  # on purpose: a second in which nothing may come
         finally:
             os.kill(proc.pid, signal.SIGCONT)
         wait_for(sock, "WATCHDOG=1", 5)

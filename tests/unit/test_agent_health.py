@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 from hafo.agent.health import NodeHealth
@@ -71,10 +72,15 @@ async def test_cycle_marks_gpus_and_node_and_recovers_after_the_hold_down(
 async def test_a_broken_or_hanging_probe_is_contained(tmp_path: Path) -> None:
     gpus, clock = FakeGpus(), [0.0]
     health = make(tmp_path, gpus, clock)
+    gpus.now = [Finding(h.LOST, 0)]  # what the GPU probe says once it answers
     gpus.raise_error = True
     report = await health.cycle()
     assert report.healthy and len(report.inventory) == 2
     gpus.raise_error, gpus.hang = False, True
-    report = await health.cycle()  # skipped after the probe timeout, not stuck
+    started = time.monotonic()
+    report = await health.cycle()  # skipped after the probe timeout (0.3 s), not stuck
+    assert time.monotonic() - started < 2.0, "the cycle waited for the hung probe (5 s)"
     assert report.healthy
     gpus.release.set()
+    report = await health.cycle()  # the probe answers again: its finding counts
+    assert not report.healthy and report.inventory[0].lost

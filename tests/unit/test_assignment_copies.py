@@ -32,7 +32,7 @@ def action(phase: str | None, node: str | None) -> Action:
 def test_copy_follows_the_node(previous: str | None, phase: str | None, node: str | None,
                                expected: list[tuple[str, str]]) -> None:
     ops = _mirror_ops(KEYS, action(phase, node), previous)
-    got = [("put" if isinstance(op, Put) else "delete",
-            op.key[len(KEYS.by_node):].split("/")[0]) for op in ops]
+    got = [("put" if isinstance(op, Put) else "delete", KEYS.parse(op.key).node) for op in ops]
     assert got == expected
-    assert all(isinstance(op, (Put, Delete)) and op.key.endswith("/w") for op in ops)
+    assert all(isinstance(op, (Put, Delete)) and KEYS.parse(op.key).workload == "w"
+               for op in ops)

@@ -169,14 +169,15 @@ async def test_async_probe_ignoring_cancellation(ctx: CheckContext,
     busy = await run_probe(check, ctx, 0.05)
     assert busy.detail.startswith("still running since") and check.calls == 1
     done.set()
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: id(check) not in runner._in_flight)  # the stuck run ended
     assert await run_probe(check, ctx, 0.5) == CheckResult(True, "")
 
 
 async def test_cancelling_run_probe_cancels_the_probe(ctx: CheckContext) -> None:
-    cleaned = asyncio.Event()
+    entered, cleaned = asyncio.Event(), asyncio.Event()
 
     async def slow(_: CheckContext) -> bool:
+        entered.set()
         try:
             await asyncio.sleep(30)
         finally:
@@ -184,7 +185,7 @@ async def test_cancelling_run_probe_cancels_the_probe(ctx: CheckContext) -> None
         return True
 
     task = asyncio.create_task(run_probe(AsyncProbe(slow), ctx, 30))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(entered.wait(), 5)  # the probe is running
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -237,6 +238,7 @@ async def test_containment(ctx: CheckContext, plugins: dict[str, Probe],
     ok, raises, hang_async, hang_sync, garbage = checks.results()
     assert ok == {"type": "t-ok", "index": 0, "failing": False, "consecutive_failures": 0,
                   "last_detail": "fine", "runs": ok["runs"]}
+    assert ok["runs"] >= 7  # 8 calls started, one at a time: the first 7 were observed
     assert raises["last_detail"] == "raised ValueError: bad value"
     assert hang_async["last_detail"] == "timed out after 0.1s"
     assert hang_sync["last_detail"].startswith("still running since")
@@ -248,7 +250,7 @@ async def test_containment(ctx: CheckContext, plugins: dict[str, Probe],
     assert "times in a row: raised ValueError: bad value (and 3 more failing checks)" in reason
     await checks.stop()
     calls = plugins["ok"].calls
-    await asyncio.sleep(0.15)
+    await asyncio.sleep(0.15)  # on purpose: three intervals in which a running loop would probe
     assert plugins["ok"].calls == calls
 
 
@@ -284,7 +286,7 @@ async def test_initial_delay_is_startup_grace(ctx: CheckContext, plugins: dict[s
     stopper.append(checks)
     started = time.monotonic()
     checks.start()
-    await asyncio.sleep(0.15)
+    await asyncio.sleep(0.15)  # on purpose: half the initial delay, in which nothing may run
     assert plugins["raise"].calls == 0 and checks.failing is None
     await wait_until(lambda: checks.failing is not None)
     assert time.monotonic() - started >= 0.3

@@ -1,4 +1,4 @@
-"""Table-driven validation of daemon configs (DESIGN.md part B, 'Config')."""
+"""Table-driven validation of daemon configs (docs/contract.md, "Daemon config")."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from hafo.model.config import Config, SimulatedGpus, TimingConfig, parse_config
+from hafo.model.config import Config, GpuSource, SimulatedGpus, TimingConfig, parse_config
 from hafo.model.errors import ValidationError
 
 GOOD = "http://127.0.0.1:2379"
@@ -47,7 +47,7 @@ def test_contract_example_for_agent() -> None:
     assert config.node is not None
     assert config.node.name == "node-a"
     assert dict(config.node.labels) == {"rack": "r1"}
-    assert (config.node.gpus, config.node.simulate) == ("auto", None)
+    assert (config.node.gpu_source, config.node.simulate) == (GpuSource.AUTO, None)
     assert config.checkpoint_root == "/mnt/shared/hafo"
     assert config.api.token_file is None
 
@@ -169,24 +169,27 @@ def test_roles_accept_what_they_need() -> None:
     assert parse_config({}, "client").node is None
 
 
-@pytest.mark.parametrize(("gpus", "mode", "simulate"), [
-    (None, "auto", None),
-    ("auto", "auto", None),
-    ("none", "none", None),
-    ({"simulate": None}, "simulate", SimulatedGpus()),
-    ({"simulate": {}}, "simulate", SimulatedGpus()),
+SIM = SimulatedGpus(count=2, model="Sim GPU", memory_mib=1024, faults_file="/tmp/f.json")
+
+
+@pytest.mark.parametrize(("gpus", "source"), [
+    (None, GpuSource.AUTO),
+    ("auto", GpuSource.AUTO),
+    ("none", GpuSource.NONE),
+    ({"simulate": None}, SimulatedGpus()),
+    ({"simulate": {}}, SimulatedGpus()),
     ({"simulate": {"count": 2, "model": "Sim GPU", "memory_mib": 1024,
-                   "faults_file": "/tmp/f.json"}},
-     "simulate", SimulatedGpus(count=2, model="Sim GPU", memory_mib=1024,
-                               faults_file="/tmp/f.json")),
+                   "faults_file": "/tmp/f.json"}}, SIM),
 ])
-def test_gpus_modes(gpus: Any, mode: str, simulate: SimulatedGpus | None) -> None:
+def test_gpu_sources(gpus: Any, source: GpuSource | SimulatedGpus) -> None:
+    """The config key ``gpus`` sets ``gpu_source``: a GpuSource, or the simulated GPUs."""
     node: dict[str, Any] = {"name": "node-a"}
     if gpus is not None:
         node["gpus"] = gpus
     config = parse_config({"node": node}, "agent")
     assert config.node is not None
-    assert (config.node.gpus, config.node.simulate) == (mode, simulate)
+    assert config.node.gpu_source == source
+    assert config.node.simulate == (source if isinstance(source, SimulatedGpus) else None)
 
 
 @pytest.mark.parametrize(("gpus", "field"), [
@@ -297,3 +300,30 @@ def test_placement_strategy(raw: dict[str, Any], strategy: str) -> None:
 ])
 def test_bad_placement_strategy(raw: dict[str, Any], field: str) -> None:
     expect_error(raw, "client", field)
+
+
+def test_yaml_integer_keys_name_gpus_too() -> None:
+    config = parse_config({"node": {"name": "n", "gpus": {"simulate": {
+        "count": 2, "utilization": {1: 50}, "mig": {0: ["1g.10gb"]}}}}}, "agent")
+    assert config.node is not None and config.node.simulate == SimulatedGpus(
+        count=2, utilization={1: 50.0}, mig={0: ("1g.10gb",)})
+
+
+def test_only_the_agent_reads_the_node_section() -> None:
+    raw = {"node": {"name": "bad name"}, "controller": {"name": "c"}}
+    assert parse_config(raw, "controller").node is None
+    expect_error(raw, "agent", "node.name")
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"timing": {"heartbeat": 2}}, "timing.heartbeat: must be at most half of lease_ttl (3)"),
+    ({"timing": {"lease_ttl": "3"}}, "timing.lease_ttl: must be an integer, got '3'"),
+    ({"etcd": {"endpoints": ["http://h:0"]}}, "etcd.endpoints[0]: port out of range in "
+                                              "'http://h:0'"),
+    ({"api": {"port": 1}}, "api.port: unknown field (allowed: listen, tls_ca, tls_cert, "
+                           "tls_key, token_file)"),
+])
+def test_errors_are_one_line_naming_the_field(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        parse_config(raw, "client")
+    assert str(info.value) == message

@@ -43,10 +43,13 @@ def test_dbe_marks_only_that_gpu_unhealthy_and_it_returns_after_the_hold_down() 
 
 
 def test_a_persistent_fault_keeps_the_gpu_down() -> None:
-    state = HealthState()
-    for t in range(0, 300, 2):
-        state = cycle(state, float(t), Finding(h.ECC_DBE, 0, value=1)).state
-    assert state.gpus[0].level == "unhealthy"
+    state, changes = HealthState(), []
+    for t in range(0, 300, 2):  # five hold-downs long, the fault seen at every cycle
+        out = cycle(state, float(t), Finding(h.ECC_DBE, 0, value=1))
+        state = out.state
+        assert state.gpus[0].level == "unhealthy", t
+        changes += out.changes
+    assert len(changes) == 1, changes  # down once, never back up in between
 
 
 def test_a_flapping_fault_restarts_the_hold_down() -> None:

@@ -121,7 +121,10 @@ async def test_sampling_in_a_thread_contained() -> None:
     await metrics.sample_gpus(telemetry)  # the hung read is still the one waited for
     assert metrics.samples == [] and len(threads) == 1
     release.set()
-    await asyncio.sleep(0.05)
+    hung_read = metrics._pending
+    assert hung_read is not None
+    await asyncio.wait({hung_read}, timeout=5)  # the late read has come back
+    assert hung_read.done()
     await metrics.sample_gpus(telemetry)  # the late read is dropped: a fresh one is taken
     assert [s.temperature_c for s in metrics.samples] == [50.0] and len(threads) == 2
 
@@ -154,6 +157,10 @@ async def test_a_real_agent_registry_exposes_its_simulated_gpus(tmp_path: Path) 
         assert [v for _, v in found["hafo_gpu_healthy"]] == [1.0, 1.0]
         assert found["hafo_agent_lease_valid"] == [({}, 0.0)]  # no lease yet
         assert "hafo_etcd_request_duration_seconds_count" in found
-        assert scrape(Agent(config).registry) != {}  # each agent has its own registry
+        other = Agent(config)  # a second agent in this process: no duplicate-series error
+        try:
+            assert other.registry is not agent.registry and scrape(other.registry) != {}
+        finally:
+            await other.close()
     finally:
         await agent.close()

@@ -13,6 +13,7 @@ from hafo.gpu import GpuSample, NoGpus
 from hafo.gpu.kernel_log import KernelLogReader
 from hafo.gpu.nvml import NvmlGpus
 from hafo.gpu.simulated import SimulatedGpus
+from hafo.model import health as h
 from tests.unit.test_nvml_backend import (
     FakeGpu,
     FakeMig,
@@ -154,7 +155,9 @@ def test_simulated_readings_from_the_faults_file(tmp_path: Path) -> None:
     faults.write_text(json.dumps({
         "0": {"temperature": 91, "power": 650.5, "utilization": 100, "memory_used": 80000},
         "1": {"thermal": 88}, "2": {"lost": True}, "3": {"temperature": "hot"}}))
-    assert sim.findings() != []  # thermal and lost are faults; readings are not warned about
+    # thermal and lost are faults; the readings (temperature, power...) are not
+    assert sorted((f.kind, f.gpu) for f in sim.findings()) == sorted([(h.THERMAL, 1),
+                                                                      (h.LOST, 2)])
     zero, one, two, three = sim.telemetry()
     assert (zero.temperature_c, zero.power_w, zero.utilization_pct, zero.memory_used_mib,
             zero.memory_free_mib) == (91.0, 650.5, 100.0, 80000.0, 1559.0)

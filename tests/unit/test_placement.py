@@ -218,10 +218,13 @@ def test_batch_is_independent_of_input_order_and_never_overfills() -> None:
 
 
 def test_batch_mutates_only_the_given_capacity() -> None:
-    capacity = capacity_from(batch_snapshot())
+    snapshot = batch_snapshot()
+    capacity = capacity_from(snapshot)
     place_batch(BATCH, capacity, NOW)
     assert sum(c.allocated_gpus for c in capacity.values()) == 1 + 2 + 2 + 0 + 1
-    assert capacity_from(batch_snapshot())["a"].allocated_gpus == 0
+    # the snapshot it was built from is untouched: a fresh capacity of it is the one before
+    assert capacity_from(snapshot) == capacity_from(batch_snapshot())
+    assert sum(c.allocated_gpus for c in capacity_from(snapshot).values()) == 1
 
 
 @pytest.mark.parametrize(("requests", "winner"), [

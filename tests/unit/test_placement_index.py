@@ -205,8 +205,6 @@ def test_index_matches_the_reference_scan(seed: int) -> None:
     reference = capacity_from(snapshot)
     ref_place_batch(requests, reference, strategy)
     assert capacity == reference  # the same commits
-    kinds = Counter(type(r).__name__ for r in got.values())
-    assert sum(kinds.values()) == len(requests)
 
 
 def test_the_random_clusters_cover_every_outcome() -> None:

@@ -12,7 +12,6 @@ import pytest
 
 from hafo.decisions.placement import (
     NodeCapacity,
-    Placed,
     PlacementRequest,
     capacity_from,
     gpu_matches,
@@ -219,10 +218,6 @@ def test_preempted_for_round_trips() -> None:
     moving = Assignment("l1", "moving", "a", (0,), epoch=3, preempted_for="x")
     assert Assignment.from_dict(moving.to_dict(), 3) == moving
     assert Assignment.from_dict({"workload": "l1", "phase": "placed"}, 1).preempted_for is None
-
-
-def test_placed_result_is_plain() -> None:
-    assert Placed("a", (0,)) == Placed("a", (0,))
 
 
 # -- whole cycles: decisions applied, agents stop what they are told to --------------------

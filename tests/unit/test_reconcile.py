@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -204,7 +205,7 @@ def test_failing_check_stops_the_instance_now_then_restarts_in_place() -> None:
                                                                      "restart")
     assert new.restarts == 1 and new.restart_times == (NOW,)
     stopped = running_on_a(status("w1", "a", 10, "exited", exit_code=-15),
-                           assignment=Assignment(**{**new.__dict__, "epoch": 11}))
+                           assignment=dataclasses.replace(new, epoch=11))
     again = only(stopped)
     assert (again.kind, again.event) == ("place", "restarted")
     assert again.assignment is not None and again.assignment.node == "a"
@@ -219,7 +220,7 @@ def test_failing_check_past_the_budget_moves_and_excludes_the_node() -> None:
     assert new is not None and (new.after_stop, new.urgent) == ("move", True)
     assert dict(new.failed_on) == {"a": NOW + 600.0}
     stopped = running_on_a(status("w1", "a", 10, "exited", exit_code=-15),
-                           assignment=Assignment(**{**new.__dict__, "epoch": 11}))
+                           assignment=dataclasses.replace(new, epoch=11))
     again = only(stopped)
     assert again.assignment is not None and again.assignment.node != "a"
 

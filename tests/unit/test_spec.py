@@ -1,4 +1,4 @@
-"""Table-driven validation of workload specs (DESIGN.md part B, 'Workload spec')."""
+"""Table-driven validation of workload specs (docs/contract.md, "Workload spec")."""
 
 from __future__ import annotations
 

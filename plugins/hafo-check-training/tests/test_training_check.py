@@ -139,7 +139,7 @@ def test_nccl_hang_spinning_process_fails(tmp_path: Path) -> None:
     with child(SPIN) as (proc, _):
         first = c.probe(ctx(tmp_path, pid=proc.pid))
         assert first.ok  # no CPU baseline yet
-        time.sleep(CPU_INTERVAL)
+        time.sleep(CPU_INTERVAL)  # on purpose: CPU time accrues between the samples
         clock.now = 1041.0
         result = c.probe(ctx(tmp_path, pid=proc.pid))
     assert not result.ok
@@ -153,7 +153,7 @@ def test_nccl_hang_sleeping_process_is_only_a_stall(tmp_path: Path) -> None:
     beat(tmp_path, 5, 1001.0)
     with child(SLEEP) as (proc, _):
         c.probe(ctx(tmp_path, pid=proc.pid))
-        time.sleep(CPU_INTERVAL)
+        time.sleep(CPU_INTERVAL)  # on purpose: CPU time accrues between the samples
         clock.now = 1041.0
         result = c.probe(ctx(tmp_path, pid=proc.pid))
         assert result.ok and "cpu 0%" in result.detail, result.detail
@@ -172,7 +172,7 @@ def test_nccl_hang_in_a_child_process_is_found(tmp_path: Path) -> None:
         with child(PARENT_OF_SPINNER) as (parent, line):
             spinner = int(line)
             c.probe(ctx(tmp_path, pid=parent.pid))
-            time.sleep(CPU_INTERVAL)
+            time.sleep(CPU_INTERVAL)  # on purpose: CPU time accrues between the samples
             clock.now = 1041.0
             result = c.probe(ctx(tmp_path, pid=parent.pid))
     finally:
@@ -189,7 +189,7 @@ def test_process_cpu_finds_descendants_without_children_files(tmp_path: Path) ->
         assert proc.pid in cpu.tree(os.getpid())
         assert proc.pid in cpu._scan_children().get(os.getpid(), [])
         assert cpu.sample(proc.pid) is None  # the first call only takes the baseline
-        time.sleep(0.05)
+        time.sleep(0.05)  # on purpose: some time between the two samples
         sample = cpu.sample(proc.pid)
     assert sample is not None and sample[1] == proc.pid and sample[0] < 50
 

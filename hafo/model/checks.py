@@ -1,0 +1,229 @@
+"""Application checks in a workload spec: the fields every check has, and the options of
+each built-in type, declared once.
+
+The spec validation checks a built-in check's options with these declarations at submit
+time, and each built-in check's constructor (``hafo.checks.builtin``) reads its options
+with the same ones on the agent; a plugin type's options are the plugin's to check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    Strict,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, core_schema
+
+from hafo.model.schema import (
+    INTEGER,
+    Argv,
+    Matches,
+    NonNegative,
+    OneOrMore,
+    Positive,
+    Schema,
+    Section,
+    StrMap,
+    Text,
+    invalid,
+)
+
+# --- built-in check types ------------------------------------------------------------------
+
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+#: An http:// or https:// URL with a host (a name, an IPv4 or a bracketed IPv6 address).
+HTTP_URL = (r"[Hh][Tt][Tt][Pp][Ss]?://([^\x00-\x20/?#@\[\]]*@)?"
+            r"([^\x00-\x20/?#@\[\]:]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?([/?#][^\x00-\x20]*)?")
+#: An HTTP method of ``HTTP_METHODS``, in any case.
+HTTP_METHOD = "|".join("".join(f"[{c}{c.lower()}]" for c in m) for m in HTTP_METHODS)
+StatusCode = Annotated[int, Field(ge=100, le=599), INTEGER]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HttpOptions(Section):
+    """``http``: a request whose status (2xx/3xx, or ``expect_status``) and optionally body
+    (``body_contains``) say healthy. Redirects are not followed."""
+
+    url: Annotated[str, Strict(), Matches(HTTP_URL, "must be an http:// or https:// URL "
+                                                    "with a host")]
+    method: Annotated[str, Strict(), Matches(HTTP_METHOD, f"must be one of "
+                                                          f"{', '.join(HTTP_METHODS)}"),
+                      AfterValidator(str.upper)] = "GET"
+    expect_status: Annotated[tuple[StatusCode, ...], Field(min_length=1), OneOrMore()] = ()
+    body_contains: Text | None = None
+    headers: StrMap = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TcpOptions(Section):
+    """``tcp``: a connection to ``host``:``port`` opens."""
+
+    host: Text = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535), INTEGER]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecOptions(Section):
+    """``exec``: ``command`` (argv, no shell) exits 0; with the workload's environment plus
+    ``env``, in ``cwd`` (default: the agent's working directory)."""
+
+    command: Argv
+    env: StrMap = field(default_factory=dict)
+    cwd: Text | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProcessOptions(Section):
+    """``process``: the workload's process is alive, not a zombie or stopped, and uses at
+    most ``max_rss_mib`` of memory."""
+
+    max_rss_mib: Annotated[int, Field(ge=1), INTEGER] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProgressOptions(Section):
+    """``progress``: the workload reported progress (SDK heartbeat, or a touch of ``file``,
+    relative to its checkpoint directory) within ``stall_after`` seconds."""
+
+    stall_after: Positive
+    file: Text | None = None
+
+
+HTTP_OPTIONS: Schema[HttpOptions] = Schema(HttpOptions, "options", prefix="")
+TCP_OPTIONS: Schema[TcpOptions] = Schema(TcpOptions, "options", prefix="")
+EXEC_OPTIONS: Schema[ExecOptions] = Schema(ExecOptions, "options", prefix="")
+PROCESS_OPTIONS: Schema[ProcessOptions] = Schema(ProcessOptions, "options", prefix="")
+PROGRESS_OPTIONS: Schema[ProgressOptions] = Schema(ProgressOptions, "options", prefix="")
+
+# --- a check in a spec -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckTiming(Section):
+    """When a check runs: every ``interval`` seconds (after ``initial_delay``), each probe
+    within ``timeout``; ``failure_threshold`` failures in a row fail the instance."""
+
+    interval: Positive = 10.0
+    timeout: Positive = 5.0
+    failure_threshold: Annotated[int, Field(ge=1), INTEGER] = 3
+    initial_delay: NonNegative = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class HttpCheckSpec(HttpOptions, CheckTiming):
+    """An ``http`` check (its options, then the timing every check has)."""
+
+    type: Literal["http"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TcpCheckSpec(TcpOptions, CheckTiming):
+    """A ``tcp`` check."""
+
+    type: Literal["tcp"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecCheckSpec(ExecOptions, CheckTiming):
+    """An ``exec`` check."""
+
+    type: Literal["exec"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProcessCheckSpec(ProcessOptions, CheckTiming):
+    """A ``process`` check."""
+
+    type: Literal["process"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProgressCheckSpec(ProgressOptions, CheckTiming):
+    """A ``progress`` check."""
+
+    type: Literal["progress"]
+
+
+#: The built-in check types and the JSON form of a check of each.
+BUILTIN_CHECKS: dict[str, type[Section]] = {
+    "http": HttpCheckSpec, "tcp": TcpCheckSpec, "exec": ExecCheckSpec,
+    "process": ProcessCheckSpec, "progress": ProgressCheckSpec,
+}
+BUILTIN_CHECK_TYPES = tuple(BUILTIN_CHECKS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PluginCheckSpec(CheckTiming):
+    """A check of a type a plugin provides (entry-point group ``hafo.checks``): its other
+    fields are the plugin's options, checked by the plugin on the agent."""
+
+    __pydantic_config__ = ConfigDict(extra="allow")
+    type: Annotated[str, Strict(), Field(min_length=1, json_schema_extra={
+        "not": {"enum": list(BUILTIN_CHECK_TYPES)}})]
+
+
+_TIMING_KEYS = frozenset({"type", "interval", "timeout", "failure_threshold", "initial_delay"})
+_FORMS: dict[str, Schema[Any]] = {name: Schema(form, "check")
+                                  for name, form in BUILTIN_CHECKS.items()}
+_PLUGIN: Schema[PluginCheckSpec] = Schema(PluginCheckSpec, "check")
+
+
+def _as_check(raw: Any) -> CheckSpec:
+    """A check's JSON form (one flat mapping) as a ``CheckSpec``."""
+    if not isinstance(raw, Mapping):
+        invalid((), f"must be a mapping, got {type(raw).__name__}", raw)
+    kind = raw.get("type")
+    form = _FORMS.get(kind) if isinstance(kind, str) else None
+    if form is not None:
+        timing: CheckTiming = form.validator.validate_python(raw)
+    else:
+        timing = _PLUGIN.validator.validate_python(
+            {k: v for k, v in raw.items() if k in _TIMING_KEYS})
+    return CheckSpec(type=kind, interval=timing.interval,  # type: ignore[arg-type]
+                     timeout=timing.timeout, failure_threshold=timing.failure_threshold,
+                     initial_delay=timing.initial_delay,
+                     options={k: v for k, v in raw.items() if k not in _TIMING_KEYS})
+
+
+@dataclass(frozen=True)
+class CheckSpec(CheckTiming):
+    """One application check of a spec; ``options`` keeps the type-specific fields as given.
+
+    Its JSON form is one flat mapping: ``type``, the timing fields and the options. A
+    built-in type's options are checked against its declaration (``HttpOptions``...)."""
+
+    type: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any,
+                                     handler: GetCoreSchemaHandler) -> CoreSchema:
+        # the JSON Schema: one of the forms; validation: the form the type names
+        forms = handler.generate_schema(Union[(*BUILTIN_CHECKS.values(), PluginCheckSpec)])
+
+        def flat(check: CheckSpec) -> dict[str, Any]:
+            return {"type": check.type, "interval": check.interval, "timeout": check.timeout,
+                    "failure_threshold": check.failure_threshold,
+                    "initial_delay": check.initial_delay, **dict(check.options)}
+
+        def dispatch(raw: Any, _forms: Callable[[Any], Any]) -> CheckSpec:
+            return _as_check(raw)
+
+        return core_schema.no_info_wrap_validator_function(
+            dispatch, forms, serialization=core_schema.plain_serializer_function_ser_schema(flat))
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: CoreSchema,
+                                     handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        return {**handler(schema), "description": "An application check: `type` (built in: "
+                f"{', '.join(BUILTIN_CHECK_TYPES)}; plugins add more), the timing every check "
+                "has and the type's own options."}

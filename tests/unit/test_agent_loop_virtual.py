@@ -1,0 +1,186 @@
+"""The agent's loops on the in-memory store, in virtual time: registration, its hold on the
+node name (a liveness key deleted by hand, a lease lost, another lease on its key), and a
+hitless restart that adopts the lease of its records. No etcd, no sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from hafo.agent.claim import read_record
+from hafo.agent.daemon import Agent
+from hafo.agent.fencefile import FENCE_FILE, read_deadline
+from hafo.model.cluster import Liveness
+from hafo.model.config import parse_config
+from hafo.store import codec
+from hafo.store.memory import MemoryStore
+
+from .virtual_time import run
+
+TTL, HEARTBEAT = 3, 1.0
+
+
+def agent_config(tmp_path: Path) -> Any:
+    return parse_config({"etcd": {"endpoints": ["http://127.0.0.1:1"]},
+                         "checkpoint": {"root": str(tmp_path / "ck")},
+                         "timing": {"lease_ttl": TTL, "heartbeat": HEARTBEAT},
+                         "node": {"name": "node-a", "state_dir": str(tmp_path / "state"),
+                                  "gpus": {"simulate": {"count": 2}}}}, "agent")
+
+
+async def wait_for(check: Any, timeout: float, step: float = 0.05) -> Any:
+    loop = asyncio.get_running_loop()
+    until = loop.time() + timeout
+    while loop.time() < until:
+        found = await check()
+        if found:
+            return found
+        await asyncio.sleep(step)
+    raise AssertionError(f"not within {timeout} virtual seconds")
+
+
+async def started(agent: Agent) -> asyncio.Task[None]:
+    ready = asyncio.Event()
+    task = asyncio.create_task(agent.run(ready))
+    await asyncio.wait_for(ready.wait(), 10.0)
+    return task
+
+
+async def stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def holder(store: MemoryStore, agent: Agent) -> int | None:
+    kv = await store.get(agent.keys.alive(agent.name))
+    return kv.lease if kv is not None else None
+
+
+def test_registration_publishes_the_node_and_keeps_the_fencing_deadline_fresh(
+        tmp_path: Path) -> None:
+    async def main() -> None:
+        store = MemoryStore()
+        agent = Agent(agent_config(tmp_path), store=store)
+        task = await started(agent)
+        lease = agent.keeper.lease_id
+        assert lease is not None and await holder(store, agent) == lease
+        node = await store.get(agent.keys.node("node-a"))
+        assert node is not None
+        record = codec.decode_node(node.value)
+        assert (record.lease, len(record.gpus)) == (lease, 2)
+        saved = read_record(agent.state_dir)
+        assert saved is not None and saved.lease == lease
+        loop = asyncio.get_running_loop()
+        for _ in range(20):  # the guards' deadline stays ahead of now, a heartbeat at most old
+            await asyncio.sleep(0.7)
+            left = read_deadline(agent.state_dir / FENCE_FILE) - loop.time()
+            assert TTL - 0.5 - HEARTBEAT - 0.05 <= left <= TTL - 0.5
+        await stop(task)
+        await agent.close()
+
+    run(main)
+
+
+def test_a_liveness_key_deleted_by_hand_is_put_back_with_the_same_lease(tmp_path: Path) -> None:
+    async def main() -> None:
+        store = MemoryStore()
+        agent = Agent(agent_config(tmp_path), store=store)
+        task = await started(agent)
+        lease = agent.keeper.lease_id
+        await store.delete(agent.keys.alive("node-a"))
+        await store.delete(agent.keys.node("node-a"))
+        loop = asyncio.get_running_loop()
+        deleted = loop.time()
+        assert await wait_for(lambda: holder(store, agent), 5.0) == lease
+        assert await wait_for(lambda: store.get(agent.keys.node("node-a")), 5.0)
+        assert loop.time() - deleted < HEARTBEAT
+        assert agent.keeper.lease_id == lease and agent.registered.is_set()
+        await stop(task)
+        await agent.close()
+
+    run(main)
+
+
+def test_a_lost_lease_fences_and_registers_again_with_a_new_one(tmp_path: Path) -> None:
+    async def main() -> None:
+        store = MemoryStore()
+        agent = Agent(agent_config(tmp_path), store=store)
+        task = await started(agent)
+        old = agent.keeper.lease_id
+        assert old is not None
+        await store.revoke_lease(old)  # as an expiry would: its keys go with it
+
+        async def new_holder() -> int | None:
+            lease = await holder(store, agent)
+            return lease if lease not in (None, old) else None
+
+        new = await wait_for(new_holder, 5.0)
+        assert agent.keeper.lease_id == new
+        saved = read_record(agent.state_dir)
+        assert saved is not None and saved.lease == new and saved.claimed > 0
+        events = [codec.decode_event(kv.value).kind
+                  for kv in (await store.get_prefix(agent.keys.events))[1]]
+        assert "node-reregistered" in events
+        await stop(task)
+        await agent.close()
+
+    run(main)
+
+
+def test_another_lease_on_the_liveness_key_displaces_the_agent(tmp_path: Path) -> None:
+    async def main() -> None:
+        store = MemoryStore()
+        agent = Agent(agent_config(tmp_path), store=store)
+        task = await started(agent)
+        ours = agent.keeper.lease_id
+        other, _ = await store.grant_lease(TTL)  # an operator's copy of the agent, say
+        await store.put(agent.keys.alive("node-a"),
+                        codec.encode(Liveness(node="node-a", lease=other, since=0.0).to_dict()),
+                        lease=other)
+        # displaced: it fences its work and waits while the other lease holds the name
+        await wait_for(lambda: _true(agent.claim.waiting_for == other), 5.0)
+        assert not agent.registered.is_set()
+        await asyncio.sleep(TTL + 2.0)  # the other lease expires (nobody keeps it)
+        assert other not in await store.live_leases()
+
+        async def reclaimed() -> bool:  # with its own lease, kept alive meanwhile
+            return await holder(store, agent) == ours and agent.registered.is_set()
+
+        assert await wait_for(reclaimed, 10.0)
+        assert agent.claim.waiting_for is None
+        events = [codec.decode_event(kv.value) for kv in
+                  (await store.get_prefix(agent.keys.events))[1]]
+        assert [e.kind for e in events].count("duplicate-node") == 1
+        await stop(task)
+        await agent.close()
+
+    run(main)
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+def test_a_restarted_agent_adopts_the_lease_of_its_records(tmp_path: Path) -> None:
+    async def main() -> None:
+        store = MemoryStore()
+        first = Agent(agent_config(tmp_path), store=store)
+        task = await started(first)
+        lease = first.keeper.lease_id
+        await stop(task)  # killed: no goodbye, the lease is left to run out
+        await asyncio.sleep(1.0)
+        second = Agent(agent_config(tmp_path), store=store)
+        task = await started(second)
+        assert second.keeper.lease_id == lease and await holder(store, second) == lease
+        saved = read_record(second.state_dir)
+        assert saved is not None and saved.lease == lease
+        await asyncio.sleep(2 * TTL)
+        assert lease in await store.live_leases()
+        await stop(task)
+        await second.close()
+        await first.close()
+
+    run(main)
