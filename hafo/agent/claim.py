@@ -82,7 +82,7 @@ class NodeClaim:
         self.waiting_for: int | None = None  # another holder's lease while we wait
 
     async def _lease_alive(self, lease: int) -> bool:
-        return await self.store.lease_ttl(lease) > 0
+        return await self.store.lease_alive(lease)
 
     async def _view(self, saved: LeaseRecord | None) -> tuple[ClaimView, int]:
         """What etcd says now, and the revision it was read at."""
@@ -150,7 +150,10 @@ class NodeClaim:
         key if nobody did meanwhile. ``revision``: when the name was seen free."""
         self.fence_all(f"claiming node {self.name} anew ({why})")
         if self.keeper.lease_id is None or not self.keeper.valid():
-            await self.keeper.grant()
+            # Not published yet: the fencing deadline file is read by every guard of this
+            # state directory; a deadline of a lease that does not hold the name must never
+            # reach guards of an earlier holder (docs/safety.md, rule 1b).
+            await self.keeper.grant(publish=False)
         assert self.keeper.lease_id is not None
         lease = self.keeper.lease_id
         liveness = Liveness(node=self.name, lease=lease, since=time.time(), claimed=revision)
@@ -161,6 +164,7 @@ class NodeClaim:
             return False  # someone registered first: look again
         self.claimed = revision
         write_record(self.state_dir, LeaseRecord(lease, revision))
+        await self.keeper.publish()
         log.info("node claimed", node=self.name, lease=f"{lease:x}", claimed=revision,
                  ttl=self.keeper.granted_ttl, why=why)
         return True

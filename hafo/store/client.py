@@ -343,9 +343,14 @@ class EtcdStore:
             lambda c: adapter.lease_ids(c, self.timeout)))
 
     async def lease_ttl(self, lease_id: int) -> int:
-        """Remaining TTL of a lease (<= 0 when it no longer exists)."""
+        """Whole seconds left of a lease, rounded down as etcd does: 0 in its last second,
+        -1 once it no longer exists (see ``lease_alive``)."""
         info = await self.call(lambda c: c.get_lease_info(lease_id, keys=False))
         return int(info.TTL)
+
+    async def lease_alive(self, lease_id: int) -> bool:
+        """True while etcd still has the lease (its keys exist), its last second included."""
+        return await self.lease_ttl(lease_id) >= 0
 
     async def revoke_lease(self, lease_id: int) -> None:
         """Revoke a lease (its keys are deleted at once)."""

@@ -83,7 +83,7 @@ class EventLog:
             try:
                 await self.store.put(op.key, op.value, lease=op.lease)
             except StoreError:
-                if op.lease is None or await self.store.lease_ttl(op.lease) > 0:
+                if op.lease is None or await self.store.lease_alive(op.lease):
                     raise
                 self._forget(op.lease)
                 op = await self.put_op(event)

@@ -46,15 +46,22 @@ class LeaseKeeper:
         self.last_ack = 0.0
         self.lost = asyncio.Event()
 
-    async def grant(self) -> int:
-        """Grant a fresh lease; the deadline starts from the grant's send time."""
+    async def grant(self, publish: bool = True) -> int:
+        """Grant a fresh lease; the deadline starts from the grant's send time. ``publish``
+        False: ``on_renew`` is not told until ``publish()`` (an agent publishes a deadline
+        only once its lease holds the node name)."""
         sent = self.clock()
         self.lease_id, self.granted_ttl = await self.store.grant_lease(self.ttl)
         self.deadline = fence_deadline(sent, self.granted_ttl, self.margin)
         self.last_ack = self.clock()
         self.lost.clear()
-        await self._notify()
+        if publish:
+            await self._notify()
         return self.lease_id
+
+    async def publish(self) -> None:
+        """Tell ``on_renew`` the current deadline."""
+        await self._notify()
 
     async def adopt(self, lease_id: int) -> bool:
         """Take over an existing lease (agent restart) if it is still alive."""

@@ -286,7 +286,10 @@ class MemoryStore:
     async def lease_ttl(self, lease_id: int) -> int:
         await self._enter("lease_ttl")
         lease = self._leases.get(lease_id)
-        return -1 if lease is None else max(0, round(lease.expires - self._now()))
+        return -1 if lease is None else max(0, int(lease.expires - self._now()))
+
+    async def lease_alive(self, lease_id: int) -> bool:
+        return await self.lease_ttl(lease_id) >= 0
 
     async def live_leases(self) -> set[int]:
         await self._enter("live_leases")

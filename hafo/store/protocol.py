@@ -63,7 +63,10 @@ class Store(Protocol):
         """Keepalives for many leases at once: id -> granted TTL (0: gone)."""
 
     async def lease_ttl(self, lease_id: int) -> int:
-        """Remaining TTL (<= 0: the lease is gone)."""
+        """Whole seconds left, rounded down (0 in the last second); -1: the lease is gone."""
+
+    async def lease_alive(self, lease_id: int) -> bool:
+        """True while the lease exists (never decide that from ``lease_ttl() > 0``)."""
 
     async def live_leases(self) -> set[int]:
         """Every lease the store has now."""

@@ -189,7 +189,7 @@ class ClusterCache:
         try:
             return await self.store.live_leases() & leases
         except StoreError:
-            return {lease for lease in leases if await self.store.lease_ttl(lease) > 0}
+            return {lease for lease in leases if await self.store.lease_alive(lease)}
 
 
 def _set(target: dict, key: object, value: object) -> None:  # type: ignore[type-arg]

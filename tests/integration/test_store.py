@@ -66,6 +66,26 @@ async def test_lease_expiry_deletes_bound_keys(store: EtcdStore, keys: Keys) -> 
         await keeper.keepalive_once()
 
 
+async def test_a_lease_in_its_last_second_is_alive_though_its_ttl_reads_zero(
+        store: EtcdStore, keys: Keys) -> None:
+    """etcd rounds the remaining TTL down: 0 during the last second, -1 once it is gone. A
+    claimant that took 0 for "gone" claimed a node name while the old lease (and its guards)
+    still lived."""
+    lease, _ = await store.grant_lease(2)
+    key = keys.alive("last-second")
+    await store.put(key, b"x", lease=lease)
+    started = time.monotonic()
+    while await store.lease_ttl(lease) != 0:
+        assert time.monotonic() - started < 2.5, "never read 0 before it expired"
+        await asyncio.sleep(0.05)
+    assert await store.lease_alive(lease)
+    assert await store.get(key) is not None, "0 seconds left, and its keys still exist"
+    while await store.lease_alive(lease):
+        assert time.monotonic() - started < 6.0
+        await asyncio.sleep(0.05)
+    assert await store.lease_ttl(lease) == -1 and await store.get(key) is None
+
+
 async def test_fencing_deadline_precedes_lease_expiry(store: EtcdStore, keys: Keys) -> None:
     keeper = LeaseKeeper(store, ttl=2, heartbeat=0.5, margin=0.3)
     lease = await keeper.grant()
