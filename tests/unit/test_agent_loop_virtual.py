@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from hafo.agent.claim import read_record
 from hafo.agent.daemon import Agent
 from hafo.agent.fencefile import FENCE_FILE, read_deadline
-from hafo.model.cluster import Liveness
+from hafo.model.cluster import Assignment, Liveness, Submission
 from hafo.model.config import parse_config
-from hafo.store import codec
+from hafo.model.spec import parse_spec
+from hafo.store import Put, codec
 from hafo.store.memory import MemoryStore
 
 from .virtual_time import run
@@ -182,5 +184,73 @@ def test_a_restarted_agent_adopts_the_lease_of_its_records(tmp_path: Path) -> No
         await stop(task)
         await second.close()
         await first.close()
+
+    run(main)
+
+
+def test_an_instance_whose_assignment_changed_before_its_launch_is_never_launched(
+        tmp_path: Path) -> None:
+    """The agent's copy of an assignment can lag the assignment itself (the controller just
+    wrote "moving"). The agent reports ``starting`` in a txn that compares the assignment's
+    revision with the epoch, and launches only if that holds: a controller that saw no
+    report may place the workload elsewhere, and this instance must then never run."""
+    async def main() -> None:
+        store = MemoryStore()
+        agent = Agent(agent_config(tmp_path), store=store)
+        task = await started(agent)
+        keys = agent.keys
+        spec = parse_spec({"name": "job", "command": ["sleep", "60"], "gpus": 1})
+        submission = Submission(id="job-0a1b2c", spec=spec, submitted_at=0.0)
+        await store.put(keys.workload(submission.id), codec.encode_submission(submission))
+        placed = Assignment(workload=submission.id, phase="placed", node="node-a", gpus=(0,))
+        moving = dataclasses.replace(placed, phase="moving", stopping=0, cause="planned")
+        # The assignment is written as placed and, before the agent's copy changes, moved on:
+        # only the main key sees the move (as if the copy's update were still in flight).
+        result = await store.txn([], [Put(keys.assignment(submission.id),
+                                          codec.encode(placed.to_dict())),
+                                      Put(keys.node_assignment("node-a", submission.id),
+                                          codec.encode(placed.to_dict()))])
+        epoch = result.revision
+        await store.put(keys.assignment(submission.id),
+                        codec.encode(dataclasses.replace(moving, stopping=epoch).to_dict()))
+        await asyncio.sleep(5.0)  # many supervise cycles
+        assert submission.id in agent.assignments.placed  # the copy still says "run it"
+        assert not (agent.state_dir / "instances" / f"{submission.id}.{epoch}").exists()
+        assert await store.get(keys.status(submission.id, "node-a")) is None
+        await stop(task)
+        await agent.close()
+
+    run(main)
+
+
+def test_an_instance_is_reported_starting_before_it_is_launched(tmp_path: Path) -> None:
+    async def main() -> None:
+        store = MemoryStore()
+        agent = Agent(agent_config(tmp_path), store=store)
+        task = await started(agent)
+        keys = agent.keys
+        launched: list[tuple[str, int, Any]] = []
+
+        def launch(assignment: Assignment, submission: Submission, gpus: list[str]) -> None:
+            report = store._kvs.get(keys.status(assignment.workload, "node-a"))
+            launched.append((assignment.workload, assignment.epoch, report))
+
+        agent.supervisor.launch = launch  # type: ignore[method-assign]
+        spec = parse_spec({"name": "job", "command": ["sleep", "60"], "gpus": 1})
+        submission = Submission(id="job-0a1b2c", spec=spec, submitted_at=0.0)
+        await store.put(keys.workload(submission.id), codec.encode_submission(submission))
+        placed = Assignment(workload=submission.id, phase="placed", node="node-a", gpus=(0,))
+        result = await store.txn([], [Put(keys.assignment(submission.id),
+                                          codec.encode(placed.to_dict())),
+                                      Put(keys.node_assignment("node-a", submission.id),
+                                          codec.encode(placed.to_dict()))])
+        await wait_for(lambda: _true(bool(launched)), 5.0)
+        workload, epoch, report = launched[0]
+        assert (workload, epoch) == (submission.id, result.revision)
+        assert report is not None, "reported before the launch"
+        status = codec.decode_status(report.value)
+        assert (status.epoch, status.state) == (result.revision, "starting")
+        await stop(task)
+        await agent.close()
 
     run(main)
