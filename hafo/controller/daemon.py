@@ -207,6 +207,12 @@ class Controller:
                         applied = plan
                     except TRANSIENT as exc:
                         log.warning("apply failed: etcd unavailable", error=type(exc).__name__)
+                    except StoreError:
+                        # Decisions are written with their events, under the event lease: if
+                        # that lease is gone, the next cycle writes them under a new one.
+                        if not await self.events.forget_if_gone():
+                            raise
+                        log.warning("apply failed: the event lease is gone; granted anew")
                 self.metrics.cycle(snapshot, now, applied, time.monotonic() - started)
                 if plan:
                     continue

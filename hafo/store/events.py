@@ -71,6 +71,15 @@ class EventLog:
         if lease is not None and self._shared.lease == lease:
             self._shared.lease = None
 
+    async def forget_if_gone(self) -> bool:
+        """True (and the next event gets a new lease) if the shared event lease is gone:
+        revoked by hand, or etcd restored from a backup older than the lease."""
+        lease = self._shared.lease
+        if lease is None or await self.store.lease_alive(lease):
+            return False
+        self._forget(lease)
+        return True
+
     async def put_op(self, event: Event) -> Put:
         """The txn operation that records ``event`` (to commit it with a decision)."""
         return Put(self.keys.new_event(event.ts), codec.encode(event.to_dict()),

@@ -9,7 +9,7 @@ import contextlib
 from typing import Any
 
 from hafo.controller.daemon import Controller
-from hafo.model.cluster import Gpu, Liveness, NodeRecord
+from hafo.model.cluster import Gpu, Liveness, NodeRecord, Submission
 from hafo.model.config import parse_config
 from hafo.model.spec import parse_spec
 from hafo.store import Keys, codec, intents
@@ -110,5 +110,55 @@ def test_the_controller_places_new_work_and_fails_it_over_at_the_lease_expiry() 
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await nodes["a" if first.node == "b" else "b"].power_off()
+
+    run(main)
+
+
+def test_decisions_are_written_under_a_new_event_lease_when_the_old_one_is_gone() -> None:
+    """Decisions commit with their events, which live under the shared event lease: a lease
+    revoked by hand (or lost to an etcd restore) must not stop the controller."""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        store = MemoryStore()
+        config = parse_config({"etcd": {"endpoints": ["http://127.0.0.1:1"]},
+                               "controller": {"name": "ctl-1"},
+                               "timing": {"lease_ttl": TTL, "failsafe_max": 0}}, "controller")
+        controller = Controller(config, clock=loop.time, store=store)
+        keys = controller.keys
+        node = FakeNode(store, keys, "a")
+        await node.start()
+        campaigns = []
+        campaign = controller.election.campaign
+
+        async def counted(*args: Any) -> Any:
+            campaigns.append(loop.time())
+            return await campaign(*args)
+
+        controller.election.campaign = counted  # type: ignore[method-assign]
+        task = asyncio.create_task(controller.run())
+
+        async def placed(wid: str) -> bool:
+            kv = await store.get(keys.assignment(wid))
+            return kv is not None and codec.decode_assignment(kv.value,
+                                                              kv.mod_revision).phase == "placed"
+
+        spec = {"command": ["python", "train.py"], "gpus": 1}
+        first = await intents.submit(store, keys, parse_spec({"name": "one", **spec}))
+        await wait_for(lambda: placed(first.id), 10.0)
+        lease = controller.events._shared.lease
+        assert lease is not None
+        await store.revoke_lease(lease)
+        # written directly: intents.submit would record an event first and so renew the lease
+        second = Submission(id="two-0a1b2c", spec=parse_spec({"name": "two", **spec}),
+                            submitted_at=loop.time())
+        await store.put(keys.workload(second.id), codec.encode_submission(second))
+        await wait_for(lambda: placed(second.id), 10.0)
+        assert not task.done()
+        assert controller.events._shared.lease not in (None, lease)
+        assert len(campaigns) == 1, "it kept leading: no step down and campaign again"
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await node.power_off()
 
     run(main)
