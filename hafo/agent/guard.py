@@ -34,7 +34,7 @@ from hafo.agent.instances import write_json_atomic
 from hafo.checkpoint.format import list_checkpoints
 from hafo.checkpoint.transparent import unavailable_reason
 from hafo.decisions.fencing import must_kill
-from hafo.model.cluster import InstanceEnd
+from hafo.model.ends import InstanceEnd
 
 POLL = 0.05
 TERM_GRACE = 10.0  # after SIGTERM, before SIGKILL

@@ -6,7 +6,7 @@ finds its guards again (docs/contract.md, "Files on a node"):
                   fence_file, checkpoint_mode, launched_at
     state.json    written by the guard (by the agent once the guard is gone): guard_pid, pid,
                   state, exit_code, started_at, finished_at, reason, ended (how it ended:
-                  hafo.model.cluster.InstanceEnd), stop_checkpoint, transparent
+                  hafo.model.ends.InstanceEnd), stop_checkpoint, transparent
     output.log    the workload's stdout and stderr
     guard.log     the guard's own stderr
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hafo.model.cluster import InstanceEnd, instance_end
+from hafo.model.ends import InstanceEnd, instance_end
 
 INSTANCES = "instances"
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo
 
+from hafo.model.ends import INFRASTRUCTURE_ENDS as INFRASTRUCTURE_ENDS
+from hafo.model.ends import InstanceEnd as InstanceEnd
+from hafo.model.ends import instance_end as instance_end
 from hafo.model.schema import Record, schema_of
 from hafo.model.spec import WorkloadSpec
 
@@ -32,30 +34,6 @@ PLANNED_CAUSES: frozenset[str] = frozenset({"planned", "preempted"})
 
 
 MIG_INDEX_BASE = 100
-
-
-class InstanceEnd(StrEnum):
-    """How an instance ended, as its guard (or the agent) recorded it. Carried as data, so
-    that a reworded message can never change what the controller decides."""
-
-    EXIT = "exit"  # the workload exited by itself; its exit code says how
-    STOPPED = "stopped"  # the agent stopped it (planned move, failing check, deletion)
-    FENCED = "fenced"  # killed at the fencing deadline or on lease loss: not its fault
-    GUARD_LOST = "guard-lost"  # its guard died (or never started); the agent killed it
-
-
-#: Ends caused by the infrastructure (fencing, lease loss, an etcd outage, a lost guard), not
-#: by the workload: the restart that follows does not count toward ``restart.max_restarts``,
-#: waits for no backoff and excludes no node (docs/safety.md, "Infrastructure restarts").
-INFRASTRUCTURE_ENDS = frozenset({InstanceEnd.FENCED, InstanceEnd.GUARD_LOST})
-
-
-def instance_end(value: object) -> InstanceEnd | None:
-    """Parse a recorded end (None when absent or unknown: an older agent's report)."""
-    try:
-        return InstanceEnd(str(value)) if value is not None else None
-    except ValueError:
-        return None
 
 
 def mig_index(parent: int, slot: int) -> int:
