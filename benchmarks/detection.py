@@ -27,6 +27,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_main import run_main
+
 from hafo.chaos.invariants import percentile
 from hafo.local.cluster import LocalCluster, demo_workload_spec
 from hafo.local.procs import free_port
@@ -37,6 +39,7 @@ from hafo.model.views import workload_view
 CHECK_INTERVAL, CHECK_THRESHOLD, HEALTH_INTERVAL = 0.5, 2, 0.5
 HTTP_APP = """
 import http.server, os, pathlib, sys
+
 sick = pathlib.Path(os.environ["HAFO_CHECKPOINT_DIR"]) / "sick"
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
@@ -145,4 +148,4 @@ if __name__ == "__main__":
     configure("console", level="warning")
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=5)
-    sys.exit(asyncio.run(main(parser.parse_args().trials)))
+    run_main(lambda: asyncio.run(main(parser.parse_args().trials)))

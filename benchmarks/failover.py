@@ -21,6 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_main import run_main
+
 from hafo.chaos.invariants import percentile
 from hafo.local.cluster import LocalCluster, demo_workload_spec
 from hafo.logs import configure
@@ -94,4 +96,4 @@ if __name__ == "__main__":
     configure("console", level="warning")
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=10)
-    sys.exit(asyncio.run(main(parser.parse_args().trials)))
+    run_main(lambda: asyncio.run(main(parser.parse_args().trials)))

@@ -19,6 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_main import run_main
+
 from hafo.local.cluster import LocalCluster, demo_workload_spec
 from hafo.local.procs import kill_pid, spawn, stop_process
 from hafo.logs import configure
@@ -28,6 +30,7 @@ from hafo.store import read_events
 BURN = "import time\nwhile True:\n    pass\n"
 FSYNC = """
 import os, sys
+
 path = sys.argv[1]
 block = os.urandom(64 * 1024)
 while True:
@@ -100,4 +103,4 @@ if __name__ == "__main__":
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--baseline", type=float, default=30.0, help="seconds without load")
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.minutes, args.baseline)))
+    run_main(lambda: asyncio.run(main(args.minutes, args.baseline)))

@@ -14,6 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_main import run_main
+
 from hafo.decisions.reconcile import reconcile
 from hafo.model.cluster import (
     Assignment,
@@ -135,4 +137,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

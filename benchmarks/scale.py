@@ -26,6 +26,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_main import run_main
+
 from hafo.local.etcd import EtcdCluster
 from hafo.local.procs import free_port, kill_pid, spawn
 from hafo.logs import configure
@@ -195,4 +197,4 @@ if __name__ == "__main__":
     parser.add_argument("--lease-ttl", type=int, default=3)
     parser.add_argument("--heartbeat", type=float, default=1.0)
     a = parser.parse_args()
-    sys.exit(asyncio.run(main(a.nodes, a.workloads, a.gpus, a.lease_ttl, a.heartbeat)))
+    run_main(lambda: asyncio.run(main(a.nodes, a.workloads, a.gpus, a.lease_ttl, a.heartbeat)))
