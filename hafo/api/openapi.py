@@ -135,7 +135,7 @@ def controller_document() -> dict[str, Any]:
                                      {"type": "object"})},
         "/v1/status": {"get": _get("cluster summary", _ref("Status"))},
         "/v1/nodes": {"get": _get("every node", {"type": "array", "items": _ref("Node")})},
-        "/v1/nodes/{name}": {"get": _get("one node", _ref("Node"), 400, 404, params=node)},
+        "/v1/nodes/{name}": {"get": _get("one node", _ref("Node"), 404, params=node)},
         "/v1/nodes/{name}/drain": {"post": _mutation(
             "cordon the node and move its workloads off (checkpoint first)", 200,
             _ref("NodeChange"), 400, 404, params=node)},

@@ -164,8 +164,13 @@ class SimFleet:
     async def _keep_leases(self) -> None:
         while True:
             started = time.monotonic()
-            with contextlib.suppress(*TRANSIENT):
+            try:
                 await self._keepalive_round()
+            except TRANSIENT:
+                pass  # etcd unavailable: the next round tries again
+            except StoreError as exc:  # a re-registration refused three times: next round
+                log.warning("re-registration refused; trying again next round",
+                            error=str(exc))
             await asyncio.sleep(max(0.0, self.heartbeat - (time.monotonic() - started)))
 
     def _changed(self, key: str, _old: Assignment | None, assignment: Assignment | None) -> None:
