@@ -21,7 +21,17 @@ from aetcd import exceptions as etcd_errors
 
 from hafo.model.config import EtcdConfig
 from hafo.store import aetcd_adapter as adapter
-from hafo.store.records import KV, Compare, Delete, Get, Put, Resync, TxnResult, WatchEvent
+from hafo.store.records import (
+    KV,
+    Compare,
+    Delete,
+    Get,
+    Put,
+    Resync,
+    TxnResult,
+    WatchEvent,
+    key_events,
+)
 from hafo.store.retry import StoreUnavailable, with_store_retry
 from hafo.store.tls import TlsFiles
 
@@ -363,16 +373,8 @@ class EtcdStore:
         """Every change of exactly ``key`` (not of keys it is a prefix of) from
         ``start_revision`` on, across reconnects; a compaction yields the key's current
         state as a put or a delete."""
-        async for event in self.watch_prefix(key, start_revision):
-            if isinstance(event, WatchEvent):
-                if event.kv.key == key:
-                    yield event
-                continue
-            current = next((kv for kv in event.kvs if kv.key == key), None)
-            if current is not None:
-                yield WatchEvent("put", current)
-            else:
-                yield WatchEvent("delete", KV(key, b"", 0, event.revision, 0))
+        async for event in key_events(self.watch_prefix(key, start_revision), key):
+            yield event
 
     async def watch_prefix(self, prefix: str,
                            start_revision: int) -> AsyncIterator[WatchEvent | Resync]:

@@ -36,6 +36,7 @@ from hafo.store.client import (
     WatchEvent,
 )
 from hafo.store.protocol import Observer
+from hafo.store.records import key_events
 from hafo.store.retry import StoreUnavailable
 
 
@@ -130,10 +131,9 @@ class MemoryStore:
     def _write(self, key: str, value: bytes | None, lease: int, revision: int) -> None:
         """Apply one put (``value``) or delete (None) at ``revision``."""
         if value is None:
-            old = self._kvs.pop(key)
+            del self._kvs[key]
             self._versions.pop(key, None)
             self._history.append(WatchEvent("delete", KV(key, b"", 0, revision, 0)))
-            del old
             return
         old_kv = self._kvs.get(key)
         kv = KV(key, value, old_kv.create_revision if old_kv else revision, revision, lease)
@@ -333,14 +333,8 @@ class MemoryStore:
 
     async def watch_key(self, key: str, start_revision: int) -> AsyncIterator[WatchEvent]:
         """Every change of exactly ``key`` from ``start_revision`` on."""
-        async for event in self.watch_prefix(key, start_revision):
-            if isinstance(event, WatchEvent):
-                if event.kv.key == key:
-                    yield event
-                continue
-            current = next((kv for kv in event.kvs if kv.key == key), None)
-            yield (WatchEvent("put", current) if current is not None
-                   else WatchEvent("delete", KV(key, b"", 0, event.revision, 0)))
+        async for event in key_events(self.watch_prefix(key, start_revision), key):
+            yield event
 
     async def close(self) -> None:
         """Nothing to release."""

@@ -3,6 +3,7 @@ pairs, watch events, transaction conditions and operations. No I/O, no etcd clie
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -75,3 +76,17 @@ class TxnResult:
     succeeded: bool
     revision: int
     reads: tuple[KV | None, ...] = ()
+
+
+async def key_events(stream: AsyncIterator[WatchEvent | Resync],
+                     key: str) -> AsyncIterator[WatchEvent]:
+    """A prefix watch narrowed to exactly ``key`` (not the keys it is a prefix of); a
+    ``Resync`` becomes the key's current state, as a put or a delete."""
+    async for event in stream:
+        if isinstance(event, WatchEvent):
+            if event.kv.key == key:
+                yield event
+            continue
+        current = next((kv for kv in event.kvs if kv.key == key), None)
+        yield (WatchEvent("put", current) if current is not None
+               else WatchEvent("delete", KV(key, b"", 0, event.revision, 0)))

@@ -5,7 +5,6 @@ hitless restart that adopts the lease of its records. No etcd, no sleeps."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from hafo.model.spec import parse_spec
 from hafo.store import Put, codec
 from hafo.store.memory import MemoryStore
 
-from .virtual_time import run
+from .virtual_time import run, stop, wait_for
 
 TTL, HEARTBEAT = 3, 1.0
 
@@ -32,28 +31,11 @@ def agent_config(tmp_path: Path) -> Any:
                                   "gpus": {"simulate": {"count": 2}}}}, "agent")
 
 
-async def wait_for(check: Any, timeout: float, step: float = 0.05) -> Any:
-    loop = asyncio.get_running_loop()
-    until = loop.time() + timeout
-    while loop.time() < until:
-        found = await check()
-        if found:
-            return found
-        await asyncio.sleep(step)
-    raise AssertionError(f"not within {timeout} virtual seconds")
-
-
 async def started(agent: Agent) -> asyncio.Task[None]:
     ready = asyncio.Event()
     task = asyncio.create_task(agent.run(ready))
     await asyncio.wait_for(ready.wait(), 10.0)
     return task
-
-
-async def stop(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
 
 
 async def holder(store: MemoryStore, agent: Agent) -> int | None:

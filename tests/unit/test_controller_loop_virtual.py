@@ -15,7 +15,7 @@ from hafo.model.spec import parse_spec
 from hafo.store import Keys, codec, intents
 from hafo.store.memory import MemoryStore
 
-from .virtual_time import run
+from .virtual_time import run, stop, wait_for
 
 TTL = 3
 
@@ -52,25 +52,19 @@ class FakeNode:
             await self.task
 
 
-async def wait_for(check: Any, timeout: float, step: float = 0.05) -> Any:
-    loop = asyncio.get_running_loop()
-    until = loop.time() + timeout
-    while loop.time() < until:
-        found = await check()
-        if found:
-            return found
-        await asyncio.sleep(step)
-    raise AssertionError(f"not within {timeout} virtual seconds")
+def controller_on(store: MemoryStore) -> Controller:
+    """A controller on ``store``, deciding on the loop's (virtual) clock."""
+    config = parse_config({"etcd": {"endpoints": ["http://127.0.0.1:1"]},
+                           "controller": {"name": "ctl-1"},
+                           "timing": {"lease_ttl": TTL, "failsafe_max": 0}}, "controller")
+    return Controller(config, clock=asyncio.get_running_loop().time, store=store)
 
 
 def test_the_controller_places_new_work_and_fails_it_over_at_the_lease_expiry() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
         store = MemoryStore()
-        config = parse_config({"etcd": {"endpoints": ["http://127.0.0.1:1"]},
-                               "controller": {"name": "ctl-1"},
-                               "timing": {"lease_ttl": TTL, "failsafe_max": 0}}, "controller")
-        controller = Controller(config, clock=loop.time, store=store)
+        controller = controller_on(store)
         keys = controller.keys
         nodes = {n: FakeNode(store, keys, n) for n in ("a", "b")}
         for node in nodes.values():
@@ -106,9 +100,7 @@ def test_the_controller_places_new_work_and_fails_it_over_at_the_lease_expiry() 
         kinds = [codec.decode_event(kv.value).kind
                  for kv in (await store.get_prefix(keys.events))[1]]
         assert "failover" in kinds and "placed" in kinds
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stop(task)
         await nodes["a" if first.node == "b" else "b"].power_off()
 
     run(main)
@@ -120,10 +112,7 @@ def test_decisions_are_written_under_a_new_event_lease_when_the_old_one_is_gone(
     async def main() -> None:
         loop = asyncio.get_running_loop()
         store = MemoryStore()
-        config = parse_config({"etcd": {"endpoints": ["http://127.0.0.1:1"]},
-                               "controller": {"name": "ctl-1"},
-                               "timing": {"lease_ttl": TTL, "failsafe_max": 0}}, "controller")
-        controller = Controller(config, clock=loop.time, store=store)
+        controller = controller_on(store)
         keys = controller.keys
         node = FakeNode(store, keys, "a")
         await node.start()
@@ -156,9 +145,7 @@ def test_decisions_are_written_under_a_new_event_lease_when_the_old_one_is_gone(
         assert not task.done()
         assert controller.events._shared.lease not in (None, lease)
         assert len(campaigns) == 1, "it kept leading: no step down and campaign again"
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stop(task)
         await node.power_off()
 
     run(main)

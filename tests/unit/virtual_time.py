@@ -10,6 +10,7 @@ test is stuck: ``run`` raises instead of hanging.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import selectors
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -58,6 +59,26 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
         future.add_done_callback(done)
         return future
+
+
+async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float,
+                   step: float = 0.05) -> Any:
+    """Poll ``check`` every ``step`` virtual seconds until it returns something true."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + timeout
+    while loop.time() < until:
+        found = await check()
+        if found:
+            return found
+        await asyncio.sleep(step)
+    raise AssertionError(f"not within {timeout} virtual seconds")
+
+
+async def stop(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait until it has stopped."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def run(main: Callable[[], Awaitable[T]]) -> T:
