@@ -8,11 +8,12 @@ from hafo.store import Keys, Store, codec
 from hafo.store.watched import WatchedPrefix
 
 
-def for_node(assignment: Assignment, node: str) -> tuple[bool, int | None]:
-    """What an assignment means to ``node``: (run it here?, epoch to stop at once or None)."""
-    here = assignment.node == node
-    placed = here and assignment.phase == "placed"
-    urgent = assignment.stopping if (here and assignment.phase == "moving"
+def for_node(assignment: Assignment, node: str) -> tuple[Assignment | None, int | None]:
+    """What an assignment means to ``node``: (the instance to run here, as this node runs it
+    (a gang's: with this node's member's GPUs), or None; epoch to stop at once or None)."""
+    local = assignment.on_node(node)
+    placed = local if local is not None and assignment.phase == "placed" else None
+    urgent = assignment.stopping if (local is not None and assignment.phase == "moving"
                                      and assignment.urgent) else None
     return placed, urgent
 
@@ -41,9 +42,9 @@ class NodeAssignments:
         workload = self.keys.parse(key).workload
         if workload is None:
             return
-        placed, urgent = (False, None) if assignment is None else for_node(assignment, self.node)
-        if placed and assignment is not None:
-            self.placed[workload] = assignment
+        placed, urgent = (None, None) if assignment is None else for_node(assignment, self.node)
+        if placed is not None:
+            self.placed[workload] = placed
         else:
             self.placed.pop(workload, None)
         if urgent is not None:

@@ -13,6 +13,7 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry
 
+from hafo.agent.address import node_address
 from hafo.agent.app_checks import AppChecks
 from hafo.agent.assignments import NodeAssignments
 from hafo.agent.claim import Displaced, NodeClaim
@@ -91,6 +92,7 @@ class Agent:
         self.claim = NodeClaim(self.name, self.store, self.keys, self.keeper, self.state_dir,
                                self.events, timing.heartbeat, self.supervisor.kill_all)
         self.api_address = ""
+        self.address = node_address(config.node.address, config.etcd.endpoints)
         self.metrics = AgentMetrics(self, self.registry)
         self.store.observer = self.metrics.observe_etcd
 
@@ -111,7 +113,7 @@ class Agent:
                           gpus=tuple(self.inventory), healthy=self.healthy,
                           reason=self.unhealthy_reason, api=self.api_address,
                           failsafe_seen=self.failsafe.current.version,
-                          lease=self.keeper.lease_id or 0)
+                          lease=self.keeper.lease_id or 0, address=self.address)
 
     async def register(self) -> None:
         """Publish inventory and make sure the lease-bound liveness key is ours."""

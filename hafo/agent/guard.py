@@ -5,8 +5,9 @@ The guard starts the workload in its own session, then polls every 50 ms:
 - the node's fencing deadline passed without renewal (the agent is dead, frozen or cut off
   from etcd): SIGKILL the workload's process group at once, before the lease can expire and
   the workload be assigned elsewhere;
-- SIGTERM (the agent stops the instance): SIGUSR1 to the workload (the checkpoint SDK turns it
-  into ``should_checkpoint()``), wait up to the spec's ``stop_grace`` for a new checkpoint of
+- SIGTERM (the agent stops the instance): SIGUSR1 to the workload, or to the processes of its
+  session that listen for it (torchrun's workers; the checkpoint SDK turns it into
+  ``should_checkpoint()``), wait up to the spec's ``stop_grace`` for a new checkpoint of
   this epoch, give it 2 s more to exit by itself (the SDK's usual way: save, then leave), then
   SIGTERM, and SIGKILL 10 s later: a planned move loses no work;
 - SIGUSR2 (the agent stops the instance now: its application failed, or its GPU is lost):
@@ -52,6 +53,32 @@ def catches(pid: int, sig: int) -> bool:
     except (OSError, ValueError, IndexError):
         pass
     return False
+
+
+def session_processes(sid: int) -> list[int]:
+    """The pids of session ``sid`` (the workload's: it is started as a session leader)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if len(fields) > 3 and fields[3] == str(sid):
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def checkpoint_listeners(leader: int) -> list[int]:
+    """Who to ask for a checkpoint (SIGUSR1): the workload's process if it listens (the
+    checkpoint SDK installs the handler), else every process of its session that listens (the
+    workers of a launcher such as torchrun, which would die of the signal itself)."""
+    if catches(leader, signal.SIGUSR1):
+        return [leader]
+    return [pid for pid in session_processes(leader)
+            if pid != leader and catches(pid, signal.SIGUSR1)]
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -183,9 +210,12 @@ class Guard:
                 if self.launch.get("checkpoint_mode") == "transparent":
                     self.state["transparent"] = unavailable_reason()
                 stopping = True
-                if catches(self.proc.pid, signal.SIGUSR1):  # the checkpoint SDK listens
+                listeners = checkpoint_listeners(self.proc.pid)
+                if listeners:  # the checkpoint SDK listens
                     baseline = self._newest_checkpoint()
-                    os.kill(self.proc.pid, signal.SIGUSR1)
+                    for pid in listeners:
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.kill(pid, signal.SIGUSR1)
                     checkpoint_by = now + self.grace
                     self.write(state="stopping", reason="stopping: checkpoint requested")
                 else:  # SIGUSR1 would kill it: a plain SIGTERM

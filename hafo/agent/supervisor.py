@@ -29,6 +29,7 @@ from hafo.agent.instances import (
     read_guard_state,
     write_json_atomic,
 )
+from hafo.agent.rendezvous import GANG_DEFAULTS, gang_env
 from hafo.checkpoint import list_checkpoints
 from hafo.model.cluster import (
     Assignment,
@@ -129,10 +130,11 @@ class Supervisor:
         path.mkdir(parents=True, exist_ok=False)
         spec = submission.spec
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **spec.env,
+        gang = gang_env(assignment, self.node)
+        env = {**os.environ, **(GANG_DEFAULTS if gang else {}), **spec.env,
                "HAFO_WORKLOAD": assignment.workload, "HAFO_EPOCH": str(assignment.epoch),
                "HAFO_NODE": self.node, "HAFO_CHECKPOINT_DIR": str(checkpoint_dir),
-               "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids), "PYTHONUNBUFFERED": "1"}
+               "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids), "PYTHONUNBUFFERED": "1", **gang}
         write_json_atomic(path / "launch.json", {
             "workload": assignment.workload, "epoch": assignment.epoch, "node": self.node,
             "argv": list(spec.command), "env": env, "cwd": spec.workdir or os.getcwd(),

@@ -22,26 +22,28 @@ from hafo.store import Compare, Delete, Election, EventLog, Keys, Put, codec
 
 log = structlog.get_logger("hafo.controller")
 
-BATCH = 24  # up to 5 operations per decision, under etcd's 128 per transaction
+BATCH = 24  # decisions per transaction
+MAX_OPS = 120  # writes per transaction, under etcd's default limit of 128
 
 
-def _mirror_ops(keys: Keys, action: Action, previous_node: str | None) -> list[Put | Delete]:
-    """Keep the per-node copy of the assignment (``Keys.node_assignment``) in step: written
-    under the node the new assignment names, removed from the node it named before."""
+def _mirror_ops(keys: Keys, action: Action,
+                previous_nodes: tuple[str, ...]) -> list[Put | Delete]:
+    """Keep the per-node copies of the assignment (``Keys.node_assignment``) in step: written
+    under every node the new assignment names (each member's, for a gang), removed from the
+    nodes it named before and no longer does."""
     new = action.assignment
-    new_node = new.node if new is not None else None
-    ops: list[Put | Delete] = []
-    if previous_node is not None and previous_node != new_node:
-        ops.append(Delete(keys.node_assignment(previous_node, action.workload)))
-    if new is not None and new_node is not None:
-        ops.append(Put(keys.node_assignment(new_node, action.workload),
-                       codec.encode(new.to_dict())))
+    new_nodes = new.nodes if new is not None else ()
+    ops: list[Put | Delete] = [Delete(keys.node_assignment(node, action.workload))
+                               for node in previous_nodes if node not in new_nodes]
+    if new is not None and new_nodes:
+        value = codec.encode(new.to_dict())
+        ops += [Put(keys.node_assignment(node, action.workload), value) for node in new_nodes]
     return ops
 
 
 async def _txn_parts(keys: Keys, events: EventLog, action: Action,
-                     previous_node: str | None = None) -> tuple[Compare, list[Put | Delete]]:
-    """The compare and the writes of one action (``previous_node``: the node the current
+                     previous_nodes: tuple[str, ...] = ()) -> tuple[Compare, list[Put | Delete]]:
+    """The compare and the writes of one action (``previous_nodes``: the nodes the current
     assignment names, from the snapshot the action was decided on)."""
     key = keys.assignment(action.workload)
     if action.expected_revision:
@@ -58,10 +60,10 @@ async def _txn_parts(keys: Keys, events: EventLog, action: Action,
         guard = Compare(keys.move(action.workload), "version", ">", 0)
     elif action.assignment is None:
         ops.append(Delete(key))
-        ops += _mirror_ops(keys, action, previous_node)
+        ops += _mirror_ops(keys, action, previous_nodes)
     else:
         ops.append(Put(key, codec.encode(action.assignment.to_dict())))
-        ops += _mirror_ops(keys, action, previous_node)
+        ops += _mirror_ops(keys, action, previous_nodes)
     return guard, ops
 
 
@@ -73,10 +75,10 @@ def _log_applied(action: Action, revision: int) -> None:
 
 
 async def apply_action(election: Election, keys: Keys, events: EventLog, action: Action,
-                       previous_node: str | None = None) -> int | None:
+                       previous_nodes: tuple[str, ...] = ()) -> int | None:
     """Write one action; returns the new revision (the epoch for a placement) or None if the
     assignment changed since the snapshot (the next cycle decides again)."""
-    guard, ops = await _txn_parts(keys, events, action, previous_node)
+    guard, ops = await _txn_parts(keys, events, action, previous_nodes)
     result = await election.fenced([guard], ops)
     if not result.succeeded:
         log.info("decision skipped: state moved on", workload=action.workload,
@@ -87,8 +89,8 @@ async def apply_action(election: Election, keys: Keys, events: EventLog, action:
 
 
 async def _apply_batch(election: Election, keys: Keys, events: EventLog,
-                       batch: Sequence[Action], previous: Mapping[str, str | None]) -> int:
-    parts = [await _txn_parts(keys, events, a, previous.get(a.workload)) for a in batch]
+                       batch: Sequence[Action], previous: Mapping[str, tuple[str, ...]]) -> int:
+    parts = [await _txn_parts(keys, events, a, previous.get(a.workload, ())) for a in batch]
     result = await election.fenced([g for g, _ in parts], [op for _, ops in parts for op in ops])
     if result.succeeded:
         for action in batch:
@@ -97,9 +99,34 @@ async def _apply_batch(election: Election, keys: Keys, events: EventLog,
     highest = 0
     for action in batch:  # some decision is stale: keep the others
         revision = await apply_action(election, keys, events, action,
-                                      previous.get(action.workload))
+                                      previous.get(action.workload, ()))
         highest = max(highest, revision or 0)
     return highest
+
+
+def _ops(action: Action, previous: tuple[str, ...]) -> int:
+    """An upper bound on the writes of one action."""
+    new = action.assignment.nodes if action.assignment is not None else ()
+    return 3 + len(new) + len(previous)
+
+
+def _batches(actions: Sequence[Action],
+             previous: Mapping[str, tuple[str, ...]]) -> list[list[Action]]:
+    """Actions in order, grouped into transactions of at most ``BATCH`` actions and
+    ``MAX_OPS`` writes."""
+    batches: list[list[Action]] = []
+    current: list[Action] = []
+    ops = 0
+    for action in actions:
+        cost = _ops(action, previous.get(action.workload, ()))
+        if current and (len(current) >= BATCH or ops + cost > MAX_OPS):
+            batches.append(current)
+            current, ops = [], 0
+        current.append(action)
+        ops += cost
+    if current:
+        batches.append(current)
+    return batches
 
 
 async def apply_plan(election: Election, keys: Keys, events: EventLog, plan: Plan,
@@ -107,18 +134,16 @@ async def apply_plan(election: Election, keys: Keys, events: EventLog, plan: Pla
     """Apply every action, in order, ``BATCH`` per transaction; returns the highest revision
     written (0 if none). ``snapshot``: the one the plan was decided on (for the per-node
     copies). A workload's assignment appears at most once in a plan."""
-    previous: dict[str, str | None] = {}
+    previous: dict[str, tuple[str, ...]] = {}
     if snapshot is not None:
         for action in plan.actions:
             current = snapshot.assignments.get(action.workload)
-            previous[action.workload] = current.node if current is not None else None
+            previous[action.workload] = current.nodes if current is not None else ()
     highest = 0
-    actions = list(plan.actions)
-    for start in range(0, len(actions), BATCH):
-        batch = actions[start:start + BATCH]
+    for batch in _batches(plan.actions, previous):
         if len(batch) == 1:
             revision = await apply_action(election, keys, events, batch[0],
-                                          previous.get(batch[0].workload))
+                                          previous.get(batch[0].workload, ()))
             highest = max(highest, revision or 0)
         else:
             highest = max(highest, await _apply_batch(election, keys, events, batch, previous))

@@ -193,7 +193,8 @@ class Controller:
                 plan = await asyncio.to_thread(
                     reconcile, snapshot, now,
                     allow_failover=self.failsafe.failover_allowed(),
-                    strategy=self.config.placement_strategy)
+                    strategy=self.config.placement_strategy,
+                    spares=self.config.placement.spares)
                 self.cycles += 1
                 try:
                     await self.failsafe.maintain_set(self.election, snapshot)

@@ -2,7 +2,8 @@
 request (checkpoint, stop, run elsewhere; ``hafo.decisions.moves``). Pure.
 
 Only workloads in phase ``placed`` are asked to move: one already ``moving`` (a move or a
-preemption under way) goes on with that. The caller cordons the node first, so nothing new is
+preemption under way) goes on with that. A gang with a member on the node moves that member
+(its request names the node). The caller cordons the node first, so nothing new is
 placed there meanwhile.
 """
 
@@ -13,6 +14,6 @@ from hafo.model.cluster import ClusterSnapshot, MoveRequest
 
 def workloads_to_drain(snapshot: ClusterSnapshot, node: str) -> list[MoveRequest]:
     """The move requests that drain ``node``, one per workload placed on it, by workload id."""
-    return [MoveRequest(wid, None, f"drain {node}")
+    return [MoveRequest(wid, None, f"drain {node}", node=node if assignment.is_gang else None)
             for wid, assignment in sorted(snapshot.assignments.items())
-            if assignment.phase == "placed" and assignment.node == node]
+            if assignment.phase == "placed" and node in assignment.nodes]

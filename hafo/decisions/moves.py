@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from hafo.decisions.failures import AfterFailure
+from hafo.decisions.gangs import gang_move_refusal, start_gang_move
 from hafo.decisions.placement import (
     PlacementRequest,
     Unplaceable,
@@ -38,13 +39,20 @@ def _refuse(wid: str, why: str) -> Action:
                   clear_move=True)
 
 
-def move_refusal(snapshot: ClusterSnapshot, wid: str, to: str | None, now: float) -> str:
-    """Why a planned move of ``wid`` (to ``to``) would be refused now, "" if it would start.
-    ``start_move`` applies these rules to a request; the API answers 409 with this reason
-    before it writes one."""
+def move_refusal(snapshot: ClusterSnapshot, wid: str, to: str | None, now: float,
+                 node: str | None = None) -> str:
+    """Why a planned move of ``wid`` (to ``to``; for a gang, of its member on ``node``) would
+    be refused now, "" if it would start. ``start_move`` applies these rules to a request;
+    the API answers 409 with this reason before it writes one."""
     current = snapshot.assignments.get(wid)
     if current is None or current.phase != "placed" or current.node is None:
         return "the workload is not running"
+    if current.is_gang:
+        if node is not None and snapshot.node_state(node) == "down":
+            return f"its member's node {node} is down (the gang fails over instead)"
+        return gang_move_refusal(snapshot, current, MoveRequest(wid, to, node=node), now)
+    if node is not None and node != current.node:
+        return f"it does not run on {node}"
     if snapshot.node_state(current.node) == "down":
         return f"its node {current.node} is down (it fails over instead)"
     if to is None:
@@ -66,11 +74,13 @@ def move_refusal(snapshot: ClusterSnapshot, wid: str, to: str | None, now: float
 
 def start_move(snapshot: ClusterSnapshot, wid: str, move: MoveRequest, now: float) -> Action:
     """Step 1 for a workload with a pending move request."""
-    refused = move_refusal(snapshot, wid, move.to, now)
+    refused = move_refusal(snapshot, wid, move.to, now, move.node)
     if refused:
         return _refuse(wid, refused)
     current = snapshot.assignments[wid]
     assert current.node is not None
+    if current.is_gang:
+        return start_gang_move(current, move)
     moving = Assignment(workload=wid, phase="moving", node=current.node, gpus=current.gpus,
                         restarts=current.restarts, restart_times=current.restart_times,
                         reason=move.reason or "planned move", avoid=current.avoid,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
+from hafo.decisions.gang_placement import GangPlacer
 from hafo.decisions.placement_index import PlacementIndex
 from hafo.decisions.placement_rules import (
     NodeCapacity,
@@ -56,9 +57,10 @@ def capacity_from(snapshot: ClusterSnapshot,
     for wid, assignment in snapshot.assignments.items():
         if not assignment.holds_node or wid in released:
             continue
-        cap = capacity.get(assignment.node or "")
-        if cap is not None:
-            _hold(cap, assignment.gpus)
+        for node, gpus in assignment.slots:
+            cap = capacity.get(node)
+            if cap is not None:
+                _hold(cap, gpus)
     return capacity
 
 
@@ -73,7 +75,9 @@ def node_capacity(snapshot: ClusterSnapshot, name: str,
     cap = _empty(name, record)
     for wid in snapshot.holders.get(name, ()):
         if wid not in released:
-            _hold(cap, snapshot.assignments[wid].gpus)
+            for node, gpus in snapshot.assignments[wid].slots:
+                if node == name:
+                    _hold(cap, gpus)
     return {name: cap}
 
 
@@ -103,15 +107,27 @@ Fallback = Callable[[PlacementRequest, Unplaceable], Iterable[str]]
 
 def place_batch(requests: Iterable[PlacementRequest], capacity: Mapping[str, NodeCapacity],
                 now: float, strategy: Strategy = "spread",
-                unplaceable: Fallback | None = None) -> dict[str, Placed | Unplaceable]:
+                unplaceable: Fallback | None = None,
+                spares: Mapping[str, NodeCapacity] | None = None,
+                ) -> dict[str, Placed | Unplaceable]:
     """Place a batch in one global pass; the result does not depend on the input order.
     ``strategy`` applies to requests whose spec does not choose one. Commits to
     ``capacity``. ``unplaceable``, called in turn for each request that cannot be placed,
     may take room out of ``capacity`` (preemption holds it for the request) and returns the
-    nodes it changed."""
+    nodes it changed. Gangs are placed whole or not at all, ``spares`` (out of ``capacity``)
+    replacing their failed members first (``hafo.decisions.gang_placement``)."""
     index = PlacementIndex(capacity, now, strategy)
+    gangs = GangPlacer(index, dict(spares or {}))
     results: dict[str, Placed | Unplaceable] = {}
     for request in batch_order(requests):
+        if request.spec.is_gang:
+            gang = gangs.place(request)
+            if isinstance(gang, Placed):
+                gangs.commit(gang)
+            else:
+                gangs.hold_for(request)
+            results[request.workload] = gang
+            continue
         outcome = index.place(request)
         if isinstance(outcome, Placed):
             index.commit(outcome)

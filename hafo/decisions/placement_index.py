@@ -102,6 +102,11 @@ class PlacementIndex:
         self._signatures_of: dict[str, list[_Signature]] = {}
         self._labelled: dict[tuple[str, str], set[str]] | None = None
         self._version: dict[str, int] = dict.fromkeys(capacity, 0)
+        #: Nodes held for a waiting gang (``hafo.decisions.gang_placement``): skipped by every
+        #: later request of the pass.
+        self.held: set[str] = set()
+        self.held_by = ""  # the gang they are held for
+        self._label_values: dict[tuple[str, SignatureKey], list[str]] = {}
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -119,16 +124,55 @@ class PlacementIndex:
                 return Placed(name, take_gpus(request.spec, cap.free))
         return self._unplaceable(request)
 
+    def choose_distinct(self, request: PlacementRequest, spec: WorkloadSpec, count: int,
+                        skip: set[str]) -> list[str]:
+        """Up to ``count`` distinct nodes that each fit one member of ``spec`` (best first,
+        nodes cooling down only when nothing else fits), none of ``skip``; nothing is
+        committed. Fewer than ``count`` means no more fit."""
+        strategy = strategy_of(spec, self.strategy)
+        plain = replace(request, spec=spec, prefer=None, only=None)
+        picks: list[str] = []
+        for honour_cooldown in (True, False):
+            while len(picks) < count:
+                name = self._choose(plain, strategy, honour_cooldown, skip | set(picks))
+                if name is None:
+                    break
+                picks.append(name)
+        return picks
+
+    def label_values(self, key: str, spec: WorkloadSpec) -> list[str]:
+        """The values of label ``key`` among the nodes whose labels match ``spec``, sorted
+        (labels do not change during a pass: computed once per label and signature)."""
+        cache_key = (key, signature(spec))
+        values = self._label_values.get(cache_key)
+        if values is None:
+            sig = self._signature(spec)
+            values = self._label_values[cache_key] = sorted(
+                {v for n in sig.count if (v := self.capacity[n].labels.get(key)) is not None})
+        return values
+
+    def fitting(self, spec: WorkloadSpec) -> dict[str, int]:
+        """node -> free GPUs of ``spec``'s kind, for every node whose labels match ``spec``."""
+        return dict(self._signature(spec).count)
+
+    def could_ever_fit(self, spec: WorkloadSpec) -> list[str]:
+        """The nodes whose labels match ``spec`` and that have GPUs of its kind at all."""
+        sig = self._signature(spec)
+        return [n for n in sig.count if n not in sig.missing]
+
     def _choose(self, request: PlacementRequest, strategy: Strategy,
-                honour_cooldown: bool) -> str | None:
+                honour_cooldown: bool, also_skip: set[str] | None = None) -> str | None:
         now = self.now
         preferred = self.capacity.get(request.prefer) if request.prefer is not None else None
-        if preferred is not None and filter_reason(request, preferred, now,
-                                                   honour_cooldown) is None:
+        if preferred is not None and preferred.name not in self.held and filter_reason(
+                request, preferred, now, honour_cooldown) is None:
             return preferred.name
         skip = {n for n, until in request.exclude.items() if until > now}
         if honour_cooldown:
             skip.update(n for n, until in request.avoid.items() if until > now)
+        skip |= self.held
+        if also_skip:
+            skip |= also_skip
         sig = self._signature(request.spec)
         best: Entry | None = None
         for count, heap in self._heaps(sig, strategy).items():
@@ -184,6 +228,9 @@ class PlacementIndex:
         for name, until in request.avoid.items():
             if until > now and name in capacity and name not in special:
                 special[name] = COOLING
+        for name in self.held:
+            if name not in special:
+                special[name] = f"held for waiting gang {self.held_by}"
         sig = self._signature(request.spec)
         label_reasons = sig.label_reasons()
         reasons: Counter[str] = Counter(special.values())

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Literal
 
-from hafo.model.cluster import Gpu
+from hafo.model.cluster import Gpu, Member
 from hafo.model.spec import WorkloadSpec
 
 Strategy = Literal["spread", "binpack"]
@@ -32,7 +32,11 @@ COOLING = "cooling down after a failure"
 @dataclass(frozen=True)
 class PlacementRequest:
     """One workload to place. ``reserved``: GPUs of the ``only`` node held for this request
-    (room made by preemption), invisible to every other request."""
+    (room made by preemption), invisible to every other request. For a gang (``spec.nodes``
+    above 1): ``members``, those of its previous epoch (each keeps its node and rank where it
+    still fits), ``leave``, nodes whose members go elsewhere; ``prefer`` is then where a
+    member that moves must go; ``spares_first``: a failed member's replacement takes a spare
+    node before an ordinary one (a planned move, only when no ordinary node fits)."""
 
     workload: str
     spec: WorkloadSpec
@@ -42,6 +46,9 @@ class PlacementRequest:
     only: str | None = None
     exclude: Mapping[str, float] = field(default_factory=dict)
     reserved: tuple[Gpu, ...] = ()
+    members: tuple[Member, ...] = ()
+    leave: tuple[str, ...] = ()
+    spares_first: bool = False
 
 
 @dataclass
@@ -60,10 +67,11 @@ class NodeCapacity:
 
 @dataclass(frozen=True)
 class Placed:
-    """A successful placement."""
+    """A successful placement (a gang's: rank 0's node and GPUs, and every member)."""
 
     node: str
     gpus: tuple[int, ...]
+    members: tuple[Member, ...] = ()
 
 
 @dataclass(frozen=True)

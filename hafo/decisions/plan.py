@@ -34,6 +34,7 @@ class Cause(StrEnum):
     COMPLETED = "completed"            # exited 0
     DELETED = "deleted"                # deleted by the user
     MOVE_REFUSED = "move-refused"      # a move request that cannot be honoured
+    MEMBER_LOST = "member-lost"        # a gang member's node is down: stop the others first
 
 
 #: The event-log kind (a public contract: docs/contract.md, "Events") of a move's first
@@ -42,6 +43,8 @@ _MOVE_EVENTS: Mapping[Cause, str] = {
     Cause.PLANNED: "checkpoint-requested", Cause.NODE_UNHEALTHY: "node-unhealthy",
     Cause.GPU_FAULT: "gpu-unhealthy", Cause.GPU_DEGRADED: "gpu-degraded",
     Cause.PREEMPTED: "preempted", Cause.APP_FAILED: "app-failed", Cause.FAILING: "app-failed",
+    Cause.MEMBER_LOST: "member-lost", Cause.EXITED: "member-exited",
+    Cause.INFRASTRUCTURE: "gang-restart",
 }
 #: ... and of a placement.
 _PLACE_EVENTS: Mapping[Cause, str] = {
@@ -55,7 +58,8 @@ def move_cause(cause: Cause) -> MoveCause:
         Cause.PLANNED: "planned", Cause.PREEMPTED: "preempted",
         Cause.NODE_UNHEALTHY: "node-unhealthy", Cause.GPU_FAULT: "gpu-unhealthy",
         Cause.GPU_DEGRADED: "gpu-degraded", Cause.APP_FAILED: "app-failed",
-        Cause.FAILING: "app-failed"}
+        Cause.FAILING: "app-failed", Cause.EXITED: "app-failed",
+        Cause.MEMBER_LOST: "member-lost", Cause.INFRASTRUCTURE: "infrastructure"}
     return names[cause]
 
 

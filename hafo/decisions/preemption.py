@@ -74,7 +74,8 @@ def victims_by_node(snapshot: ClusterSnapshot, settled: Iterable[str],
     for wid in sorted(settled):
         assignment = snapshot.assignments.get(wid)
         submission = snapshot.workloads.get(wid)
-        if assignment is None or submission is None or assignment.phase != "placed":
+        if (assignment is None or submission is None or assignment.phase != "placed"
+                or assignment.is_gang):  # a gang is never preempted (one member would stop all)
             continue
         node = assignment.node
         if node is None or node not in capacity or not assignment.gpus:

@@ -15,6 +15,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from hafo.decisions.failures import after_failure
+from hafo.decisions.gang_placement import choose_spares
+from hafo.decisions.gangs import (
+    assess_gang,
+    master_port,
+    moved_off_gang,
+    resumes_note,
+    with_addresses,
+)
 from hafo.decisions.moves import latest_checkpoints, moved_off, start_move, stop_then_place
 from hafo.decisions.placement import (
     NodeCapacity,
@@ -63,6 +71,10 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
     move = snapshot.moves.get(wid)
     if move is not None:
         return start_move(snapshot, wid, move, now)
+    if current is not None and current.is_gang and current.phase == "moving":
+        return moved_off_gang(snapshot, current, now, cooldown, resumes_note(checkpoints, wid))
+    if current is not None and current.is_gang and current.phase == "placed":
+        return assess_gang(snapshot, current, now, allow_failover)
     if current is not None and current.phase == "moving":
         return moved_off(snapshot, current, now, cooldown, checkpoints)
     if current is None or current.phase == "pending":
@@ -250,12 +262,14 @@ def _waiting_reason(wid: str, preemptions: Mapping[str, Preemption],
 
 def reconcile(snapshot: ClusterSnapshot, now: float,
               cooldown: float = FAILED_NODE_COOLDOWN, allow_failover: bool = True,
-              strategy: str = "spread") -> Plan:
+              strategy: str = "spread", spares: int = 0) -> Plan:
     """Compute the plan for one reconcile cycle. ``now`` is wall-clock seconds.
 
     With ``allow_failover`` False (a controller that told an agent "etcd is unavailable to me"
     within TTL + margin: failsafe mode), work on down or unhealthy nodes is left where it is.
     ``strategy`` (``spread`` or ``binpack``) places workloads whose spec does not choose.
+    ``spares``: how many idle nodes to keep for replacing gang members (besides the nodes
+    labelled as spares; ``hafo.decisions.gang_placement``).
     """
     default = _strategy(strategy)
     actions: list[Action] = []
@@ -282,21 +296,30 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
             settled.append(wid)
     releasing = {n.request.workload for n in needs}
     capacity = capacity_from(snapshot, releasing)
+    spare_nodes = choose_spares(snapshot, capacity, spares)
     waiting = waiting_preemptors(snapshot)
     preempting = (_Preempting(snapshot, settled, capacity, waiting, now)
                   if any(n.request.spec.preempt for n in needs) else None)
     results = place_batch(_requests(needs, waiting, capacity), capacity, now, default,
-                          preempting)
+                          preempting, spare_nodes)
     preemptions = preempting.chosen if preempting is not None else {}
+    ports: dict[str, set[int]] = {}
     for need in needs:
         wid = need.request.workload
         result = results[wid]
         avoid = dict(need.request.avoid if need.avoid is None else need.avoid)
         failed_on = dict(need.request.exclude)
         if isinstance(result, Placed):
+            port = 0
+            if result.members:
+                previous_port = need.previous.master_port if need.previous else 0
+                port = master_port(snapshot, wid, result.node, previous_port, ports)
+                ports.setdefault(result.node, set()).add(port)
             new = Assignment(workload=wid, phase="placed", node=result.node, gpus=result.gpus,
                              restarts=need.restarts, restart_times=need.restart_times,
-                             reason=need.why, avoid=avoid, failed_on=failed_on)
+                             reason=need.why, avoid=avoid, failed_on=failed_on,
+                             members=with_addresses(snapshot, result.members),
+                             master_port=port)
             actions.append(Action(kind="place", workload=wid, cause=need.cause,
                                   why=f"{need.why} -> {result.node}",
                                   expected_revision=_revision(need.previous), assignment=new,
@@ -313,6 +336,8 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
                                   known_since=need.known_since))
             continue
         reason = _waiting_reason(wid, preemptions, waiting, releasing) or result.reason
+        if spare_nodes and not need.request.spec.is_gang:
+            reason += f"; {len(spare_nodes)} spare node(s) kept for gang failover"
         unchanged = previous is not None and previous.phase == "pending" \
             and previous.reason == reason
         if unchanged:

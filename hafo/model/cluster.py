@@ -8,6 +8,7 @@ decoding (``RECORDS``) come from it (``hafo.model.schema.Record``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -29,7 +30,7 @@ AfterStop = Literal["move", "restart"]
 #: Why a workload in phase ``moving`` is being stopped. A planned move or a preemption says
 #: nothing against its node, so the node is not avoided afterwards; the others do.
 MoveCause = Literal["planned", "preempted", "node-unhealthy", "gpu-unhealthy", "gpu-degraded",
-                    "app-failed"]
+                    "app-failed", "member-lost", "infrastructure"]
 PLANNED_CAUSES: frozenset[str] = frozenset({"planned", "preempted"})
 
 
@@ -89,7 +90,8 @@ class NodeRecord(Record):
     """A node's inventory and health, written by its agent (outlives the agent).
 
     ``lease``: the lease of the agent that registered the node last (a claimant waits while it
-    lives, even if the liveness key was deleted)."""
+    lives, even if the liveness key was deleted). ``address``: where the node's peers reach
+    it (``node.address``; a gang's ``MASTER_ADDR``)."""
 
     name: str
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -99,6 +101,7 @@ class NodeRecord(Record):
     api: str = ""
     failsafe_seen: int = 0
     lease: int = 0
+    address: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +130,8 @@ def _after_stop(value: object) -> AfterStop:
 
 
 _MOVE_CAUSES: dict[str, MoveCause] = {c: c for c in (
-    "planned", "preempted", "node-unhealthy", "gpu-unhealthy", "gpu-degraded", "app-failed")}
+    "planned", "preempted", "node-unhealthy", "gpu-unhealthy", "gpu-degraded", "app-failed",
+    "member-lost", "infrastructure")}
 
 
 def _move_cause(value: object) -> MoveCause | None:
@@ -136,6 +140,20 @@ def _move_cause(value: object) -> MoveCause | None:
 
 def _or_empty(value: object) -> object:
     return "" if value is None else value
+
+
+@dataclass(frozen=True, slots=True)
+class Member(Record):
+    """One member of a gang's assignment: its rank, node, GPUs there and the node's address
+    (rank 0's is the gang's ``MASTER_ADDR``)."""
+
+    rank: int
+    node: str
+    gpus: tuple[int, ...] = ()
+    address: str = ""
+
+
+Slot = tuple[str, tuple[int, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +171,10 @@ class Assignment(Record):
     ``preempted_for``: the higher-priority workload this move makes room for (its GPUs
     are held for that workload, on this node, until it is placed). ``cause``: why a
     ``moving`` workload is stopped (``MoveCause``; null in other phases).
+
+    A gang (``members`` not empty) has one assignment and one epoch for all its members;
+    ``master_port`` is its rendezvous port for this epoch; ``leave``: while ``moving``, the
+    nodes whose members are placed elsewhere next (a planned move, a bad node).
     """
 
     workload: str
@@ -173,11 +195,50 @@ class Assignment(Record):
     failed_on: Mapping[str, float] = field(default_factory=dict)
     preempted_for: str | None = None
     cause: Annotated[MoveCause | None, BeforeValidator(_move_cause)] = None
+    members: tuple[Member, ...] = ()
+    master_port: int = 0
+    leave: tuple[str, ...] = ()
 
     @property
     def holds_node(self) -> bool:
         """Placed, or being moved off its node (its instance still runs there)."""
         return self.phase in ("placed", "moving") and self.node is not None
+
+    @property
+    def is_gang(self) -> bool:
+        """A gang's assignment (``members`` lists every member; ``node`` and ``gpus`` are rank
+        0's)."""
+        return bool(self.members)
+
+    @property
+    def slots(self) -> tuple[Slot, ...]:
+        """(node, GPUs) of every instance this assignment places: one per gang member, else
+        the one of ``node`` (none without a node)."""
+        if self.members:
+            return tuple((m.node, m.gpus) for m in self.members)
+        return ((self.node, self.gpus),) if self.node is not None else ()
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The nodes of ``slots``."""
+        return tuple(node for node, _ in self.slots)
+
+    def member_on(self, node: str) -> Member | None:
+        """The gang member on ``node`` (None: none, or not a gang)."""
+        for member in self.members:
+            if member.node == node:
+                return member
+        return None
+
+    def on_node(self, node: str) -> Assignment | None:
+        """The assignment as ``node``'s agent runs it: a gang's with ``node`` and ``gpus`` of
+        the member there; None if it places nothing on ``node``."""
+        if not self.members:
+            return self if self.node == node else None
+        member = self.member_on(node)
+        if member is None:
+            return None
+        return dataclasses.replace(self, node=node, gpus=member.gpus)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], epoch: int = 0) -> Assignment:
@@ -266,11 +327,13 @@ class FailsafeSet(Record):
 
 @dataclass(frozen=True, slots=True)
 class MoveRequest(Record):
-    """An operator's request to move a workload (``hafo migrate``, ``hafo drain``)."""
+    """An operator's request to move a workload (``hafo migrate``, ``hafo drain``);
+    ``node``: for a gang, the node whose member moves."""
 
     workload: str
     to: str | None = None
     reason: str = ""
+    node: str | None = None
 
 
 @dataclass(frozen=True)
@@ -308,8 +371,9 @@ class ClusterSnapshot:
         computed once per snapshot."""
         by_node: dict[str, list[str]] = {}
         for wid, assignment in self.assignments.items():
-            if assignment.holds_node and assignment.node is not None:
-                by_node.setdefault(assignment.node, []).append(wid)
+            if assignment.holds_node:
+                for node in assignment.nodes:
+                    by_node.setdefault(node, []).append(wid)
         return {node: tuple(sorted(wids)) for node, wids in by_node.items()}
 
     def current_status(self, workload: str) -> InstanceStatus | None:

@@ -19,6 +19,7 @@ from hafo.model.errors import ValidationError
 from hafo.model.health_config import HealthConfig
 from hafo.model.schema import (
     INTEGER,
+    OMIT_DEFAULT,
     Expect,
     Matches,
     MigProfile,
@@ -251,11 +252,14 @@ _SIMULATION: Schema[Simulation] = Schema(Simulation, "gpus")
 @dataclass(frozen=True)
 class NodeConfig(Section):
     """Agent-only settings. ``gpu_source`` (config key ``gpus``): where the node's GPUs come
-    from, a ``GpuSource`` or a ``SimulatedGpus`` description."""
+    from, a ``GpuSource`` or a ``SimulatedGpus`` description. ``address``: where the node's
+    peers reach it (a gang's ``MASTER_ADDR``); absent, the address this node uses towards
+    etcd (``hafo.agent.address``)."""
 
     name: NodeName
     labels: StrMap = field(default_factory=dict)
     state_dir: Text = "/var/lib/hafo"
+    address: Annotated[Text | None, OMIT_DEFAULT] = None
     gpu_source: Annotated[GpuSource | SimulatedGpus, Field(alias="gpus"),
                           _GpusSetting()] = GpuSource.AUTO
 
@@ -289,9 +293,12 @@ class LogSection(Section):
 
 @dataclass(frozen=True)
 class PlacementSection(Section):
-    """``placement``: the default strategy of workloads that choose none."""
+    """``placement``: the default strategy of workloads that choose none; ``spares``: how
+    many idle nodes to keep, besides those labelled ``hafo.io/spare: "true"``, for replacing
+    failed gang members (they take no other work)."""
 
     strategy: Strategy = "spread"
+    spares: Annotated[int, Field(ge=0, le=100000), INTEGER] = 0
 
 
 @dataclass(frozen=True)

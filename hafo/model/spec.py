@@ -26,10 +26,11 @@ from hafo.model.schema import (
     StrMap,
     Text,
     WorkloadName,
+    invalid,
 )
 
-__all__ = ["BUILTIN_CHECK_TYPES", "SPEC", "STRATEGIES", "CheckSpec", "CheckpointPolicy",
-           "RestartPolicy", "WorkloadSpec", "parse_spec"]
+__all__ = ["BUILTIN_CHECK_TYPES", "MAX_GANG_NODES", "SPEC", "STRATEGIES", "CheckSpec",
+           "CheckpointPolicy", "RestartPolicy", "Topology", "WorkloadSpec", "parse_spec"]
 
 Strategy = Literal["spread", "binpack"]
 STRATEGIES: tuple[Strategy, ...] = ("spread", "binpack")
@@ -60,6 +61,20 @@ class CheckpointPolicy(Section):
     mode: Literal["cooperative", "transparent"] = "cooperative"
 
 
+#: One transaction writes the gang's assignment, its event and a copy per member node (and
+#: removes copies): 2 + 2 x 60 operations fit in etcd's default limit of 128 per transaction.
+MAX_GANG_NODES = 60
+
+
+@dataclass(frozen=True, slots=True)
+class Topology(Section):
+    """Keep every member of a gang in one value of the node label ``key`` (a rack, a switch,
+    an NVLink domain): ``required`` (else the gang waits) or ``preferred`` (else anywhere)."""
+
+    key: Text
+    mode: Literal["required", "preferred"] = "required"
+
+
 @dataclass(frozen=True, slots=True)
 class WorkloadSpec(Section):
     """A workload spec (the YAML of `hafo submit`, as JSON): what the user asked to run
@@ -87,6 +102,20 @@ class WorkloadSpec(Section):
     gpu_profile: Annotated[MigProfile | None, OMIT_DEFAULT] = None
     placement: Annotated[Strategy | None, OMIT_DEFAULT] = None
     preempt: Annotated[Flag, OMIT_DEFAULT] = False
+    nodes: Annotated[int, Field(ge=1, le=MAX_GANG_NODES), INTEGER, OMIT_DEFAULT] = 1
+    topology: Annotated[Topology | None, OMIT_DEFAULT] = None
+
+    def _check(self) -> None:
+        if self.nodes > 1 and self.preempt:
+            invalid("preempt", "is for single-node workloads (nodes: 1); a gang waits for "
+                    "room instead")
+        if self.topology is not None and self.nodes == 1:
+            invalid("topology", "is for gangs (nodes above 1)")
+
+    @property
+    def is_gang(self) -> bool:
+        """More than one member (``nodes`` > 1)."""
+        return self.nodes > 1
 
     @property
     def checkpoint_mode(self) -> str:

@@ -25,9 +25,21 @@ WORKLOAD_STATES: tuple[str, ...] = get_args(WorkloadState)
 CheckpointJson = Annotated[dict[str, Any] | None, JsonOf(CheckpointInfo | None)]
 
 
+class MemberView(TypedDict):
+    """One member of a gang: its rank, node, state (of its instance at the gang's epoch) and
+    the UUIDs of its GPUs."""
+
+    rank: int
+    node: str
+    state: str
+    gpus: list[str]
+
+
 class WorkloadView(TypedDict):
     """A workload as the API and ``hafo status`` show it. ``epoch``: its instance's (the one
-    being stopped while it moves); ``gpus``: the UUIDs of its GPUs."""
+    being stopped while it moves); ``gpus``: the UUIDs of its GPUs (rank 0's for a gang);
+    ``nodes``: the members wanted (1 for a single-node workload); ``members``: a gang's, by
+    rank (empty while it is not placed, and for a single-node workload)."""
 
     id: str
     name: str
@@ -40,6 +52,8 @@ class WorkloadView(TypedDict):
     priority: int
     submitted_at: float
     reason: str
+    nodes: int
+    members: list[MemberView]
 
 
 class GpuView(TypedDict):
@@ -67,6 +81,7 @@ class NodeView(TypedDict):
     gpus: list[GpuView]
     workloads: list[str]
     reason: str
+    address: str
 
 
 class StatusView(TypedDict):
@@ -91,12 +106,50 @@ def workload_state(snapshot: ClusterSnapshot, workload_id: str) -> WorkloadState
         return assignment.phase
     if assignment.phase == "moving":
         return "stopping"
+    if assignment.is_gang:
+        states = [_member_state(snapshot, workload_id, assignment.epoch, m.node)
+                  for m in assignment.members]
+        if any(s == "failed" for s in states):
+            return "failed"
+        if all(s == "completed" for s in states):
+            return "completed"
+        return "running" if all(s in ("running", "completed") for s in states) else "starting"
     status = snapshot.current_status(workload_id)
     if status is None:
         return "starting"
     if status.state == "exited":
         return "completed" if status.exit_code == 0 else "failed"
     return status.state
+
+
+def _member_state(snapshot: ClusterSnapshot, workload_id: str, epoch: int, node: str) -> str:
+    """The state of a gang member's instance of ``epoch``: its report's, ``starting`` before
+    there is one, ``completed``/``failed`` once it exited."""
+    status = snapshot.statuses.get((workload_id, node))
+    if status is None or status.epoch != epoch:
+        return "starting"
+    if status.state == "exited":
+        return "completed" if status.exit_code == 0 else "failed"
+    return status.state
+
+
+def _uuids(snapshot: ClusterSnapshot, node: str, gpus: tuple[int, ...]) -> list[str]:
+    record = snapshot.nodes.get(node)
+    by_index = {g.index: g.uuid for g in record.gpus} if record else {}
+    return [by_index.get(i, str(i)) for i in gpus]
+
+
+def members_view(snapshot: ClusterSnapshot, workload_id: str) -> list[MemberView]:
+    """A placed (or stopping) gang's members, by rank."""
+    assignment = snapshot.assignments.get(workload_id)
+    if assignment is None or not assignment.holds_node or not assignment.is_gang:
+        return []
+    epoch = assignment.stopping if assignment.phase == "moving" else assignment.epoch
+    return [{"rank": m.rank, "node": m.node,
+             "state": ("stopping" if assignment.phase == "moving"
+                       and _member_state(snapshot, workload_id, epoch, m.node) != "completed"
+                       else _member_state(snapshot, workload_id, epoch, m.node)),
+             "gpus": _uuids(snapshot, m.node, m.gpus)} for m in assignment.members]
 
 
 def latest_checkpoint(snapshot: ClusterSnapshot, workload_id: str) -> CheckpointInfo | None:
@@ -119,9 +172,7 @@ def workload_view(snapshot: ClusterSnapshot, workload_id: str) -> WorkloadView:
     node = assignment.node if placed and assignment is not None else None
     gpu_uuids: list[str] = []
     if placed and assignment is not None and node is not None:
-        record = snapshot.nodes.get(node)
-        by_index = {g.index: g.uuid for g in record.gpus} if record else {}
-        gpu_uuids = [by_index.get(i, str(i)) for i in assignment.gpus]
+        gpu_uuids = _uuids(snapshot, node, assignment.gpus)
     checkpoint = latest_checkpoint(snapshot, workload_id)
     view: WorkloadView = {
         "id": workload_id,
@@ -136,6 +187,8 @@ def workload_view(snapshot: ClusterSnapshot, workload_id: str) -> WorkloadView:
         "priority": submission.spec.priority,
         "submitted_at": submission.submitted_at,
         "reason": assignment.reason if assignment is not None else "waiting for the controller",
+        "nodes": submission.spec.nodes,
+        "members": members_view(snapshot, workload_id),
     }
     return view
 
@@ -145,15 +198,18 @@ def submitted_view(submission: Submission) -> WorkloadView:
     return {"id": submission.id, "name": submission.spec.name, "state": "pending",
             "node": None, "epoch": None, "restarts": 0, "gpus": [], "checkpoint": None,
             "priority": submission.spec.priority, "submitted_at": submission.submitted_at,
-            "reason": "waiting for the controller"}
+            "reason": "waiting for the controller", "nodes": submission.spec.nodes,
+            "members": []}
 
 
 def allocations(snapshot: ClusterSnapshot, node: str) -> dict[int, str]:
     """GPU index -> workload id for the placed workloads of ``node``."""
     out: dict[int, str] = {}
     for wid in snapshot.holders.get(node, ()):
-        for index in snapshot.assignments[wid].gpus:
-            out[index] = wid
+        for where, gpus in snapshot.assignments[wid].slots:
+            if where == node:
+                for index in gpus:
+                    out[index] = wid
     return out
 
 
@@ -174,6 +230,7 @@ def node_view(snapshot: ClusterSnapshot, name: str) -> NodeView:
         ],
         "workloads": sorted(snapshot.holders.get(name, ())),
         "reason": record.reason,
+        "address": record.address,
     }
 
 

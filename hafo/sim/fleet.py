@@ -181,13 +181,13 @@ class SimFleet:
             return
         node_name = node.name
         self._dirty.add(node_name)
-        placed = False
+        placed = None
         if assignment is not None:
             placed, _urgent = for_node(assignment, node_name)
-            if placed:
-                node.desired[workload] = assignment
+            if placed is not None:
+                node.desired[workload] = placed
                 self.placed_on[workload] = node_name
-        if not placed:
+        if placed is None:
             node.desired.pop(workload, None)
 
     async def _follow_assignments(self) -> None:

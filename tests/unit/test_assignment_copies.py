@@ -31,7 +31,7 @@ def action(phase: str | None, node: str | None) -> Action:
 ])
 def test_copy_follows_the_node(previous: str | None, phase: str | None, node: str | None,
                                expected: list[tuple[str, str]]) -> None:
-    ops = _mirror_ops(KEYS, action(phase, node), previous)
+    ops = _mirror_ops(KEYS, action(phase, node), (previous,) if previous else ())
     got = [("put" if isinstance(op, Put) else "delete", KEYS.parse(op.key).node) for op in ops]
     assert got == expected
     assert all(isinstance(op, (Put, Delete)) and KEYS.parse(op.key).workload == "w"

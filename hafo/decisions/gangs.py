@@ -1,0 +1,272 @@
+"""Decisions for a gang (a workload of ``nodes`` > 1): it is stopped and started as one.
+Pure.
+
+A gang has one assignment and one epoch for all its members (docs/safety.md, "Gangs"). When
+anything goes wrong with one member (its node down, unhealthy or with a bad GPU, its instance
+failing a check, exiting non-zero, or ended by the infrastructure), the gang becomes
+``moving``: every member of the epoch is stopped (checkpoint first, bounded by
+``stop_grace``, unless the cause is urgent). Only once every member is stopped (reported
+exited, never launched, or its node down, that is its lease expired) is the gang placed again,
+with a new epoch: members on nodes that are still fine keep their node and rank, the others
+go elsewhere (spares first). A gang completes when every member exited 0.
+
+Restarts count against the gang's restart policy, blamed on the member that failed; a member
+that keeps failing on one node excludes that node (``hafo.decisions.failures``). A member that
+exited non-zero because a peer's node died (its collective broke) is not blamed: if, once all
+are stopped, a member's node is down, the restart is not counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from hafo.decisions.failures import AfterFailure, after_failure
+from hafo.decisions.placement import PlacementRequest, Unplaceable, node_capacity, place_one
+from hafo.decisions.plan import Action, Cause, Need, move_cause
+from hafo.model.cluster import (
+    PLANNED_CAUSES,
+    Assignment,
+    CheckpointInfo,
+    ClusterSnapshot,
+    InstanceStatus,
+    Member,
+    MoveRequest,
+)
+
+#: The rendezvous ports a gang's ``MASTER_PORT`` is chosen from (docs/contract.md).
+GANG_PORT_FIRST = 29500
+GANG_PORT_COUNT = 2000
+
+
+def stop_gang(current: Assignment, why: str, cause: Cause, *, urgent: bool,
+              after: AfterFailure | None = None, leave: tuple[str, ...] = (),
+              move_to: str | None = None) -> Action:
+    """Stop every member of the gang's epoch (``moving``); ``moved_off_gang`` places it again
+    once all are stopped. ``after``: a failure's outcome (restart counted, backoff);
+    ``leave``: the nodes whose members go elsewhere."""
+    moving = dataclasses.replace(
+        current, phase="moving", stopping=current.epoch, urgent=urgent,
+        restarts=after.restarts if after else current.restarts,
+        restart_times=after.restart_times if after else current.restart_times,
+        failed_on=after.failed_on if after else current.failed_on,
+        not_before=after.not_before if after else 0.0,
+        after_stop=after.kind if after else ("move" if leave else "restart"),
+        reason=after.why if after else why, move_to=move_to, leave=leave,
+        cause=move_cause(cause), preempted_for=None)
+    how = "stop every member now" if urgent else "checkpoint and stop every member"
+    return Action(kind="move", workload=current.workload, cause=cause,
+                  why=f"{after.why if after else why}: {how}", expected_revision=current.epoch,
+                  assignment=moving)
+
+
+def _status(snapshot: ClusterSnapshot, current: Assignment, member: Member,
+            epoch: int) -> InstanceStatus | None:
+    status = snapshot.statuses.get((current.workload, member.node))
+    return status if status is not None and status.epoch == epoch else None
+
+
+def assess_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
+                allow_failover: bool) -> Action | None:
+    """Decide for a placed gang: stop it (a member lost, failing, exited non-zero, on a bad
+    node or GPU), finish it (every member exited 0), or leave it."""
+    wid = current.workload
+    spec = snapshot.workloads[wid].spec
+    down = [m.node for m in current.members if snapshot.node_state(m.node) == "down"]
+    if down:
+        if not allow_failover:
+            return None  # failsafe: an agent may still run a member on our word
+        return stop_gang(current, f"gang member on {down[0]} lost (node down)",
+                         Cause.MEMBER_LOST, urgent=False)
+    for member in current.members:
+        registered = snapshot.alive.get(member.node)
+        if registered is not None and current.epoch <= registered.claimed:
+            return stop_gang(current, f"{member.node} was registered again by an agent with a "
+                             f"new lease; member {member.rank} of instance {current.epoch} "
+                             "is gone: restart, not counted", Cause.INFRASTRUCTURE,
+                             urgent=False)
+    hardware = _hardware(snapshot, current)
+    if hardware is not None:
+        return hardware
+    statuses = [(m, _status(snapshot, current, m, current.epoch)) for m in current.members]
+    for member, status in statuses:
+        if status is None or status.state == "exited" or not status.failing \
+                or status.state == "stopping":
+            continue
+        after = after_failure(current, spec.restart, member.node,
+                              f"member {member.rank} failing ({status.failing})", now, now)
+        cause = Cause.FAILING if after.kind == "restart" else Cause.APP_FAILED
+        return stop_gang(current, after.why, cause, urgent=True, after=after,
+                         leave=(member.node,) if after.kind == "move" else ())
+    exited = [(m, s) for m, s in statuses if s is not None and s.state == "exited"]
+    for member, status in sorted(exited, key=lambda ms: ms[1].finished_at or now):
+        if status.exit_code == 0:
+            continue
+        if status.ended_by_infrastructure:
+            return stop_gang(current, f"member {member.rank} on {member.node} was ended by the "
+                             "infrastructure: restart, not counted", Cause.INFRASTRUCTURE,
+                             urgent=False)
+        after = after_failure(current, spec.restart, member.node,
+                              f"member {member.rank} exited with code {status.exit_code}",
+                              status.finished_at or now, now)
+        return stop_gang(current, after.why, Cause.EXITED, urgent=False, after=after,
+                         leave=(member.node,) if after.kind == "move" else ())
+    if len(exited) == len(current.members):
+        done = Assignment(workload=wid, phase="completed", node=None,
+                          restarts=current.restarts, restart_times=current.restart_times,
+                          reason=f"all {len(exited)} members exited with code 0")
+        return Action(kind="finish", workload=wid, cause=Cause.COMPLETED,
+                      why=f"every member of gang instance {current.epoch} exited 0",
+                      expected_revision=current.epoch, assignment=done)
+    return None
+
+
+def _hardware(snapshot: ClusterSnapshot, current: Assignment) -> Action | None:
+    """Stop the gang if a member's node is unhealthy or one of its GPUs is bad; that member
+    goes elsewhere (no checkpoint wait if the GPU does not answer at all)."""
+    for member in current.members:
+        record = snapshot.nodes.get(member.node)
+        if record is None:
+            continue
+        gpus = {g.index: g for g in record.gpus}
+        used = [gpus[i] for i in member.gpus if i in gpus]
+        lost = any(g.lost for g in used)
+        if snapshot.node_state(member.node) == "unhealthy":
+            return stop_gang(current, f"member {member.rank}'s node {member.node} is unhealthy "
+                             f"({record.reason or 'no reason given'})", Cause.NODE_UNHEALTHY,
+                             urgent=lost, leave=(member.node,))
+        bad = [g for g in used if not g.usable]
+        if bad:
+            gpu = bad[0]
+            level = "degrading" if gpu.healthy else "unhealthy"
+            return stop_gang(current, f"GPU {gpu.index} of member {member.rank} on "
+                             f"{member.node} is {level} ({gpu.reason or 'no reason given'})",
+                             Cause.GPU_DEGRADED if gpu.healthy else Cause.GPU_FAULT,
+                             urgent=lost, leave=(member.node,))
+    return None
+
+
+def all_stopped(snapshot: ClusterSnapshot, current: Assignment) -> bool:
+    """Every member of the instance being stopped is gone: reported exited, never launched
+    (no report of that epoch: it never will be, its assignment changed), or its node is down
+    (its lease expired, so its guard killed it)."""
+    for member in current.members:
+        if snapshot.node_state(member.node) == "down":
+            continue
+        status = _status(snapshot, current, member, current.stopping)
+        if status is not None and status.state != "exited":
+            return False
+    return True
+
+
+def moved_off_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
+                   cooldown: float, resumes: str) -> Need | None:
+    """Place a stopping gang again once every member is stopped (and its backoff passed):
+    members whose node is down, or that leave their node, go elsewhere; the others keep their
+    node and rank."""
+    if not all_stopped(snapshot, current) or now < current.not_before:
+        return None
+    wid = current.workload
+    submission = snapshot.workloads[wid]
+    down = tuple(m.node for m in current.members if snapshot.node_state(m.node) == "down")
+    restarts, times = current.restarts, current.restart_times
+    cause = Cause.RESTARTED
+    why = current.reason
+    if down and current.cause == "app-failed" and restarts > 0 and times:
+        # a member exited because a peer's node died: not the workload's failure
+        restarts, times = restarts - 1, times[:-1]
+        why = f"gang member on {down[0]} lost (node down)"
+    if down:
+        cause = Cause.NODE_DOWN
+    elif current.leave:
+        cause = Cause.MOVED
+    avoid = {n: t for n, t in current.avoid.items() if t > now}
+    kept = dict(avoid)  # what the new assignment remembers
+    for node in (*current.leave, *down):
+        avoid[node] = now + cooldown  # this placement puts those members elsewhere
+        if current.cause not in PLANNED_CAUSES:
+            kept[node] = avoid[node]  # a node that went bad stays avoided for a while
+    request = PlacementRequest(wid, submission.spec, submission.submitted_at, avoid,
+                               prefer=current.move_to, exclude=current.failed_on,
+                               members=current.members, leave=(*current.leave, *down),
+                               spares_first=current.cause not in PLANNED_CAUSES)
+    return Need(request=request, previous=current, restarts=restarts, restart_times=times,
+                cause=cause, why=f"{why} (gang instance {current.stopping} stopped){resumes}",
+                avoid=kept)
+
+
+def gang_move_refusal(snapshot: ClusterSnapshot, current: Assignment, move: MoveRequest,
+                      now: float) -> str:
+    """Why a planned move of one member of a placed gang would be refused ("" if not): the
+    request must name a member's node that is up; ``to``, if given, must take a member."""
+    if move.node is None:
+        nodes = ", ".join(current.nodes)
+        return (f"a gang moves one member at a time: name the node of the member to move "
+                f"({nodes})")
+    if current.member_on(move.node) is None:
+        return f"no member of the gang runs on {move.node}"
+    if move.to is None:
+        return ""
+    if move.to in current.nodes:
+        return f"a member already runs on {move.to}"
+    if move.to not in snapshot.nodes:
+        return f"{move.to} cannot take it (no such node)"
+    state = snapshot.node_state(move.to)
+    if state != "ready":
+        return f"{move.to} cannot take it (it is {state})"
+    submission = snapshot.workloads[current.workload]
+    fit = place_one(PlacementRequest(current.workload, submission.spec,
+                                     submission.submitted_at, only=move.to),
+                    node_capacity(snapshot, move.to), now)
+    if isinstance(fit, Unplaceable):
+        return f"{move.to} cannot take it ({fit.reason})"
+    return ""
+
+
+def start_gang_move(current: Assignment, move: MoveRequest) -> Action:
+    """A planned move of the member on ``move.node``: every member checkpoints and stops, then
+    the gang starts again with that member elsewhere (on ``move.to`` if given)."""
+    assert move.node is not None
+    member = current.member_on(move.node)
+    rank = member.rank if member is not None else "?"
+    reason = move.reason or "planned move"
+    action = stop_gang(current, f"{reason}: member {rank} leaves {move.node}", Cause.PLANNED,
+                       urgent=False, leave=(move.node,), move_to=move.to)
+    return dataclasses.replace(action, clear_move=True)
+
+
+def master_port(snapshot: ClusterSnapshot, wid: str, rank0: str, previous: int,
+                taken: Mapping[str, set[int]]) -> int:
+    """A rendezvous port for a new gang epoch whose rank 0 runs on ``rank0``: never the gang's
+    previous one, nor one another live gang uses on that node (or was given this cycle,
+    ``taken``). Scans from a point that moves with the store revision."""
+    used = set(taken.get(rank0, ()))
+    for other, assignment in snapshot.assignments.items():
+        if other != wid and assignment.is_gang and assignment.holds_node \
+                and assignment.members[0].node == rank0:
+            used.add(assignment.master_port)
+    used.add(previous)
+    start = snapshot.revision % GANG_PORT_COUNT
+    for offset in range(GANG_PORT_COUNT):
+        port = GANG_PORT_FIRST + (start + offset) % GANG_PORT_COUNT
+        if port not in used:
+            return port
+    return GANG_PORT_FIRST + start  # more than GANG_PORT_COUNT gangs on one node
+
+
+def with_addresses(snapshot: ClusterSnapshot, members: tuple[Member, ...]) -> tuple[Member, ...]:
+    """The members with their nodes' addresses (``NodeRecord.address``; the node name when a
+    node does not publish one)."""
+    out = []
+    for member in members:
+        record = snapshot.nodes.get(member.node)
+        address = record.address if record is not None and record.address else member.node
+        out.append(dataclasses.replace(member, address=address))
+    return tuple(out)
+
+
+def resumes_note(checkpoints: Mapping[str, CheckpointInfo], wid: str) -> str:
+    """The "resumes from" part of a reason."""
+    checkpoint = checkpoints.get(wid)
+    return (f"; resumes from its latest checkpoint (last reported: step {checkpoint.step})"
+            if checkpoint else "")
