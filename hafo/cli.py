@@ -138,6 +138,8 @@ def build_parser() -> Parser:
     p = sub.add_parser("migrate", help="planned move of a workload, with a fresh checkpoint")
     p.add_argument("workload")
     p.add_argument("--to", metavar="NODE", help="the node to move it to (default: any other)")
+    p.add_argument("--from", dest="member_node", metavar="NODE",
+                   help="for a gang: the node of the member that moves")
     _store_args(p)
     for name, text in (("cordon", "allow no new work on a node"),
                        ("uncordon", "allow work on a node again")):
@@ -355,8 +357,11 @@ async def _cmd_change(args: argparse.Namespace) -> int:
                 await intents.delete(store, keys, args.workload)
                 print(f"deleted {args.workload}")
             elif args.command == "migrate":
-                await intents.migrate(store, keys, args.workload, args.to)
-                print(f"moving {args.workload}" + (f" to {args.to}" if args.to else "")
+                await intents.migrate(store, keys, args.workload, args.to,
+                                      node=args.member_node)
+                print(f"moving {args.workload}"
+                      + (f" (its member on {args.member_node})" if args.member_node else "")
+                      + (f" to {args.to}" if args.to else "")
                       + " (checkpoint, stop, resume); see `hafo events`")
             elif args.command == "drain":
                 moved = await intents.drain(store, keys, args.node)

@@ -48,10 +48,11 @@ def render_nodes(nodes: list[dict[str, Any]]) -> str:
         reason = n.get("reason") or "; ".join(g["reason"] for g in gpus if g.get("reason"))
         if len(reason) > 70:
             reason = reason[:67] + "..."
-        rows.append([n["name"], n["state"], f"{used}/{len(gpus)}", f"{healthy}/{len(gpus)}",
-                     len(n["workloads"]), labels or "-", reason or "-"])
-    return table(["NAME", "STATE", "GPUS USED", "GPUS HEALTHY", "WORKLOADS", "LABELS",
-                  "REASON"], rows)
+        rows.append([n["name"], n["state"], n.get("address") or "-", f"{used}/{len(gpus)}",
+                     f"{healthy}/{len(gpus)}", len(n["workloads"]), labels or "-",
+                     reason or "-"])
+    return table(["NAME", "STATE", "ADDRESS", "GPUS USED", "GPUS HEALTHY", "WORKLOADS",
+                  "LABELS", "REASON"], rows)
 
 
 def render_workloads(workloads: list[dict[str, Any]]) -> str:
@@ -59,7 +60,15 @@ def render_workloads(workloads: list[dict[str, Any]]) -> str:
     rows = []
     for w in workloads:
         ck = w["checkpoint"]
-        rows.append([w["id"], w["state"], w["node"], w["epoch"], w["restarts"], len(w["gpus"]),
+        members = w.get("members") or []
+        node = w["node"]
+        gpus = len(w["gpus"])
+        if members:  # a gang: every member, rank:node(state)
+            node = " ".join(f"{m['rank']}:{m['node']}({m['state']})" for m in members)
+            gpus = sum(len(m["gpus"]) for m in members)
+        elif w.get("nodes", 1) > 1:
+            node = f"(gang of {w['nodes']})"
+        rows.append([w["id"], w["state"], node, w["epoch"], w["restarts"], gpus,
                      f"step {ck['step']}" if ck else "-"])
     return table(["ID", "STATE", "NODE", "EPOCH", "RESTARTS", "GPUS", "CHECKPOINT"], rows)
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from hafo.agent.fencefile import read_deadline
 from hafo.agent.instances import write_json_atomic
+from hafo.agent.proctree import become_subreaper, descendants, kill_instance
 from hafo.checkpoint.format import list_checkpoints
 from hafo.checkpoint.transparent import unavailable_reason
 from hafo.decisions.fencing import must_kill
@@ -55,30 +56,13 @@ def catches(pid: int, sig: int) -> bool:
     return False
 
 
-def session_processes(sid: int) -> list[int]:
-    """The pids of session ``sid`` (the workload's: it is started as a session leader)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if len(fields) > 3 and fields[3] == str(sid):
-            pids.append(int(entry.name))
-    return sorted(pids)
-
-
 def checkpoint_listeners(leader: int) -> list[int]:
     """Who to ask for a checkpoint (SIGUSR1): the workload's process if it listens (the
-    checkpoint SDK installs the handler), else every process of its session that listens (the
+    checkpoint SDK installs the handler), else every descendant of it that listens (the
     workers of a launcher such as torchrun, which would die of the signal itself)."""
     if catches(leader, signal.SIGUSR1):
         return [leader]
-    return [pid for pid in session_processes(leader)
-            if pid != leader and catches(pid, signal.SIGUSR1)]
+    return [pid for pid in descendants(leader) if catches(pid, signal.SIGUSR1)]
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -123,6 +107,12 @@ class Guard:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, sig)
 
+    def _kill_all(self) -> None:
+        """SIGKILL every process of the instance, in any process group or session."""
+        self._signal_group(signal.SIGKILL)
+        kill_instance(str(self.launch["workload"]), int(self.launch["epoch"]),
+                      str(self.launch["node"]), os.getpid())
+
     def _on_term(self, _sig: int, _frame: object) -> None:
         self.stop_requested = True
 
@@ -141,6 +131,7 @@ class Guard:
         signal.signal(signal.SIGUSR1, self._on_usr1)
         signal.signal(signal.SIGUSR2, self._on_usr2)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        become_subreaper()  # workers whose launcher died stay ours to kill
         self.write()
         if must_kill(time.monotonic(), read_deadline(self.fence_file)):
             self.write(state="exited", exit_code=None, finished_at=time.time(),
@@ -190,13 +181,13 @@ class Guard:
                 ended = (InstanceEnd.FENCED if fenced else
                          InstanceEnd.STOPPED if stopping or self.stop_requested else
                          InstanceEnd.EXIT)
-                self._signal_group(signal.SIGKILL)  # leftovers of the workload's session
+                self._kill_all()  # leftovers, in its session or not
                 self.write(state="exited", exit_code=code, finished_at=time.time(),
                            ended=ended.value, reason=reason)
                 return 0
             now = time.monotonic()
             if not killed and must_kill(now, read_deadline(self.fence_file)):
-                self._signal_group(signal.SIGKILL)
+                self._kill_all()
                 killed = fenced = True
                 self.state["reason"] = "fenced: lease deadline passed without renewal"
             elif self.urgent and not killed and (not stopping or checkpoint_by is not None
@@ -238,7 +229,7 @@ class Guard:
                 self._signal_group(signal.SIGTERM)
                 term_by, exit_by = now + TERM_GRACE, None
             elif term_by is not None and now >= term_by and not killed:
-                self._signal_group(signal.SIGKILL)
+                self._kill_all()
                 killed = True
             time.sleep(POLL)
 

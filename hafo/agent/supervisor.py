@@ -29,6 +29,7 @@ from hafo.agent.instances import (
     read_guard_state,
     write_json_atomic,
 )
+from hafo.agent.proctree import kill_instance
 from hafo.agent.rendezvous import GANG_DEFAULTS, gang_env
 from hafo.checkpoint import list_checkpoints
 from hafo.model.cluster import (
@@ -101,9 +102,11 @@ class Supervisor:
                     state = self._mark_exited(path, None, None, "guard did not start",
                                               InstanceEnd.GUARD_LOST)
             elif state.state != "exited" and not pid_alive(state.guard_pid):
-                if pid_alive(state.pid):  # workload orphaned: never leave it running
+                # the workload may be orphaned: never leave any of its processes running
+                if state.pid:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(state.pid or 0, signal.SIGKILL)
+                        os.killpg(state.pid, signal.SIGKILL)
+                kill_instance(key.workload, key.epoch, self.node)
                 state = self._mark_exited(path, state.guard_pid, state.pid, "guard died",
                                           InstanceEnd.GUARD_LOST, exit_code=-9)
             out[key] = state
@@ -174,6 +177,7 @@ class Supervisor:
             if state.pid:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(state.pid, signal.SIGKILL)
+            kill_instance(key.workload, key.epoch, self.node, state.guard_pid)
             if state.guard_pid:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(state.guard_pid, signal.SIGKILL)

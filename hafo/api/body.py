@@ -47,9 +47,10 @@ async def json_object(request: web.Request, required: bool) -> dict[str, Any] | 
 @dataclass(frozen=True)
 class MigrateRequest(Section):
     """The optional body of ``POST /v1/workloads/{id}/migrate``: the node to move to
-    (default: any other)."""
+    (default: any other); for a gang, ``node``: the node of the member that moves."""
 
     to: NodeName | None = None
+    node: NodeName | None = None
 
 
 MIGRATE: Schema[MigrateRequest] = Schema(MigrateRequest, "body")
@@ -63,10 +64,12 @@ class Deleted(TypedDict):
 
 
 class Moving(TypedDict):
-    """A planned move asked for (``to``: null for any other node)."""
+    """A planned move asked for (``to``: null for any other node; ``node``: a gang's member
+    node that moves, null otherwise)."""
 
     id: str
     to: str | None
+    node: NotRequired[str | None]
 
 
 class NodeChange(TypedDict):

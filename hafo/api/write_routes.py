@@ -74,15 +74,16 @@ def write_routes(target: WriteTarget) -> web.RouteTableDef:
     @routes.post("/v1/workloads/{id}/migrate")
     async def migrate(request: web.Request) -> web.Response:
         wid = workload_id(request)
-        to = MIGRATE.validate(await json_object(request, required=False) or {}).to
-        conflict = _migrate_conflict(target.snapshot(), wid, to)
+        body = MIGRATE.validate(await json_object(request, required=False) or {})
+        to, node = body.to, body.node
+        conflict = _migrate_conflict(target.snapshot(), wid, to, node)
         if conflict:
             return error(409, conflict)
         try:
-            await intents.migrate(target.store, target.keys, wid, to)
+            await intents.migrate(target.store, target.keys, wid, to, node=node)
         except intents.NotFound as exc:
             return error(404, str(exc))
-        return web.json_response(Moving(id=wid, to=to), status=202)
+        return web.json_response(Moving(id=wid, to=to, node=node), status=202)
 
     @routes.post("/v1/nodes/{name}/drain")
     async def drain(request: web.Request) -> web.Response:
@@ -112,9 +113,10 @@ def write_routes(target: WriteTarget) -> web.RouteTableDef:
     return routes
 
 
-def _migrate_conflict(snapshot: ClusterSnapshot, wid: str, to: str | None) -> str:
+def _migrate_conflict(snapshot: ClusterSnapshot, wid: str, to: str | None,
+                      node: str | None = None) -> str:
     """Why a planned move cannot be asked for now ("" if it can). Names this controller's
     cache does not know yet are left to the intent, which reads etcd itself (404)."""
     if wid not in snapshot.workloads or (to is not None and to not in snapshot.nodes):
         return ""
-    return move_refusal(snapshot, wid, to, time.time())
+    return move_refusal(snapshot, wid, to, time.time(), node)

@@ -166,6 +166,8 @@ def moved_off_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
     node and rank."""
     if not all_stopped(snapshot, current) or now < current.not_before:
         return None
+    if any(m.node in snapshot.expiring for m in current.members):
+        return None  # a member's node is about to be confirmed down: replace it, not keep it
     wid = current.workload
     submission = snapshot.workloads[wid]
     down = tuple(m.node for m in current.members if snapshot.node_state(m.node) == "down")

@@ -353,6 +353,9 @@ class ClusterSnapshot:
     failsafe: FailsafeSet = FailsafeSet()
     moves: Mapping[str, MoveRequest] = field(default_factory=dict)
     checkpoints: Mapping[str, CheckpointInfo] = field(default_factory=dict)
+    #: Nodes whose liveness key is gone while etcd was not yet asked whether their lease is
+    #: (still "alive" until it confirms: docs/safety.md, rule 3).
+    expiring: frozenset[str] = frozenset()
 
     def node_state(self, name: str) -> NodeState:
         """Derived node state: down > unhealthy > cordoned > ready."""

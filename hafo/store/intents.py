@@ -51,13 +51,16 @@ async def delete(store: Store, keys: Keys, workload_id: str) -> None:
 
 
 async def migrate(store: Store, keys: Keys, workload_id: str, to: str | None = None,
-                  reason: str = "") -> None:
-    """Ask for a planned move: checkpoint, stop, run elsewhere (on ``to`` if given)."""
+                  reason: str = "", node: str | None = None) -> None:
+    """Ask for a planned move: checkpoint, stop, run elsewhere (on ``to`` if given); for a
+    gang, of its member on ``node``."""
     if await store.get(keys.workload(workload_id)) is None:
         raise NotFound(f"no workload {workload_id!r}")
-    if to is not None and await store.get(keys.node(to)) is None:
-        raise NotFound(f"no node {to!r}")
-    request = MoveRequest(workload_id, to, reason or (f"migrate to {to}" if to else "migrate"))
+    for name in (to, node):
+        if name is not None and await store.get(keys.node(name)) is None:
+            raise NotFound(f"no node {name!r}")
+    request = MoveRequest(workload_id, to, reason or (f"migrate to {to}" if to else "migrate"),
+                          node=node)
     await store.put(keys.move(workload_id), codec.encode(request.to_dict()))
 
 

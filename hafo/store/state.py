@@ -157,6 +157,7 @@ class ClusterCache:
             failsafe=self.failsafe,
             moves=MappingProxyType(dict(self.moves)),
             checkpoints=MappingProxyType(dict(self.checkpoints)),
+            expiring=frozenset(self.unconfirmed),
         )
 
     async def confirm_expiries(self, interval: float = 0.25) -> None:

@@ -245,3 +245,60 @@ def test_a_stop_asked_for_right_after_launch_is_delivered(tmp_path: Path) -> Non
         time.sleep(0.2)
     assert state.ended is not None and state.ended.value == "stopped"
     assert state.pid is not None and not pid_alive(state.pid)
+
+
+#: A launcher like torchrun: starts its worker in a new session (out of the workload's
+#: process group) and writes the worker's pid.
+LAUNCHER = [sys.executable, "-c", (
+    "import subprocess, sys, time, pathlib\n"
+    "w = subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: time.sleep(0.05)'],"
+    " start_new_session=True)\n"
+    "pathlib.Path('worker.pid').write_text(str(w.pid))\n"
+    "while True: time.sleep(0.05)\n")]
+
+
+def _worker_pid(tmp_path: Path) -> int:
+    pid_file = tmp_path / "worker.pid"
+    assert wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), 10)
+    return int(pid_file.read_text())
+
+
+def test_fencing_kills_workers_in_other_sessions(tmp_path: Path) -> None:
+    """torchrun starts each worker in a new session: killing the workload's process group
+    alone would leave it running past the lease."""
+    guard, path = start_guard(tmp_path, deadline_in=2.0, argv=LAUNCHER,
+                              env={"HAFO_WORKLOAD": "w", "HAFO_EPOCH": "7", "HAFO_NODE": "n"})
+    worker = 0
+    try:
+        launcher = running_pid(path)
+        worker = _worker_pid(tmp_path)
+        assert os.getsid(worker) != os.getsid(launcher)
+        assert wait_until(lambda: not pid_alive(worker) and not pid_alive(launcher), 6,
+                          interval=0.01)
+        assert guard.wait(5) == 0
+    finally:
+        for pid in (worker, guard.pid):
+            if pid:
+                kill_pid(pid)
+        guard.wait(5)
+
+
+def test_a_killed_guard_leaves_no_worker_once_the_agent_looks(tmp_path: Path) -> None:
+    """The guard SIGKILLed: its launcher dies with it (PDEATHSIG); the agent's supervisor
+    finds the orphaned worker by its instance environment and kills it."""
+    from hafo.agent.supervisor import Supervisor
+
+    guard, path = start_guard(tmp_path, deadline_in=60.0, argv=LAUNCHER,
+                              env={"HAFO_WORKLOAD": "w", "HAFO_EPOCH": "7", "HAFO_NODE": "n"})
+    worker = 0
+    try:
+        running_pid(path)
+        worker = _worker_pid(tmp_path)
+        kill_pid(guard.pid)
+        guard.wait(5)
+        assert pid_alive(worker)  # orphaned, in its own session
+        Supervisor("n", tmp_path / "state", tmp_path / "ck").states()
+        assert wait_until(lambda: not pid_alive(worker), 5, interval=0.01)
+    finally:
+        if worker:
+            kill_pid(worker)

@@ -361,3 +361,13 @@ def test_placing_a_thousand_8_node_gangs_on_10k_nodes_is_fast() -> None:
     used = [m.node for a in plan.actions for m in a.assignment.members]  # type: ignore[union-attr]
     assert len(set(used)) == 8000
     assert took < 20.0, took  # the benchmark reports the figure; this bounds regressions
+
+
+def test_a_member_node_whose_lease_is_expiring_is_not_kept() -> None:
+    """Its liveness key is gone (its reports with it) but the expiry is not confirmed yet: the
+    gang waits for the confirmation instead of keeping a member there."""
+    moving = placed_gang("a", "b", "c", phase="moving", stopping=50, cause="app-failed",
+                         restarts=1, restart_times=(NOW - 1,))
+    snap = dataclasses.replace(gang_cluster(assignment=moving, statuses=()),
+                               expiring=frozenset({"b"}))
+    assert "g" not in by_workload(snap)

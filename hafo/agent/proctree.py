@@ -1,0 +1,104 @@
+"""Every process of one instance, and killing them all at once (docs/safety.md, rule 2).
+
+A workload may start processes outside its own process group and session: torchrun starts
+each worker in a new session. Killing the workload's process group alone would leave those
+running. An instance's processes are found two ways, both by pid:
+
+- the descendants of its guard: the guard is a child subreaper, so a worker whose parent died
+  is re-parented to the guard and stays its descendant;
+- every process whose environment carries the instance's ``HAFO_WORKLOAD``, ``HAFO_EPOCH``
+  and ``HAFO_NODE`` (inherited by all it starts), which finds them even once the guard itself
+  is gone.
+
+A kill freezes them all first (SIGSTOP, until no new one appears), then SIGKILLs them, so
+none can fork its way out in between.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+from pathlib import Path
+
+PR_SET_CHILD_SUBREAPER = 36
+PROC = Path("/proc")
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants of this process are re-parented to it (Linux 3.4+)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _parents() -> dict[int, int]:
+    out: dict[int, int] = {}
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            out[int(entry.name)] = int(fields[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (not ``pid`` itself)."""
+    children: dict[int, list[int]] = {}
+    for child, parent in _parents().items():
+        children.setdefault(parent, []).append(child)
+    found: list[int] = []
+    todo = list(children.get(pid, ()))
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children.get(current, ()))
+    return sorted(found)
+
+
+def instance_processes(workload: str, epoch: int, node: str) -> list[int]:
+    """Every process whose environment names this instance (``HAFO_WORKLOAD``,
+    ``HAFO_EPOCH``, ``HAFO_NODE``: a gang's members share the first two, and a test machine
+    may carry several nodes)."""
+    marks = (f"HAFO_WORKLOAD={workload}".encode(), f"HAFO_EPOCH={epoch}".encode(),
+             f"HAFO_NODE={node}".encode())
+    me = os.getpid()
+    found = []
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if all(mark in environ for mark in marks):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def kill_instance(workload: str, epoch: int, node: str, root: int | None = None) -> list[int]:
+    """Freeze, then SIGKILL, every process of the instance (``root``'s descendants and those
+    its environment names); returns their pids."""
+    me = os.getpid()
+    frozen: set[int] = set()
+    for _ in range(50):  # until no new process appears
+        found = set(instance_processes(workload, epoch, node))
+        if root is not None:
+            found.update(descendants(root))
+        found.discard(me)
+        new = sorted(found - frozen)
+        if not new:
+            break
+        _signal(new, signal.SIGSTOP)
+        frozen.update(new)
+    _signal(sorted(frozen), signal.SIGKILL)
+    return sorted(frozen)
