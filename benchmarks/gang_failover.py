@@ -1,0 +1,167 @@
+"""A multi-node training gang loses a node: how soon does it train again, and what is lost?
+
+Side by side in one run, on this machine, the same 3-node gloo DDP job
+(``examples/ddp_train.py``, one process per node, a checkpoint every 10 steps):
+
+(a) hafo: a local cluster of 3 nodes and a spare (``hafo.io/spare``), the job submitted as a
+    gang (``nodes: 3``, started by real torchrun through hafo's rendezvous environment). One
+    member's node is powered off (its whole process tree SIGKILLed at once). Measured from
+    the power cut: etcd expired the node's lease (the floor of any lease-based detector),
+    the controller placed the new epoch, every member's process was started (the agents'
+    reports), and the gang trained again (its first step); the steps lost (last step before
+    the cut minus the step it resumed from); and the job's own start-up (the last member
+    started to the first step: torchrun, torch imports, rendezvous, checkpoint load),
+    reported separately.
+(b) plain ``torchrun --nnodes 2:3 --max-restarts 3`` with its c10d rendezvous on node 1, no
+    hafo (``benchmarks/gang_baseline.py``): a worker node lost, then the rendezvous host
+    lost.
+
+    python benchmarks/gang_failover.py [--trials 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_main import run_main
+from gang_baseline import BaselineResult, run_torchrun_baseline
+
+from hafo.chaos.invariants import percentile
+from hafo.local.cluster import LocalCluster
+from hafo.local.progress import overlaps
+from hafo.logs import configure
+from hafo.model.views import workload_view
+from hafo.store import read_events
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+
+
+def gang_spec() -> dict[str, Any]:
+    return {"name": "ddp", "nodes": 3, "gpus": 1, "stop_grace": 15,
+            "command": [TORCHRUN, str(ROOT / "examples" / "ddp_train.py"), "--steps", "0",
+                        "--every", "10", "--sleep", "0.05"],
+            "env": {"HAFO_DDP_TIMEOUT": "15"}}
+
+
+def _rank0(lines: list[dict[str, Any]], event: str, epoch: int | None = None
+           ) -> list[dict[str, Any]]:
+    return [x for x in lines if x.get("event") == event and x.get("rank", 0) == 0
+            and (epoch is None or x["epoch"] == epoch)]
+
+
+async def hafo_trial(cluster: LocalCluster, wid: str) -> dict[str, float]:
+    """Power off rank 1's node; measure until the gang trains again."""
+    snapshot = await cluster.wait_for(
+        lambda s: workload_view(s, wid)["state"] == "running", 120, what="gang running")
+    view = workload_view(snapshot, wid)
+    epoch = int(view["epoch"])
+    await cluster.wait_for(lambda s: len(_rank0(cluster.progress_log(wid), "step", epoch)) >= 25,
+                           60, what="training steadily")
+    victim = view["members"][1]["node"]
+    expiry = cluster.watch_expiry(victim, snapshot.revision + 1)
+    cut = time.time()
+    cluster.power_off(victim)
+    lost_at = max(x["step"] for x in cluster.progress_log(wid)
+                  if x.get("event") == "step" and x["epoch"] == epoch)
+    expired = await asyncio.wait_for(expiry, 30)
+
+    def trained(_: Any) -> bool:
+        return any(x["epoch"] > epoch for x in _rank0(cluster.progress_log(wid), "step"))
+
+    snapshot = await cluster.wait_for(trained, 120, what="gang training again")
+    lines = cluster.progress_log(wid)
+    new_epoch = min(x["epoch"] for x in _rank0(lines, "step") if x["epoch"] > epoch)
+    first = min(x["t"] for x in _rank0(lines, "step", new_epoch))
+    placed = min(e.ts for e in await read_events(cluster.store, cluster.keys, 0)
+                 if e.workload == wid and e.ts > cut and e.kind in ("failover", "restarted"))
+    launches = [s.started_at for (w, _), s in snapshot.statuses.items()
+                if w == wid and s.epoch == new_epoch and s.started_at]
+    if len(launches) != 3:
+        raise AssertionError(f"members of epoch {new_epoch} launched: {launches}")
+    start = max(launches)
+    resumed = _rank0(lines, "start", new_epoch)[0]["resumed_from"]
+    found = overlaps(lines)
+    if found:
+        raise AssertionError(f"two epochs of the gang alive at once: {found}")
+    # the node comes back (empty of work) for the next trial; the gang stays where it is
+    cluster.start_node(victim)
+    await cluster.wait_ready(60)
+    return {"expiry": expired - cut, "placed": placed - cut, "launched": start - cut,
+            "training": first - cut, "startup": first - start,
+            "steps_lost": float(lost_at - resumed)}
+
+
+async def run_hafo(trials: int, ttl: int) -> list[dict[str, float]]:
+    cluster = LocalCluster(nodes=3, controllers=1, gpus_per_node=1, lease_ttl=ttl)
+    results = []
+    try:
+        cluster.start()
+        cluster.add_node("spare-1", labels={"zone": "local", "hafo.io/spare": "true"})
+        cluster.start_node("spare-1")
+        await cluster.wait_ready(60)
+        wid = await cluster.submit(gang_spec())
+        for i in range(trials):
+            result = await hafo_trial(cluster, wid)
+            results.append(result)
+            print(f"hafo trial {i + 1}: " + ", ".join(
+                f"{k} {v:.2f}" for k, v in result.items()), flush=True)
+        return results
+    finally:
+        await cluster.close_store()
+        cluster.stop()
+
+
+def _p50(results: list[dict[str, float]], key: str) -> float:
+    return percentile([r[key] for r in results], 50)
+
+
+def report(results: list[dict[str, float]], ttl: int,
+           baselines: list[BaselineResult]) -> None:
+    training = _p50(results, "training")
+    print(f"\n(a) hafo, 3-node gang, one node powered off ({len(results)} trials, p50):")
+    launched = _p50(results, "launched")
+    print(f"    lease expired        {_p50(results, 'expiry'):6.2f} s  (the floor)")
+    print(f"    new epoch placed     {_p50(results, 'placed'):6.2f} s")
+    print(f"    every member started {launched:6.2f} s  = {launched / ttl:.2f} x TTL ({ttl} s); "
+          f"{launched - _p50(results, 'expiry'):+.2f} s after the expiry (goal: TTL + 3 s)")
+    print(f"    job start-up         {_p50(results, 'startup'):6.2f} s  (torchrun, torch "
+          "imports, rendezvous, checkpoint load: the job's own)")
+    print(f"    training again       {training:6.2f} s  = {training / ttl:.2f} x TTL; steps "
+          f"lost p50 {_p50(results, 'steps_lost'):.0f} (a checkpoint every 10 steps)")
+    print("(b) plain torchrun --nnodes 2:3 --max-restarts 3, c10d rendezvous on node 1:")
+    for base in baselines:
+        if base.time_to_train is None:
+            print(f"    {base.scenario:<17} never trained again ({base.detail})")
+        else:
+            print(f"    {base.scenario:<17} training again {base.time_to_train:6.2f} s "
+                  f"= {base.time_to_train / training:.1f} x hafo; steps lost "
+                  f"{base.steps_lost}; {base.detail}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--ttl", type=int, default=3)
+    parser.add_argument("--baseline-timeout", type=float, default=90.0)
+    parser.add_argument("--no-baseline", action="store_true")
+    args = parser.parse_args()
+    configure("console", level="warning")
+    results = asyncio.run(run_hafo(args.trials, args.ttl))
+    baselines = [] if args.no_baseline else [
+        run_torchrun_baseline(lost, timeout=args.baseline_timeout)
+        for lost in ("worker", "rendezvous-host")]
+    report(results, args.ttl, baselines)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

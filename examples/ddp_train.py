@@ -1,0 +1,173 @@
+"""A real multi-node data-parallel PyTorch job that checkpoints with hafo and resumes as a gang.
+
+DistributedDataParallel over a small MLP that learns a fixed random linear map from synthetic,
+deterministic per-step batches (each rank its own shard). The backend is gloo on the CPU and
+nccl where CUDA is present. Every rank resumes from the newest checkpoint; only global rank 0
+saves (every ``--every`` steps). Every rank appends one JSON line per step to
+``$HAFO_CHECKPOINT_DIR/progress.jsonl`` (the format of ``hafo.local.workload``, plus ``rank``
+and ``loss``).
+
+Planned stop: hafo sends SIGUSR1 to the workers (``Checkpointer.should_checkpoint()``); the
+flag is summed across ranks every step (with the loss, logged as the gang's mean), so when any
+rank has it, rank 0 saves at that very step, all ranks meet at a barrier, log ``preempted`` and
+exit 0: no step is lost.
+Lost peer: a collective that fails (a peer died; or stuck past ``$HAFO_DDP_TIMEOUT`` seconds,
+default 20) is logged and the process exits 3 at once, no retry: the gang restarts as a whole.
+
+Under hafo (one member per node; hafo sets torchrun's PET_* variables, so torchrun's default
+static rendezvous needs no arguments):
+
+    hafo submit examples/ddp.yaml
+
+By hand, two "nodes" on one machine (the second command in another shell, NODE_RANK=1):
+
+    HAFO_CHECKPOINT_DIR=/tmp/ck HAFO_EPOCH=1 torchrun --nnodes 2 --node-rank 0 \\
+        --nproc-per-node 1 --master-addr 127.0.0.1 --master-port 29555 \\
+        examples/ddp_train.py --steps 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from hafo.checkpoint import Checkpointer
+
+EXIT_PEER_LOST = 3
+
+
+def batch(step: int, rank: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training batch of ``rank`` at ``step``: deterministic, so a resume is exact."""
+    gen = torch.Generator().manual_seed(step * 1009 + rank)
+    truth = torch.Generator().manual_seed(12345)
+    weights = torch.randn(16, 1, generator=truth)
+    x = torch.randn(64, 16, generator=gen)
+    return x.to(device), (x @ weights).to(device)
+
+
+class ProgressLog:
+    """Appends JSON lines to ``progress.jsonl``: one ``os.write`` on an O_APPEND descriptor per
+    line, so lines of several processes (and nodes, on a shared filesystem) never interleave."""
+
+    def __init__(self, path: os.PathLike[str] | str, identity: dict[str, Any]) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.identity = identity
+
+    def record(self, **fields: Any) -> None:
+        """Append one line: the identity, the time and ``fields``."""
+        line = json.dumps({**self.identity, "t": time.time(), **fields}) + "\n"
+        os.write(self.fd, line.encode())
+
+    def close(self) -> None:
+        """Close the descriptor."""
+        os.close(self.fd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train until ``--steps`` (0: forever); exit 0 when done or stopped for a planned move,
+    3 when a peer is lost."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--steps", type=int, default=0, help="stop after this step (0: never)")
+    parser.add_argument("--every", type=int, default=10, help="checkpoint period in steps")
+    parser.add_argument("--sleep", type=float, default=0.05, help="pause per step (demo pace)")
+    args = parser.parse_args(argv)
+    ck = Checkpointer()  # installs the SIGUSR1 handler first thing
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    log = ProgressLog(ck.root / "progress.jsonl", {
+        "workload": os.environ.get("HAFO_WORKLOAD"), "epoch": ck.epoch,
+        "node": os.environ.get("HAFO_NODE"), "rank": rank, "pid": os.getpid()})
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 1)).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-2)
+    step, loss_value = 0, None
+    # Load before joining the group: rank 0 cannot save a newer checkpoint until every rank
+    # has joined, so all ranks read the same one.
+    latest = ck.load_latest()
+    if latest is not None:
+        model.load_state_dict(latest.state["model"])
+        optimizer.load_state_dict(latest.state["optim"])
+        step = latest.step
+        loss_value = float(latest.state["loss"])
+    log.record(event="start", resumed_from=step, loss=loss_value, world=world)
+    print(f"rank {rank}/{world} node {os.environ.get('HAFO_NODE')} epoch {ck.epoch} "
+          f"{backend} on {device}: starting at step {step} (loss {loss_value})", flush=True)
+
+    def state() -> dict[str, Any]:
+        return {"model": model.state_dict(), "optim": optimizer.state_dict(),
+                "loss": loss_value, "world": world}
+
+    timeout = timedelta(seconds=float(os.environ.get("HAFO_DDP_TIMEOUT", "20")))
+    try:
+        dist.init_process_group(backend, timeout=timeout)
+        agreed = torch.tensor([step, -step], device=device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        if int(agreed[0]) != step or int(-agreed[1]) != step:
+            raise RuntimeError(f"ranks resumed from different steps "
+                               f"({int(-agreed[1])}..{int(agreed[0])})")
+        ddp = DistributedDataParallel(model)
+        while args.steps == 0 or step < args.steps:
+            x, y = batch(step, rank, device)
+            loss = torch.nn.functional.mse_loss(ddp(x), y)
+            optimizer.zero_grad()
+            loss.backward()  # gradients all-reduced by DDP
+            optimizer.step()
+            step += 1
+            # One collective per step: the gang's mean loss, and whether any rank was asked
+            # for a checkpoint (a planned stop).
+            shared = torch.tensor([loss.item(), 1.0 if ck.should_checkpoint() else 0.0],
+                                  device=device)
+            dist.all_reduce(shared, op=dist.ReduceOp.SUM)
+            loss_value = shared[0].item() / world
+            log.record(event="step", step=step, loss=loss_value)
+            ck.heartbeat(step)
+            if step % 10 == 0:
+                print(f"rank {rank} step {step} loss {loss_value:.5f}", flush=True)
+            if shared[1].item() > 0:
+                if rank == 0:
+                    ck.save(state(), step=step)
+                dist.barrier()  # the checkpoint is durable before anyone leaves
+                log.record(event="preempted", step=step)
+                print(f"rank {rank} step {step}: checkpointed for a planned move, exiting",
+                      flush=True)
+                break
+            if rank == 0 and args.every > 0 and step % args.every == 0:
+                ck.save(state(), step=step)
+            time.sleep(args.sleep)
+        else:
+            if rank == 0 and (args.every <= 0 or step % args.every != 0):
+                ck.save(state(), step=step)
+            dist.barrier()
+            log.record(event="done", step=step, loss=loss_value)
+            print(f"rank {rank} done at step {step}, loss {loss_value}", flush=True)
+    except RuntimeError as exc:  # a peer died or a collective timed out
+        log.record(event="error", step=step, error=f"{type(exc).__name__}: {exc}"[:500])
+        print(f"rank {rank} step {step}: collective failed, exiting: {exc}", file=sys.stderr,
+              flush=True)
+        log.close()
+        os._exit(EXIT_PEER_LOST)  # no teardown: destroying a broken group can block
+    dist.destroy_process_group()
+    log.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
