@@ -83,7 +83,10 @@ def write_routes(target: WriteTarget) -> web.RouteTableDef:
             await intents.migrate(target.store, target.keys, wid, to, node=node)
         except intents.NotFound as exc:
             return error(404, str(exc))
-        return web.json_response(Moving(id=wid, to=to, node=node), status=202)
+        moving = Moving(id=wid, to=to)
+        if node is not None:
+            moving["node"] = node
+        return web.json_response(moving, status=202)
 
     @routes.post("/v1/nodes/{name}/drain")
     async def drain(request: web.Request) -> web.Response:

@@ -26,7 +26,6 @@ from hafo.model.schema import (
     StrMap,
     Text,
     WorkloadName,
-    invalid,
 )
 
 __all__ = ["BUILTIN_CHECK_TYPES", "MAX_GANG_NODES", "SPEC", "STRATEGIES", "CheckSpec",
@@ -104,13 +103,6 @@ class WorkloadSpec(Section):
     preempt: Annotated[Flag, OMIT_DEFAULT] = False
     nodes: Annotated[int, Field(ge=1, le=MAX_GANG_NODES), INTEGER, OMIT_DEFAULT] = 1
     topology: Annotated[Topology | None, OMIT_DEFAULT] = None
-
-    def _check(self) -> None:
-        if self.nodes > 1 and self.preempt:
-            invalid("preempt", "is for single-node workloads (nodes: 1); a gang waits for "
-                    "room instead")
-        if self.topology is not None and self.nodes == 1:
-            invalid("topology", "is for gangs (nodes above 1)")
 
     @property
     def is_gang(self) -> bool:

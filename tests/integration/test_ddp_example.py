@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 SCRIPT = "examples/ddp_train.py"
 FAST = ["--sleep", "0.02"]
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(150)
 
 
 class Gang:

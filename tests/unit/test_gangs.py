@@ -371,3 +371,14 @@ def test_a_member_node_whose_lease_is_expiring_is_not_kept() -> None:
     snap = dataclasses.replace(gang_cluster(assignment=moving, statuses=()),
                                expiring=frozenset({"b"}))
     assert "g" not in by_workload(snap)
+
+
+def test_a_gang_that_may_preempt_waits_instead() -> None:
+    """``preempt`` is for single-node workloads: a gang never stops other work."""
+    nodes = [make_node("a"), make_node("b")]
+    low = placed("low", "a", [0, 1, 2, 3], epoch=5)
+    snap = make_snapshot(nodes, workloads=[submit("low", 4, priority=-5),
+                                           gang(nodes=2, priority=10, preempt=True)],
+                         assignments=[low], statuses=[status("low", "a", 5)])
+    actions = by_workload(snap)
+    assert actions["g"].kind == "pending" and "low" not in actions
