@@ -11,6 +11,7 @@ from typing import Any
 
 from hafo.local.cluster import LocalCluster
 from hafo.local.procs import kill_pid, pid_alive, stop_process
+from hafo.model.cluster import ClusterSnapshot, InstanceStatus
 
 FAULT_KINDS = (
     "node-power-loss", "agent-crash", "agent-restart", "agent-freeze", "agent-partition",
@@ -28,7 +29,7 @@ class Fault:
     target: str
     disruptive: bool
     undo: Callable[[], Awaitable[None]] | None = None
-    hitless: dict[str, tuple[int, int]] = field(default_factory=dict)  # wid -> (epoch, pid)
+    hitless: dict[str, tuple[int, int]] = field(default_factory=dict)  # wid@node -> (epoch, pid)
     hold: float = 0.0  # the fault lasts this long from injection before ``undo``
     details: dict[str, Any] = field(default_factory=dict)
     downtime: float = 0.0  # etcd was away this long inside ``inject``: not recovery time
@@ -38,8 +39,7 @@ async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float) -
     """Inject one fault of ``kind`` on a target chosen by ``rng``; lasting faults (freezes,
     partitions, a dead etcd member) are undone by the caller after ``hold`` seconds."""
     snapshot = await cluster.snapshot()
-    running = {w: s for (w, n), s in snapshot.statuses.items()
-               if s.state == "running" and snapshot.current_status(w) == s}
+    running = running_instances(snapshot)
     busy_nodes = sorted({s.node for s in running.values()}) or sorted(cluster.node_handles)
     node = rng.choice(busy_nodes)
 
@@ -56,7 +56,7 @@ async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float) -
             cluster.restart_agent(node)
         return Fault(kind, node, True, restart)
     if kind == "agent-restart":
-        hitless = {w: (s.epoch, s.pid or 0) for w, s in running.items() if s.node == node}
+        hitless = {k: (s.epoch, s.pid or 0) for k, s in running.items() if s.node == node}
         cluster.kill_agent(node)
         # systemd restarts a crashed agent after RestartSec=100ms; the new one must renew the
         # lease within lease_ttl - fence_margin - heartbeat of the crash (docs/safety.md,
@@ -102,7 +102,7 @@ async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float) -
             await asyncio.to_thread(cluster.etcd.wait_ready, 20.0)
         return Fault(kind, cluster.etcd.members[index].name, False, restart_member,
                      hold=rng.uniform(1.0, outage), details={"raft_leader": index == raft_leader})
-    every_running = {w: (s.epoch, s.pid or 0) for w, s in running.items()}
+    every_running = {k: (s.epoch, s.pid or 0) for k, s in running.items()}
     if kind == "etcd-restart":  # a rolling restart, member by member (an etcd upgrade)
         await cluster.close_store()
         for index in range(len(cluster.etcd.members)):
@@ -124,7 +124,7 @@ async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float) -
     if kind == "duplicate-agent":  # a second agent started with a busy node's name
         tag = f"dup{rng.randrange(1 << 30)}"
         proc, _state, _port = cluster.start_duplicate_agent(node, tag=tag)
-        hitless = {w: v for w, v in every_running.items() if running[w].node == node}
+        hitless = {k: v for k, v in every_running.items() if running[k].node == node}
 
         async def stop_duplicate() -> None:
             stop_process(proc, grace=3.0)
@@ -137,24 +137,39 @@ async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float) -
     if kind == "deleted-liveness-key":  # by hand, while the agent and its lease live
         await cluster.store.delete(cluster.keys.alive(node))
         await cluster.store.delete(cluster.keys.node(node))
-        hitless = {w: v for w, v in every_running.items() if running[w].node == node}
+        hitless = {k: v for k, v in every_running.items() if running[k].node == node}
         return Fault(kind, node, False, None, hitless)
     if kind == "workload-crash":
         if not running:
             return Fault(kind, "-", False, None)
-        wid = rng.choice(sorted(running))
-        pid = running[wid].pid
+        key = rng.choice(sorted(running))
+        pid = running[key].pid
         if pid and pid_alive(pid):
             kill_pid(pid, signal.SIGKILL)
-        return Fault(kind, wid, True, None, details={"pid": pid})
+        return Fault(kind, running[key].workload, True, None,
+                     details={"pid": pid, "node": running[key].node})
     raise ValueError(f"unknown fault kind {kind!r}")
 
 
+def running_instances(snapshot: ClusterSnapshot) -> dict[str, InstanceStatus]:
+    """``"workload@node"`` -> the report of each running instance of a workload's current
+    epoch (one per gang member)."""
+    out: dict[str, InstanceStatus] = {}
+    for (wid, node), status in snapshot.statuses.items():
+        assignment = snapshot.assignments.get(wid)
+        if (status.state == "running" and assignment is not None
+                and assignment.phase == "placed" and status.epoch == assignment.epoch
+                and node in assignment.nodes):
+            out[f"{wid}@{node}"] = status
+    return out
+
+
 def hitless_violations(fault: Fault, statuses: dict[str, tuple[int, int]]) -> list[str]:
-    """For an agent restart: every workload must still run with the same epoch and pid."""
+    """For an agent restart: every instance (``"workload@node"``) must still run with the
+    same epoch and pid."""
     broken = []
-    for wid, before in fault.hitless.items():
-        after = statuses.get(wid)
+    for key, before in fault.hitless.items():
+        after = statuses.get(key)
         if after != before or not pid_alive(before[1]):
-            broken.append(f"{wid}: {before} -> {after}")
+            broken.append(f"{key}: {before} -> {after}")
     return broken

@@ -11,7 +11,13 @@ from pathlib import Path
 from random import Random
 from typing import Any
 
-from hafo.chaos.faults import FAULT_KINDS, Fault, hitless_violations, inject
+from hafo.chaos.faults import (
+    FAULT_KINDS,
+    Fault,
+    hitless_violations,
+    inject,
+    running_instances,
+)
 from hafo.chaos.invariants import percentile
 from hafo.local.cluster import LocalCluster, demo_workload_spec
 from hafo.local.procs import pid_alive
@@ -67,13 +73,15 @@ class ChaosReport:
 
 
 class PidSampler:
-    """Every 50 ms, counts the live processes of each workload (pids from its progress log)."""
+    """Every 50 ms, looks at the live processes of each workload (pids from its progress log)
+    and the epochs they belong to: processes of two epochs alive together are a sighting (a
+    gang's members share one epoch)."""
 
     def __init__(self, cluster: LocalCluster, workloads: list[str]) -> None:
         self.cluster = cluster
         self.workloads = workloads
         self.offsets: dict[str, int] = {}
-        self.pids: dict[str, set[int]] = {w: set() for w in workloads}
+        self.pids: dict[str, dict[int, int]] = {w: {} for w in workloads}  # pid -> epoch
         self.sightings: list[str] = []
 
     def _read_new(self, wid: str) -> None:
@@ -88,7 +96,8 @@ class PidSampler:
         self.offsets[wid] = self.offsets.get(wid, 0) + len(complete)
         for line in complete.splitlines():
             try:
-                self.pids[wid].add(int(json.loads(line)["pid"]))
+                record = json.loads(line)
+                self.pids[wid][int(record["pid"])] = int(record["epoch"])
             except (ValueError, KeyError):
                 continue
 
@@ -96,16 +105,23 @@ class PidSampler:
         """One look at every workload."""
         for wid in self.workloads:
             self._read_new(wid)
-            alive = sorted(p for p in self.pids[wid] if pid_alive(p))
-            self.pids[wid] = set(alive) | {p for p in self.pids[wid] if p in alive}
-            if len(alive) > 1:
-                self.sightings.append(f"{time.time():.3f} {wid}: pids {alive} alive together")
+            alive = {p: e for p, e in self.pids[wid].items() if pid_alive(p)}
+            self.pids[wid] = alive
+            if len(set(alive.values())) > 1:
+                self.sightings.append(f"{time.time():.3f} {wid}: pids {sorted(alive)} of "
+                                      f"epochs {sorted(set(alive.values()))} alive together")
 
     async def run(self) -> None:
         """Sample until cancelled."""
         while True:
             self.sample()
             await asyncio.sleep(0.05)
+
+
+def nodes_of(snapshot: ClusterSnapshot, wid: str) -> set[str]:
+    """The nodes a workload runs on (every member's, for a gang)."""
+    view = workload_view(snapshot, wid)
+    return {m["node"] for m in view["members"]} or ({view["node"]} if view["node"] else set())
 
 
 def all_running(workloads: list[str]) -> Callable[[ClusterSnapshot], bool]:
@@ -117,8 +133,8 @@ async def _wait_recovered(cluster: LocalCluster, fault: Fault, before: ClusterSn
                           workloads: list[str], timeout: float) -> None:
     affected = [w for w in workloads
                 if (fault.kind == "workload-crash" and w == fault.target)
-                or (fault.kind != "workload-crash" and workload_view(before, w)["node"]
-                    == fault.target)] if fault.disruptive else []
+                or (fault.kind != "workload-crash" and fault.target in nodes_of(before, w))
+                ] if fault.disruptive else []
     epochs = {w: workload_view(before, w)["epoch"] for w in affected}
 
     def recovered(s: ClusterSnapshot) -> bool:
@@ -133,9 +149,10 @@ async def _wait_recovered(cluster: LocalCluster, fault: Fault, before: ClusterSn
 
 
 async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int = 2,
-                    workloads: int = 4, base_dir: Path | None = None, keep: bool = False,
-                    say: Callable[[str], Any] = print) -> ChaosReport:
-    """Start a cluster, inject ``faults`` seeded faults, check the invariants, tear down."""
+                    workloads: int = 4, gangs: int = 1, base_dir: Path | None = None,
+                    keep: bool = False, say: Callable[[str], Any] = print) -> ChaosReport:
+    """Start a cluster, inject ``faults`` seeded faults, check the invariants, tear down.
+    ``gangs``: how many 2-member gangs run beside the ``workloads`` single-node ones."""
     rng = Random(seed)
     cluster = LocalCluster(base_dir=base_dir, nodes=nodes, controllers=controllers,
                            etcd_members=3, partitionable=True, keep=keep)
@@ -150,6 +167,11 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
         for i in range(workloads):
             spec = demo_workload_spec(name=f"chaos-{i}", interval=0.02, every=10)
             spec["restart"] = {"max_restarts": 100000, "window": 60}
+            ids.append(await cluster.submit(spec))
+        for i in range(gangs):
+            spec = demo_workload_spec(name=f"chaos-gang-{i}", interval=0.02, every=10)
+            spec["restart"] = {"max_restarts": 100000, "window": 60}
+            spec["nodes"] = 2
             ids.append(await cluster.submit(spec))
         await cluster.wait_for(all_running(ids), 60, what="workloads running")
         sampler = PidSampler(cluster, ids)
@@ -172,8 +194,8 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
             if fault.hitless:
                 await asyncio.sleep(cluster.lease_ttl + 1.0)
                 snap = await cluster.snapshot()
-                now = {w: (s.epoch, s.pid or 0) for w in fault.hitless
-                       if (s := snap.current_status(w)) is not None}
+                now = {k: (s.epoch, s.pid or 0) for k, s in running_instances(snap).items()
+                       if k in fault.hitless}
                 result.violations += hitless_violations(fault, now)
             if fault.undo is not None:
                 await fault.undo()

@@ -1,12 +1,13 @@
 """Apply a Plan: fenced compare-and-swap transactions, batched, each decision with its event.
 
-Actions are written ``BATCH`` to a transaction (etcd allows 128 operations per txn by
-default). An action is one compare (on its assignment's revision; a refused move: on its
-move request) and up to five writes: its event, the removal of the move request it serves,
-the assignment's put or delete, and the per-node copy's delete (from the node it named) and
-put (under the node it names). The transaction adds the leadership fence. If any compare
-fails (a workload's assignment moved on since the snapshot) the batch is written again one
-action per txn, so only the stale decisions are dropped; the next cycle decides those again.
+An action is one compare (on its assignment's revision; a refused move: on its move request)
+and its writes: its event, the removal of the move request it serves, the assignment's put or
+delete, and the per-node copies: deleted from the nodes it named and no longer does, put under
+every node it names (one per gang member). Actions are written up to ``BATCH`` and
+``MAX_OPS`` writes to a transaction (etcd allows 128 operations per txn by default). The
+transaction adds the leadership fence. If any compare fails (a workload's assignment moved on
+since the snapshot) the batch is written again one action per txn, so only the stale
+decisions are dropped; the next cycle decides those again.
 """
 
 from __future__ import annotations

@@ -24,6 +24,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="hang at this step once (as a stuck NCCL collective would)")
     args = parser.parse_args(argv)
     ck = Checkpointer()
+    # a gang member: rank 0 alone saves (every rank logs, and stops when asked)
+    saves = os.environ.get("HAFO_GANG_RANK", "0") == "0"
+
+    def save(state: dict[str, object], step: int) -> None:
+        if saves:
+            ck.save(state, step=step)
     log_path = ck.root / "progress.jsonl"
     identity = {"workload": os.environ.get("HAFO_WORKLOAD"), "node": os.environ.get("HAFO_NODE"),
                 "epoch": int(os.environ.get("HAFO_EPOCH", "0")), "pid": os.getpid()}
@@ -46,22 +52,22 @@ def main(argv: list[str] | None = None) -> int:
         record(event="step", step=step)
         ck.heartbeat(step)
         if args.stall_at and step == args.stall_at and not stalled_once:
-            ck.save({"loss": loss, "failed_once": failed_once, "stalled_once": True}, step=step)
+            save({"loss": loss, "failed_once": failed_once, "stalled_once": True}, step=step)
             print(f"stalling on purpose at step {step}", flush=True)
             while True:
                 time.sleep(1)
         if args.fail_at and step == args.fail_at and not failed_once:
-            ck.save({"loss": loss, "failed_once": True}, step=step)
+            save({"loss": loss, "failed_once": True}, step=step)
             print(f"failing on purpose at step {step}", flush=True)
             return 3
         if ck.should_checkpoint():  # a planned move: checkpoint now, then leave
-            ck.save({"loss": loss, "failed_once": failed_once, "stalled_once": stalled_once},
+            save({"loss": loss, "failed_once": failed_once, "stalled_once": stalled_once},
                     step=step)
             record(event="preempted", step=step)
             print(f"step {step}: checkpointed for a planned move, exiting", flush=True)
             return 0
         if step % args.every == 0:
-            ck.save({"loss": loss, "failed_once": failed_once, "stalled_once": stalled_once},
+            save({"loss": loss, "failed_once": failed_once, "stalled_once": stalled_once},
                     step=step)
             record(event="checkpoint", step=step)
             print(f"step {step} loss {loss:.4f} (checkpointed)", flush=True)

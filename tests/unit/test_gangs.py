@@ -382,3 +382,19 @@ def test_a_gang_that_may_preempt_waits_instead() -> None:
                          assignments=[low], statuses=[status("low", "a", 5)])
     actions = by_workload(snap)
     assert actions["g"].kind == "pending" and "low" not in actions
+
+
+def test_a_member_that_keeps_failing_on_a_node_excludes_it() -> None:
+    """Past ``restart.max_restarts`` in the window, the failing member's node is excluded
+    and that member moves; the others stay."""
+    failing = placed_gang("a", "b", "c", restarts=3, restart_times=(NOW - 30, NOW - 20, NOW - 10))
+    snap = gang_cluster(assignment=failing, spare=False,
+                        statuses=(status("g", "a", 50),
+                                  status("g", "b", 50, "exited", exit_code=2, finished_at=NOW),
+                                  status("g", "c", 50)))
+    moving = by_workload(snap)["g"].assignment
+    assert moving is not None and moving.leave == ("b",) and "b" in moving.failed_on
+    again = by_workload(gang_cluster(assignment=dataclasses.replace(moving, epoch=51),
+                                     statuses=(), spare=False))["g"]
+    assert nodes_of(again) == ["a", "d", "c"]
+    assert again.assignment is not None and "b" in again.assignment.failed_on

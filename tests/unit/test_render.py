@@ -54,14 +54,28 @@ def test_render_status_empty() -> None:
 
 def test_render_nodes() -> None:
     lines = render_nodes(all_nodes(sample_cluster())).splitlines()
-    assert lines[0].split() == ["NAME", "STATE", "GPUS", "USED", "GPUS", "HEALTHY", "WORKLOADS",
-                                "LABELS", "REASON"]
+    assert lines[0].split() == ["NAME", "STATE", "ADDRESS", "GPUS", "USED", "GPUS", "HEALTHY",
+                                "WORKLOADS", "LABELS", "REASON"]
     rows = [line.split() for line in lines[1:]]
-    assert rows == [["a", "ready", "2/4", "3/4", "1", "rack=r1", "-"],
-                    ["b", "cordoned", "0/2", "2/2", "0", "-", "-"],
-                    ["c", "down", "0/1", "1/1", "0", "-", "-"],
-                    ["d", "unhealthy", "0/1", "1/1", "0", "-", "checkpoint", "filesystem",
+    assert rows == [["a", "ready", "-", "2/4", "3/4", "1", "rack=r1", "-"],
+                    ["b", "cordoned", "-", "0/2", "2/2", "0", "-", "-"],
+                    ["c", "down", "-", "0/1", "1/1", "0", "-", "-"],
+                    ["d", "unhealthy", "-", "0/1", "1/1", "0", "-", "checkpoint", "filesystem",
                      "read-only"]]
+
+
+def test_render_workloads_lists_gang_members() -> None:
+    gang = {"id": "g-1", "state": "running", "node": "a", "epoch": 9, "restarts": 0,
+            "gpus": ["GPU-a-0"], "checkpoint": {"step": 20, "epoch": 9, "path": "/ck"},
+            "nodes": 2, "members": [
+                {"rank": 0, "node": "a", "state": "running", "gpus": ["GPU-a-0"]},
+                {"rank": 1, "node": "b", "state": "starting", "gpus": ["GPU-b-0"]}]}
+    waiting = {"id": "w-1", "state": "pending", "node": None, "epoch": None, "restarts": 0,
+               "gpus": [], "checkpoint": None, "nodes": 4, "members": []}
+    rows = [line.split() for line in render_workloads([gang, waiting]).splitlines()[1:]]
+    assert rows[0] == ["g-1", "running", "0:a(running)", "1:b(starting)", "9", "0", "2",
+                       "step", "20"]
+    assert rows[1][:5] == ["w-1", "pending", "(gang", "of", "4)"]
 
 
 def test_render_nodes_says_why_a_node_or_gpu_is_bad() -> None:
