@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 EXIT_NOT_FOUND = 4
+EXIT_REFUSED = 5
 
 
 class CliError(Exception):
@@ -357,6 +358,10 @@ async def _cmd_change(args: argparse.Namespace) -> int:
                 await intents.delete(store, keys, args.workload)
                 print(f"deleted {args.workload}")
             elif args.command == "migrate":
+                refused = await intents.migrate_refusal(store, keys, args.workload, args.to,
+                                                        args.member_node)
+                if refused:
+                    raise CliError(f"cannot move {args.workload}: {refused}", EXIT_REFUSED)
                 await intents.migrate(store, keys, args.workload, args.to,
                                       node=args.member_node)
                 print(f"moving {args.workload}"

@@ -320,8 +320,9 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
                              reason=need.why, avoid=avoid, failed_on=failed_on,
                              members=with_addresses(snapshot, result.members),
                              master_port=port)
+            where = ", ".join(f"{m.rank}:{m.node}" for m in result.members) or result.node
             actions.append(Action(kind="place", workload=wid, cause=need.cause,
-                                  why=f"{need.why} -> {result.node}",
+                                  why=f"{need.why} -> {where}",
                                   expected_revision=_revision(need.previous), assignment=new,
                                   known_since=need.known_since))
             continue

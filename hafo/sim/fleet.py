@@ -229,18 +229,42 @@ class SimFleet:
             await asyncio.sleep(0.02)  # gather a burst of assignment changes into one pass
             dirty, self._dirty = self._dirty, set()
             now = time.time()
-            ops: list[Put | Delete] = []
-            for name in sorted(dirty):
-                node = self.nodes[name]
-                if node.alive:
-                    ops += self._pass(node, now)
+            reports = {name: self._pass(self.nodes[name], now) for name in sorted(dirty)
+                       if self.nodes[name].alive}
             try:
-                await self.store.write_many(ops)
+                await self._report(reports)
             except TRANSIENT as exc:
                 log.warning("reports not written; retrying", error=type(exc).__name__)
                 self._dirty |= dirty
                 self._wake.set()
                 await asyncio.sleep(0.2)
+
+    async def _report(self, reports: dict[str, list[Put | Delete]]) -> None:
+        """Write the nodes' reports, batched into transactions. A node whose lease expired
+        before the keepalive loop noticed (a late round, on a loaded machine) makes etcd
+        refuse the whole transaction its lease-bound reports are in ("requested lease not
+        found"): then each node's reports are written on their own, and a node refused loses
+        its instances, as a real agent without its lease is fenced; the keepalive loop
+        registers it again. (Raising would end ``run``: every node's keepalives with it.)"""
+        try:
+            await self.store.write_many([op for ops in reports.values() for op in ops])
+            return
+        except StoreError as exc:
+            log.warning("reports refused; writing them node by node", error=str(exc))
+        fenced = 0
+        for name, ops in reports.items():
+            if not ops:
+                continue
+            try:
+                await self.store.write_many(ops)
+            except StoreError:
+                node = self.nodes[name]
+                node.running.clear()
+                node.exited.clear()
+                fenced += 1
+        if fenced:
+            log.warning("simulated nodes whose lease is gone lost their instances",
+                        nodes=fenced)
 
     async def _follow_failsafe(self) -> None:
         while True:

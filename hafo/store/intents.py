@@ -8,6 +8,7 @@ import os
 import time
 
 from hafo.decisions.drain import workloads_to_drain
+from hafo.decisions.moves import move_refusal
 from hafo.model.cluster import Event, MoveRequest, Submission
 from hafo.model.spec import WorkloadSpec
 from hafo.store import codec
@@ -37,7 +38,8 @@ async def submit(store: Store, keys: Keys, spec: WorkloadSpec) -> Submission:
         if result.succeeded:
             await EventLog(store, keys).append(Event(
                 ts=time.time(), kind="submitted", workload=submission.id,
-                message=f"workload {submission.id} submitted ({spec.gpus} GPU(s))"))
+                message=f"workload {submission.id} submitted ({spec.gpus} GPU(s)"
+                + (f" on each of {spec.nodes} nodes)" if spec.is_gang else ")")))
             return submission
 
 
@@ -62,6 +64,17 @@ async def migrate(store: Store, keys: Keys, workload_id: str, to: str | None = N
     request = MoveRequest(workload_id, to, reason or (f"migrate to {to}" if to else "migrate"),
                           node=node)
     await store.put(keys.move(workload_id), codec.encode(request.to_dict()))
+
+
+async def migrate_refusal(store: Store, keys: Keys, workload_id: str, to: str | None = None,
+                          node: str | None = None) -> str:
+    """Why the controller would refuse this planned move now ("" if it would start, or if
+    the workload or a node is unknown: ``migrate`` says so)."""
+    snapshot = await read_snapshot(store, keys)
+    names = [n for n in (to, node) if n is not None]
+    if workload_id not in snapshot.workloads or any(n not in snapshot.nodes for n in names):
+        return ""
+    return move_refusal(snapshot, workload_id, to, time.time(), node)
 
 
 async def drain(store: Store, keys: Keys, node: str) -> list[str]:

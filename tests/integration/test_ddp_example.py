@@ -35,10 +35,16 @@ class Gang:
 
     def __init__(self, base: Path, nodes: int, epoch: int, args: list[str],
                  ddp_timeout: float = 15.0) -> None:
+        self.base, self.nodes, self.epoch, self.args = base, nodes, epoch, args
+        self.ddp_timeout = ddp_timeout
         self.checkpoints = base / "ck"
-        port = free_port()
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[Path] = []
+
+    def start(self) -> None:
+        """Start every member, each in a session of its own."""
+        base, nodes, epoch, ddp_timeout = self.base, self.nodes, self.epoch, self.ddp_timeout
+        port = free_port()
         clean = {k: v for k, v in os.environ.items()
                  if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
                  and not k.startswith(("PET_", "TORCHELASTIC_"))}
@@ -55,7 +61,8 @@ class Gang:
                    "PET_NPROC_PER_NODE": "1", "PET_MAX_RESTARTS": "0"}
             log = base / "logs" / f"e{epoch}-n{rank + 1}.log"
             self.logs.append(log)
-            self.procs.append(spawn([TORCHRUN, SCRIPT, *args], log, env=env, cwd=str(ROOT)))
+            self.procs.append(spawn([TORCHRUN, SCRIPT, *self.args], log, env=env,
+                                    cwd=str(ROOT)))
 
     def tree(self, member: int) -> list[int]:
         """The member's torchrun and all its descendants (its workers)."""
@@ -120,6 +127,7 @@ def gang(base: Path, nodes: int, epoch: int, args: list[str],
     """A running gang, always killed on the way out."""
     running = Gang(base, nodes, epoch, args, ddp_timeout)
     try:
+        running.start()
         yield running
     finally:
         running.close()

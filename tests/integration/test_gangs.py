@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,11 @@ async def test_a_drain_of_a_member_node_loses_no_step(local_cluster: ClusterFact
     epoch = workload_view(snapshot, wid)["epoch"]
     await wait_steps(cluster, wid, epoch, 15)
     node = members(snapshot, wid)[1][1]
+    refused = subprocess.run(  # a gang moves one member at a time: the CLI says so, exit 5
+        [sys.executable, "-m", "hafo", "migrate", wid, "--etcd", cluster.etcd.endpoints[0],
+         "--cluster", cluster.cluster], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 5, refused
+    assert "a gang moves one member at a time" in refused.stderr
     moved = await intents.drain(cluster.store, cluster.keys, node)
     assert moved == [wid]
     snapshot = await cluster.wait_for(training(wid, epoch), 90, what="gang trains again")
