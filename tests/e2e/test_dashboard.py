@@ -137,6 +137,10 @@ def fake_api_app(hits: dict[str, int]) -> web.Application:
             {"id": "job-1", "name": "<script>document.body.dataset.pwned=1</script>",
              "state": "running", "node": "node-a", "epoch": 42, "restarts": 1,
              "gpus": ["GPU-a-1"], "checkpoint": {"step": 1234, "epoch": 41, "path": "/ck"}},
+            {"id": "gang-1", "name": "ddp", "state": "running", "node": "node-a", "epoch": 7,
+             "restarts": 0, "gpus": ["GPU-a-0"], "checkpoint": None, "nodes": 2,
+             "members": [{"rank": 0, "node": "node-a", "state": "running", "gpus": ["GPU-a-0"]},
+                         {"rank": 1, "node": HOSTILE, "state": "starting", "gpus": ["GPU-x"]}]},
         ],
         "/v1/events": [
             {"ts": time.time() - 5, "kind": "placed", "message": HOSTILE, "workload": "job-1",
@@ -171,6 +175,9 @@ async def test_dashboard_renders_safely_and_keeps_data_when_the_api_fails(
     assert 'data-state="free"' in dom and 'data-state="allocated"' in dom
     assert 'data-state="unhealthy"' in dom
     assert 'data-gpus="allocated" data-count="1"' in dom
+    # a gang: one line per member, rank:node and its state
+    assert 'data-workload="gang-1"' in dom and 'data-members="2"' in dom
+    assert "0:node-a" in dom and "1:&lt;img src=x" in dom
     # ... and the failures since are announced in the banner
     assert '<div id="error" role="alert">' in dom, "error banner not shown"
     assert "HTTP 503 (etcd unavailable) on every request" in dom
