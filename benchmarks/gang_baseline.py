@@ -18,6 +18,12 @@ Scenarios: ``worker`` (node 3 dies, the rendezvous host survives) and ``rendezvo
 (node 1 dies, and with it the rendezvous store).
 
     python benchmarks/gang_baseline.py
+
+The environment passes through to torchrun: ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` gives the
+workers a store of their own per round instead of the rendezvous store, which torchrun shares
+with them by default and where a restarted round can read the previous round's addresses
+(pytorch/pytorch#135712): with it the "worker" scenario recovers every time, without it often
+only after further restarts, or never.
 """
 
 from __future__ import annotations
@@ -204,13 +210,17 @@ def run_torchrun_baseline(lost: str, timeout: float = 90.0,
             time.sleep(POLL)
 
         if first is None or restart is None:
-            gave_up = ", ".join(f"n{n + 1} exited {code} after {t:.1f}s"
-                                for n, (code, t) in sorted(exits.items()))
+            after = [line for line in gang.progress() if line["t"] > killed]
+            parts = [f"world {world}, killed n{victim + 1} at step {last_before}",
+                     f"no step in {timeout:.0f}s",
+                     f"{sum(1 for x in after if x.get('event') == 'start')} workers started and "
+                     f"{sum(1 for x in after if x.get('event') == 'error')} failed after the kill"]
+            parts += [f"n{n + 1} exited {code} after {t:.1f}s"
+                      for n, (code, t) in sorted(exits.items())]
             running = [f"n{n + 1}" for n in survivors if n not in exits]
-            detail = (f"world {world}, killed n{victim + 1} at step {last_before}; no step in "
-                      f"{timeout:.0f}s; " + (gave_up or "")
-                      + (f"; still running: {', '.join(running)}" if running else ""))
-            return BaselineResult(lost, None, None, startup, detail)
+            if running:
+                parts.append(f"still running: {', '.join(running)}")
+            return BaselineResult(lost, None, None, startup, "; ".join(parts))
         resumed = int(restart["resumed_from"])
         lines = [line for line in gang.progress() if line["t"] > killed]
         detected = min((e["t"] for e in lines if e.get("event") == "error"), default=None)

@@ -13,6 +13,8 @@ rank has it, rank 0 saves at that very step, all ranks meet at a barrier, log ``
 exit 0: no step is lost.
 Lost peer: a collective that fails (a peer died; or stuck past ``$HAFO_DDP_TIMEOUT`` seconds,
 default 20) is logged and the process exits 3 at once, no retry: the gang restarts as a whole.
+A watchdog does the same when no step completes for twice that long (gloo's connection setup
+in ``init_process_group`` can block past its timeout, e.g. on a stale peer address).
 
 Under hafo (one member per node; hafo sets torchrun's PET_* variables, so torchrun's default
 static rendezvous needs no arguments):
@@ -32,6 +34,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -70,6 +73,33 @@ class ProgressLog:
     def close(self) -> None:
         """Close the descriptor."""
         os.close(self.fd)
+
+
+class Watchdog:
+    """Ends the process (exit 3) when ``kick()`` was not called for ``limit`` seconds: the
+    last resort against a hang that no collective's timeout catches."""
+
+    def __init__(self, limit: float, on_fire: Any) -> None:
+        self.limit = limit
+        self.on_fire = on_fire
+        self.last = time.monotonic()
+        self.stopped = threading.Event()
+        threading.Thread(target=self._watch, name="ddp-watchdog", daemon=True).start()
+
+    def kick(self) -> None:
+        """Progress was made."""
+        self.last = time.monotonic()
+
+    def stop(self) -> None:
+        """Disarm."""
+        self.stopped.set()
+
+    def _watch(self) -> None:
+        while not self.stopped.wait(min(1.0, self.limit / 4)):
+            idle = time.monotonic() - self.last
+            if idle > self.limit:
+                self.on_fire(f"watchdog: no progress for {idle:.0f}s")
+                os._exit(EXIT_PEER_LOST)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,6 +146,12 @@ def main(argv: list[str] | None = None) -> int:
                 "loss": loss_value, "world": world}
 
     timeout = timedelta(seconds=float(os.environ.get("HAFO_DDP_TIMEOUT", "20")))
+
+    def fired(reason: str) -> None:
+        log.record(event="error", step=step, error=reason)
+        print(f"rank {rank} step {step}: {reason}, exiting", file=sys.stderr, flush=True)
+
+    watchdog = Watchdog(2 * timeout.total_seconds() + args.sleep, fired)
     try:
         dist.init_process_group(backend, timeout=timeout)
         agreed = torch.tensor([step, -step], device=device)
@@ -123,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         if int(agreed[0]) != step or int(-agreed[1]) != step:
             raise RuntimeError(f"ranks resumed from different steps "
                                f"({int(-agreed[1])}..{int(agreed[0])})")
-        ddp = DistributedDataParallel(model)
+        ddp = DistributedDataParallel(
+            model, device_ids=[local_rank] if device.type == "cuda" else None)
         while args.steps == 0 or step < args.steps:
             x, y = batch(step, rank, device)
             loss = torch.nn.functional.mse_loss(ddp(x), y)
@@ -137,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                                   device=device)
             dist.all_reduce(shared, op=dist.ReduceOp.SUM)
             loss_value = shared[0].item() / world
+            watchdog.kick()
             log.record(event="step", step=step, loss=loss_value)
             ck.heartbeat(step)
             if step % 10 == 0:
@@ -159,11 +197,13 @@ def main(argv: list[str] | None = None) -> int:
             log.record(event="done", step=step, loss=loss_value)
             print(f"rank {rank} done at step {step}, loss {loss_value}", flush=True)
     except RuntimeError as exc:  # a peer died or a collective timed out
+        watchdog.stop()
         log.record(event="error", step=step, error=f"{type(exc).__name__}: {exc}"[:500])
         print(f"rank {rank} step {step}: collective failed, exiting: {exc}", file=sys.stderr,
               flush=True)
         log.close()
         os._exit(EXIT_PEER_LOST)  # no teardown: destroying a broken group can block
+    watchdog.stop()
     dist.destroy_process_group()
     log.close()
     return 0
