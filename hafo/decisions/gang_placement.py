@@ -9,7 +9,8 @@ placed whole or not at all: nothing is committed until every member has a node.
   ``choose_spares``), then to the best ordinary nodes. A member that moves to a requested
   node (``prefer``) goes there or nowhere.
 - **Topology** ``required``: every member in one value of the label (kept members fix the
-  value; a new gang tries the values in order); ``preferred``: the same, else anywhere.
+  value, unless it has no room left: then the whole gang moves to a value that has; a new
+  gang tries the values in order); ``preferred``: the same, else anywhere.
 - **No starvation.** The first gang in placement order (priority, then age) that cannot be
   placed holds the nodes closest to fitting it: its N nodes with the most free GPUs of its
   kind (in its best topology value). Work after it in that order is not placed on them, so
@@ -94,7 +95,10 @@ class GangPlacer:
             group = self.capacity_of(next(iter(kept.values())))
             value = group.labels.get(key) if group is not None else None
             found = self._fill(request, kept, value)
-            if isinstance(found, int) and not required:
+            if isinstance(found, int) and required:  # the whole gang to another value
+                elsewhere = self._by_group(request, {}, key, None)
+                found = elsewhere if isinstance(elsewhere, Placed) else max(found, elsewhere)
+            elif isinstance(found, int):
                 found = self._fill(request, kept, None)
         elif key is None:
             found = self._fill(request, kept, None)

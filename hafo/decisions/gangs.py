@@ -237,21 +237,26 @@ def start_gang_move(current: Assignment, move: MoveRequest) -> Action:
     return dataclasses.replace(action, clear_move=True)
 
 
-def master_port(snapshot: ClusterSnapshot, wid: str, rank0: str, previous: int,
-                taken: Mapping[str, set[int]]) -> int:
+def gang_ports(snapshot: ClusterSnapshot) -> dict[str, set[int]]:
+    """rank 0's node -> the rendezvous ports of the gangs placed (or stopping) with rank 0
+    there (computed once per cycle)."""
+    used: dict[str, set[int]] = {}
+    for assignment in snapshot.assignments.values():
+        if assignment.is_gang and assignment.holds_node and assignment.master_port:
+            used.setdefault(assignment.members[0].node, set()).add(assignment.master_port)
+    return used
+
+
+def master_port(revision: int, rank0: str, previous: int, used: Mapping[str, set[int]]) -> int:
     """A rendezvous port for a new gang epoch whose rank 0 runs on ``rank0``: never the gang's
-    previous one, nor one another live gang uses on that node (or was given this cycle,
-    ``taken``). Scans from a point that moves with the store revision."""
-    used = set(taken.get(rank0, ()))
-    for other, assignment in snapshot.assignments.items():
-        if other != wid and assignment.is_gang and assignment.holds_node \
-                and assignment.members[0].node == rank0:
-            used.add(assignment.master_port)
-    used.add(previous)
-    start = snapshot.revision % GANG_PORT_COUNT
+    previous one (``previous``), nor one another gang uses with rank 0 on that node (``used``:
+    ``gang_ports`` plus those given this cycle). Scans from a point that moves with the store
+    ``revision``."""
+    taken = used.get(rank0, set()) | {previous}
+    start = revision % GANG_PORT_COUNT
     for offset in range(GANG_PORT_COUNT):
         port = GANG_PORT_FIRST + (start + offset) % GANG_PORT_COUNT
-        if port not in used:
+        if port not in taken:
             return port
     return GANG_PORT_FIRST + start  # more than GANG_PORT_COUNT gangs on one node
 

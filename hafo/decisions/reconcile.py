@@ -18,6 +18,7 @@ from hafo.decisions.failures import after_failure
 from hafo.decisions.gang_placement import choose_spares
 from hafo.decisions.gangs import (
     assess_gang,
+    gang_ports,
     master_port,
     moved_off_gang,
     resumes_note,
@@ -294,6 +295,8 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
             needs.append(outcome)
         else:
             settled.append(wid)
+    if not needs:
+        return Plan(tuple(actions))  # nothing to place: no capacity to compute
     releasing = {n.request.workload for n in needs}
     capacity = capacity_from(snapshot, releasing)
     spare_nodes = choose_spares(snapshot, capacity, spares)
@@ -303,7 +306,7 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
     results = place_batch(_requests(needs, waiting, capacity), capacity, now, default,
                           preempting, spare_nodes)
     preemptions = preempting.chosen if preempting is not None else {}
-    ports: dict[str, set[int]] = {}
+    ports = gang_ports(snapshot) if any(n.request.spec.is_gang for n in needs) else {}
     for need in needs:
         wid = need.request.workload
         result = results[wid]
@@ -313,7 +316,7 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
             port = 0
             if result.members:
                 previous_port = need.previous.master_port if need.previous else 0
-                port = master_port(snapshot, wid, result.node, previous_port, ports)
+                port = master_port(snapshot.revision, result.node, previous_port, ports)
                 ports.setdefault(result.node, set()).add(port)
             new = Assignment(workload=wid, phase="placed", node=result.node, gpus=result.gpus,
                              restarts=need.restarts, restart_times=need.restart_times,

@@ -42,6 +42,7 @@ log = structlog.get_logger("hafo.sim")
 KEEPALIVE_CHUNK = 1000
 NODES_PER_TXN = 60  # node record + liveness key: 2 ops each, under etcd's 128
 REGISTER_CHUNK = 1000  # nodes granted and registered together
+RECOVERABLE: tuple[type[BaseException], ...] = (*TRANSIENT, StoreError)
 
 
 @dataclass
@@ -88,6 +89,8 @@ class SimFleet:
         self._wake = self.copies.changed  # set by every change of a copy
         self.started: dict[str, float] = {}  # workload -> wall time its newest instance started
         self._keeper: asyncio.Future[None] | None = None  # started by ``start``
+        self._lost: list[SimNode] = []  # lost their lease, to register again (``_rejoin``)
+        self._rejoiner: asyncio.Task[None] | None = None
 
     # -- registration ------------------------------------------------------------------
 
@@ -123,6 +126,8 @@ class SimFleet:
                 await self._enrol(nodes[start:start + REGISTER_CHUNK])
         except BaseException:
             self._keeper.cancel()
+            if self._rejoiner is not None:
+                self._rejoiner.cancel()
             raise
         log.info("simulated nodes registered", nodes=len(nodes))
 
@@ -159,7 +164,29 @@ class SimFleet:
             for node in lost:
                 node.running.clear()
                 node.exited.clear()
-            await self._enrol(lost)
+                node.lease = 0  # no keepalives, no reports until it is registered again
+            self._lost += lost
+            if self._rejoiner is None or self._rejoiner.done():
+                self._rejoiner = asyncio.create_task(self._rejoin())
+
+    async def _rejoin(self) -> None:
+        """Register again, ``REGISTER_CHUNK`` at a time, the nodes that lost their lease, while
+        the keepalive rounds go on for the others. (Inline in the round, thousands of nodes
+        lost at once took longer than the TTL to register, each retry granted leases that
+        expired before their keys were written, and every other node's lease expired
+        meanwhile: the whole fleet never came back.)"""
+        while self._lost:
+            chunk = [n for n in self._lost[:REGISTER_CHUNK] if n.alive]
+            del self._lost[:REGISTER_CHUNK]
+            try:
+                await self._enrol(chunk)
+            except RECOVERABLE as exc:
+                log.warning("re-registration refused; trying again", nodes=len(chunk),
+                            error=str(exc) or type(exc).__name__)
+                for node in chunk:
+                    node.lease = 0
+                self._lost[:0] = chunk
+                await asyncio.sleep(self.heartbeat)
 
     async def _keep_leases(self) -> None:
         while True:
@@ -168,8 +195,8 @@ class SimFleet:
                 await self._keepalive_round()
             except TRANSIENT:
                 pass  # etcd unavailable: the next round tries again
-            except StoreError as exc:  # a re-registration refused three times: next round
-                log.warning("re-registration refused; trying again next round",
+            except StoreError as exc:  # etcd refused the round: the next one tries again
+                log.warning("keepalive round refused; trying again next round",
                             error=str(exc))
             await asyncio.sleep(max(0.0, self.heartbeat - (time.monotonic() - started)))
 
@@ -230,7 +257,7 @@ class SimFleet:
             dirty, self._dirty = self._dirty, set()
             now = time.time()
             reports = {name: self._pass(self.nodes[name], now) for name in sorted(dirty)
-                       if self.nodes[name].alive}
+                       if self.nodes[name].alive and self.nodes[name].lease}
             try:
                 await self._report(reports)
             except TRANSIENT as exc:
@@ -287,6 +314,8 @@ class SimFleet:
             await keeper
         finally:
             keeper.cancel()
+            if self._rejoiner is not None:
+                self._rejoiner.cancel()
 
     async def run(self) -> None:
         """Keep leases, follow assignments and report instances until cancelled."""

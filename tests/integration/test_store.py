@@ -181,3 +181,15 @@ async def test_newest_events_only_are_read(store: EtcdStore, keys: Keys) -> None
     newest = await read_events(store, keys, 5)
     assert [e.message for e in newest] == [f"m{i}" for i in range(7, 12)]
     assert len(await read_events(store, keys, 0)) == 12
+
+
+async def test_a_state_read_larger_than_grpcs_default_reply_limit(store: EtcdStore,
+                                                                  keys: Keys) -> None:
+    """A whole-state read of a large cluster (about 2.5 KB per node) exceeds gRPC's 4 MiB
+    default reply size: the client accepts it (``MAX_REPLY``)."""
+    value = b"x" * 2048
+    for start in range(0, 3000, 100):
+        await store.txn([], [Put(keys.node(f"n{i:05d}"), value)
+                             for i in range(start, start + 100)])
+    _revision, kvs = await store.get_prefix(keys.node(""))
+    assert len(kvs) == 3000 and sum(len(kv.value) for kv in kvs) > 5 * 1024 * 1024

@@ -398,3 +398,17 @@ def test_a_member_that_keeps_failing_on_a_node_excludes_it() -> None:
                                      statuses=(), spare=False))["g"]
     assert nodes_of(again) == ["a", "d", "c"]
     assert again.assignment is not None and "b" in again.assignment.failed_on
+
+
+def test_a_required_rack_without_room_moves_the_whole_gang_to_another() -> None:
+    """The survivors' rack has no free node for the lost member: every member goes to a rack
+    that fits all of them, in the same cycle (not pending first)."""
+    racks = {"a": "r1", "b": "r1", "c": "r2", "d": "r2"}
+    nodes = [make_node(n, labels={"rack": r}) for n, r in racks.items()]
+    moving = Assignment(workload="g", phase="moving", node="a", gpus=(0, 1, 2, 3), epoch=50,
+                        stopping=50, cause="member-lost",
+                        members=members("a", "b")[:2], master_port=GANG_PORT_FIRST)
+    snap = make_snapshot(nodes, down=["b"], workloads=[
+        gang(nodes=2, topology=Topology(key="rack"))], assignments=[moving])
+    action = by_workload(snap)["g"]
+    assert (action.kind, set(nodes_of(action))) == ("place", {"c", "d"})
