@@ -100,8 +100,9 @@ async def hafo_trial(cluster: LocalCluster, wid: str) -> dict[str, float]:
             "steps_lost": float(lost_at - resumed)}
 
 
-async def run_hafo(trials: int, ttl: int) -> list[dict[str, float]]:
-    cluster = LocalCluster(nodes=3, controllers=1, gpus_per_node=1, lease_ttl=ttl)
+async def run_hafo(trials: int, ttl: int, keep: str | None = None) -> list[dict[str, float]]:
+    cluster = LocalCluster(nodes=3, controllers=1, gpus_per_node=1, lease_ttl=ttl,
+                           base_dir=Path(keep) if keep else None, keep=bool(keep))
     results = []
     try:
         cluster.start()
@@ -153,9 +154,10 @@ def main() -> int:
     parser.add_argument("--ttl", type=int, default=3)
     parser.add_argument("--baseline-timeout", type=float, default=90.0)
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--keep", metavar="DIR", help="run the cluster in DIR, keep its logs")
     args = parser.parse_args()
     configure("console", level="warning")
-    results = asyncio.run(run_hafo(args.trials, args.ttl))
+    results = asyncio.run(run_hafo(args.trials, args.ttl, args.keep))
     baselines = [] if args.no_baseline else [
         run_torchrun_baseline(lost, timeout=args.baseline_timeout)
         for lost in ("worker", "rendezvous-host")]

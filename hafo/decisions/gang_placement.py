@@ -176,8 +176,10 @@ class GangPlacer:
         if len(picks) < len(missing):
             picks += self.index.choose_distinct(request, within, len(missing) - len(picks),
                                                 used | set(picks))
-        if request.members and len(picks) < len(missing):
-            picks += self._spares(plain, len(missing) - len(picks), used | set(picks))
+        for honour_cooldown in (True, False):  # a cool-down is soft: a spare cooling down too
+            if request.members and len(picks) < len(missing):
+                picks += self._spares(plain, len(missing) - len(picks), used | set(picks),
+                                      honour_cooldown)
         if len(picks) < len(missing):
             return len(kept) + len(picks)
         nodes = dict(kept)
@@ -189,7 +191,8 @@ class GangPlacer:
             members.append(Member(rank=rank, node=nodes[rank], gpus=take_gpus(spec, cap.free)))
         return Placed(members[0].node, members[0].gpus, tuple(members))
 
-    def _spares(self, request: PlacementRequest, count: int, skip: set[str]) -> list[str]:
+    def _spares(self, request: PlacementRequest, count: int, skip: set[str],
+                honour_cooldown: bool = True) -> list[str]:
         """Up to ``count`` spare nodes that fit one member (labelled spares first, then by
         name), none of ``skip``."""
         picks: list[str] = []
@@ -197,8 +200,8 @@ class GangPlacer:
                 self.spares[n].labels.get(SPARE_LABEL) != "true", n)):
             if len(picks) >= count:
                 break
-            if name not in skip and filter_reason(request, self.spares[name],
-                                                  self.now) is None:
+            if name not in skip and filter_reason(request, self.spares[name], self.now,
+                                                  honour_cooldown) is None:
                 picks.append(name)
         return picks
 

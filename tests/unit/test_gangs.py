@@ -412,3 +412,13 @@ def test_a_required_rack_without_room_moves_the_whole_gang_to_another() -> None:
         gang(nodes=2, topology=Topology(key="rack"))], assignments=[moving])
     action = by_workload(snap)["g"]
     assert (action.kind, set(nodes_of(action))) == ("place", {"c", "d"})
+
+
+def test_a_spare_cooling_down_still_replaces_a_member_when_nothing_else_fits() -> None:
+    """The spare failed a while ago (the gang avoids it for the cool-down), it is back, and
+    it is the only node left: the cool-down is soft."""
+    moving = placed_gang("a", "b", "c", phase="moving", stopping=50, cause="member-lost",
+                         avoid={"s": NOW + 30})
+    nodes = [make_node(n) for n in "abc"] + [make_node("s", labels={"hafo.io/spare": "true"})]
+    snap = make_snapshot(nodes, down=["b"], workloads=[gang()], assignments=[moving])
+    assert nodes_of(by_workload(snap)["g"]) == ["a", "s", "c"]
