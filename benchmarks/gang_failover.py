@@ -122,7 +122,7 @@ async def run_hafo(trials: int, ttl: int, keep: str | None = None) -> list[dict[
 
 
 def _p50(results: list[dict[str, float]], key: str) -> float:
-    return percentile([r[key] for r in results], 50)
+    return percentile([r[key] for r in results], 0.5)
 
 
 def report(results: list[dict[str, float]], ttl: int,
