@@ -45,7 +45,13 @@ from hafo.decisions.preemption import (
     victims_by_node,
     waiting_preemptors,
 )
-from hafo.model.cluster import Assignment, CheckpointInfo, ClusterSnapshot, InstanceEnd
+from hafo.model.cluster import (
+    Assignment,
+    CheckpointInfo,
+    ClusterSnapshot,
+    InstanceEnd,
+    Member,
+)
 
 __all__ = ["FAILED_NODE_COOLDOWN", "Action", "Cause", "Plan", "reconcile"]
 
@@ -81,8 +87,10 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
     if current is None or current.phase == "pending":
         avoid = dict(current.avoid) if current else {}
         exclude = {n: t for n, t in current.failed_on.items() if t > now} if current else {}
+        remembered = current.members if current else ()  # a gang waiting to be placed again
         return Need(request=PlacementRequest(wid, spec, submission.submitted_at, avoid,
-                                             exclude=exclude), previous=current,
+                                             exclude=exclude, members=remembered,
+                                             spares_first=bool(remembered)), previous=current,
                     restarts=current.restarts if current else 0,
                     restart_times=current.restart_times if current else (), cause=Cause.NEW,
                     why="new workload")
@@ -143,6 +151,13 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
                 cause=Cause.EXITED if restart else Cause.APP_FAILED,
                 why=f"{after.why}; {_resume(checkpoints, wid)}",
                 known_since=after.not_before if restart else failed_at)
+
+
+def _remembered(need: Need) -> tuple[Member, ...]:
+    """The members a gang waiting to be placed again remembers (not those it had to leave:
+    their nodes are down, bad or drained)."""
+    leave = set(need.request.leave)
+    return tuple(m for m in need.request.members if m.node not in leave)
 
 
 def _infrastructure_restart(snapshot: ClusterSnapshot, current: Assignment, now: float,
@@ -348,7 +363,9 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
             continue  # already pending for the same reason: nothing to write
         pending = Assignment(workload=wid, phase="pending", node=None, restarts=need.restarts,
                              restart_times=need.restart_times, reason=reason,
-                             avoid=avoid, failed_on=failed_on)
+                             avoid=avoid, failed_on=failed_on,
+                             members=_remembered(need),
+                             master_port=previous.master_port if previous else 0)
         actions.append(Action(kind="pending", workload=wid, cause=need.cause,
                               why=f"{need.why}; {reason}", expected_revision=_revision(previous),
                               assignment=pending, known_since=need.known_since))

@@ -213,7 +213,10 @@ class Assignment(Record):
     @property
     def slots(self) -> tuple[Slot, ...]:
         """(node, GPUs) of every instance this assignment places: one per gang member, else
-        the one of ``node`` (none without a node)."""
+        the one of ``node``; none unless it is placed or moving (a pending gang may remember
+        its previous members, to keep their ranks and nodes when it is placed again)."""
+        if self.phase not in ("placed", "moving"):
+            return ()
         if self.members:
             return tuple((m.node, m.gpus) for m in self.members)
         return ((self.node, self.gpus),) if self.node is not None else ()

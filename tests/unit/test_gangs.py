@@ -422,3 +422,25 @@ def test_a_spare_cooling_down_still_replaces_a_member_when_nothing_else_fits() -
     nodes = [make_node(n) for n in "abc"] + [make_node("s", labels={"hafo.io/spare": "true"})]
     snap = make_snapshot(nodes, down=["b"], workloads=[gang()], assignments=[moving])
     assert nodes_of(by_workload(snap)["g"]) == ["a", "s", "c"]
+
+
+def test_a_gang_waiting_to_be_placed_again_keeps_its_survivors_ranks() -> None:
+    """No room for the lost member: the gang waits (holding nothing) and remembers its
+    survivors; once a spare is up, they keep their nodes and ranks and the spare replaces
+    the lost one."""
+    moving = placed_gang("a", "b", "c", phase="moving", stopping=50, cause="member-lost")
+    full = make_snapshot([make_node(n) for n in "abc"], down=["b"], workloads=[gang()],
+                         assignments=[moving])
+    waiting = by_workload(full)["g"]
+    assert waiting.kind == "pending" and waiting.assignment is not None
+    pending = waiting.assignment
+    assert [m.node for m in pending.members] == ["a", "c"] and pending.slots == ()
+    assert pending.master_port == moving.master_port
+    nodes = [make_node(n) for n in "abc"] + [make_node("s", labels={"hafo.io/spare": "true"}),
+                                             make_node("d")]
+    later = make_snapshot(nodes, down=["b"], workloads=[gang()],
+                          assignments=[dataclasses.replace(pending, epoch=60)])
+    again = by_workload(later)["g"]
+    assert (again.kind, nodes_of(again)) == ("place", ["a", "s", "c"])
+    assert again.assignment is not None
+    assert again.assignment.master_port != moving.master_port
