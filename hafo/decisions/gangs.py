@@ -22,6 +22,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from hafo.decisions.failures import AfterFailure, after_failure
+from hafo.decisions.hardware import hardware_fault
 from hafo.decisions.placement import PlacementRequest, Unplaceable, node_capacity, place_one
 from hafo.decisions.plan import Action, Cause, Need, move_cause
 from hafo.model.cluster import (
@@ -125,24 +126,10 @@ def _hardware(snapshot: ClusterSnapshot, current: Assignment) -> Action | None:
     """Stop the gang if a member's node is unhealthy or one of its GPUs is bad; that member
     goes elsewhere (no checkpoint wait if the GPU does not answer at all)."""
     for member in current.members:
-        record = snapshot.nodes.get(member.node)
-        if record is None:
-            continue
-        gpus = {g.index: g for g in record.gpus}
-        used = [gpus[i] for i in member.gpus if i in gpus]
-        lost = any(g.lost for g in used)
-        if snapshot.node_state(member.node) == "unhealthy":
-            return stop_gang(current, f"member {member.rank}'s node {member.node} is unhealthy "
-                             f"({record.reason or 'no reason given'})", Cause.NODE_UNHEALTHY,
-                             urgent=lost, leave=(member.node,))
-        bad = [g for g in used if not g.usable]
-        if bad:
-            gpu = bad[0]
-            level = "degrading" if gpu.healthy else "unhealthy"
-            return stop_gang(current, f"GPU {gpu.index} of member {member.rank} on "
-                             f"{member.node} is {level} ({gpu.reason or 'no reason given'})",
-                             Cause.GPU_DEGRADED if gpu.healthy else Cause.GPU_FAULT,
-                             urgent=lost, leave=(member.node,))
+        fault = hardware_fault(snapshot, member.node, member.gpus)
+        if fault is not None:
+            return stop_gang(current, f"member {member.rank}: {fault.subject}", fault.cause,
+                             urgent=fault.lost, leave=(member.node,))
     return None
 
 

@@ -24,6 +24,7 @@ from hafo.decisions.gangs import (
     resumes_note,
     with_addresses,
 )
+from hafo.decisions.hardware import hardware_fault
 from hafo.decisions.moves import latest_checkpoints, moved_off, start_move, stop_then_place
 from hafo.decisions.placement import (
     NodeCapacity,
@@ -180,24 +181,10 @@ def _hardware_move(snapshot: ClusterSnapshot, current: Assignment) -> Action | N
     """A move off an unhealthy node or off a GPU that is unhealthy or degrading: stop first
     (with a checkpoint unless the GPU is lost), then place elsewhere."""
     assert current.node is not None
-    record = snapshot.nodes.get(current.node)
-    if record is None:
-        return None  # its record was deleted while it lives: its agent writes it again
-    gpus = {g.index: g for g in record.gpus}
-    used = [gpus[i] for i in current.gpus if i in gpus]
-    lost = any(g.lost for g in used)
-    if snapshot.node_state(current.node) == "unhealthy":
-        reason = record.reason or "no reason given"
-        return stop_then_place(current, f"node {current.node} is unhealthy ({reason})",
-                               Cause.NODE_UNHEALTHY, urgent=lost)
-    bad = [g for g in used if not g.usable]
-    if not bad:
+    fault = hardware_fault(snapshot, current.node, current.gpus)
+    if fault is None:
         return None
-    gpu = bad[0]
-    level = "degrading" if gpu.healthy else "unhealthy"
-    return stop_then_place(current, f"GPU {gpu.index} on {current.node} is {level} "
-                           f"({gpu.reason or 'no reason given'})",
-                           Cause.GPU_DEGRADED if gpu.healthy else Cause.GPU_FAULT, urgent=lost)
+    return stop_then_place(current, fault.subject, fault.cause, urgent=fault.lost)
 
 
 def _strategy(name: str) -> Strategy:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from hafo.agent.proctree import descendants
 from hafo.agent.supervisor import pid_alive
 
 __all__ = ["descendants", "free_port", "kill_pid", "pid_alive", "spawn", "stop_process",
@@ -93,22 +94,3 @@ def wait_until(predicate: object, timeout: float, interval: float = 0.05) -> boo
     return bool(predicate())  # type: ignore[operator]
 
 
-def descendants(pid: int) -> list[int]:
-    """All live descendants of ``pid`` (from /proc), children first."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    out: list[int] = []
-    stack = [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            out.append(child)
-            stack.append(child)
-    return out
