@@ -130,6 +130,24 @@ def build_parser() -> Parser:
             _watch_arg(p)
         if name == "events":
             p.add_argument("--limit", type=int, default=50, help="newest N events")
+    p = sub.add_parser("endpoints", help="where a workload's replicas serve, and which are "
+                                          "ready")
+    p.add_argument("workload", help="a workload's name or id")
+    _store_args(p)
+    _json_arg(p)
+    p.add_argument("--watch", action="store_true",
+                   help="print again on every change (until interrupted)")
+    p = sub.add_parser("lb", help="drive a load balancer from a workload's endpoints")
+    lb = p.add_subparsers(dest="lb_kind", required=True, parser_class=Parser)
+    p = lb.add_parser("haproxy", help="keep an HAProxy backend's server slots in step with "
+                                      "the ready replicas (through its runtime API)")
+    p.add_argument("--workload", required=True, help="the workload's name or id")
+    p.add_argument("--backend", required=True, help="the HAProxy backend (server-template)")
+    p.add_argument("--socket", required=True,
+                   help="HAProxy's admin socket: a path, or ipv4@HOST:PORT")
+    p.add_argument("--port", dest="port_name", metavar="NAME",
+                   help="which declared port to send traffic to (default: the only one)")
+    _store_args(p)
     p = sub.add_parser("delete", help="stop and forget a workload")
     p.add_argument("workload")
     _store_args(p)
@@ -317,11 +335,20 @@ async def _cmd_submit(args: argparse.Namespace) -> int:
     _check_types(args.spec, spec)
 
     async def body(store: Any, keys: Any) -> int:
-        submission = await intents.submit(store, keys, spec)
+        try:
+            done = await intents.submit(store, keys, spec)
+        except intents.Refused as exc:
+            raise CliError(f"{args.spec}: {exc}", EXIT_USAGE) from None
+        wid = done.submission.id
         if args.json:
-            _print_json({"id": submission.id, "name": spec.name})
+            _print_json({"id": wid, "name": spec.name, "change": done.change,
+                         "how": done.how})
         else:
-            print(submission.id)
+            print(wid)
+            if done.change == "unchanged":
+                print(f"unchanged: {wid} ({spec.name}) already has this spec", file=sys.stderr)
+            elif done.change == "updated":
+                print(f"updated {wid} ({spec.name}): {done.how}", file=sys.stderr)
         return 0
 
     return await _with_store(args, body)
@@ -349,23 +376,92 @@ def _check_types(path: str, spec: Any) -> None:
             print(f"warning: {path}: spec.checks[{i}]: {exc}", file=sys.stderr)
 
 
+async def _cmd_endpoints(args: argparse.Namespace) -> int:
+    from hafo import render
+    from hafo.model.endpoints import endpoints_of, resolve
+    from hafo.store import ClusterCache
+    from hafo.tasks import wait_event
+
+    async def body(store: Any, keys: Any) -> int:
+        cache = ClusterCache(store, keys)
+        await cache.load()
+        follow = asyncio.ensure_future(cache.follow()) if args.watch else None
+        stop = asyncio.Event()
+        if args.watch:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+        last: Any = None
+        try:
+            while True:
+                cache.changed.clear()
+                snapshot = cache.snapshot()
+                wid, why = resolve(snapshot, args.workload)
+                if wid is None:
+                    raise CliError(why, EXIT_NOT_FOUND)
+                data = endpoints_of(snapshot, wid).to_dict()
+                if data != last:
+                    if args.json:
+                        print(json.dumps(data, sort_keys=True) if args.watch
+                              else json.dumps(data, indent=2, sort_keys=True), flush=True)
+                    else:
+                        print(render.render_endpoints(data) + ("\n" if args.watch else ""),
+                              flush=True)
+                    last = data
+                if not args.watch:
+                    return 0
+                waiter = asyncio.ensure_future(stop.wait())
+                await wait_event(cache.changed, 5.0)
+                waiter.cancel()
+                if stop.is_set():
+                    return 0
+        finally:
+            if follow is not None:
+                follow.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await follow
+
+    return await _with_store(args, body)
+
+
+async def _cmd_lb(args: argparse.Namespace) -> int:
+    from hafo.lb.haproxy import LbError, run_haproxy_lb
+
+    async def body(store: Any, keys: Any) -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            return await run_haproxy_lb(store, keys, args.workload, args.backend, args.socket,
+                                        args.port_name, stop=stop)
+        except LbError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
+
+    return await _with_store(args, body)
+
+
 async def _cmd_change(args: argparse.Namespace) -> int:
     from hafo.store import intents
 
     async def body(store: Any, keys: Any) -> int:
         try:
             if args.command == "delete":
-                await intents.delete(store, keys, args.workload)
-                print(f"deleted {args.workload}")
+                wid = await intents.resolve_ref(store, keys, args.workload)
+                await intents.delete(store, keys, wid)
+                print(f"deleted {wid}" + (f" ({args.workload})" if wid != args.workload else ""))
             elif args.command == "migrate":
-                refused = await intents.migrate_refusal(store, keys, args.workload, args.to,
+                wid, member = await intents.move_target(store, keys, args.workload,
                                                         args.member_node)
+                refused = await intents.migrate_refusal(store, keys, wid, args.to, member)
                 if refused:
                     raise CliError(f"cannot move {args.workload}: {refused}", EXIT_REFUSED)
-                await intents.migrate(store, keys, args.workload, args.to,
-                                      node=args.member_node)
-                print(f"moving {args.workload}"
-                      + (f" (its member on {args.member_node})" if args.member_node else "")
+                await intents.migrate(store, keys, wid, args.to, node=member)
+                replica = wid != args.workload and member is None and args.member_node
+                print(f"moving {wid}"
+                      + (f" (its member on {member})" if member else "")
+                      + (f" (replica on {args.member_node}: its replacement starts first)"
+                         if replica else "")
                       + (f" to {args.to}" if args.to else "")
                       + " (checkpoint, stop, resume); see `hafo events`")
             elif args.command == "drain":
@@ -511,7 +607,8 @@ def dispatch(args: argparse.Namespace) -> int:
         "sim": _cmd_sim,
         "status": _cmd_read, "nodes": _cmd_read, "workloads": _cmd_read, "events": _cmd_read,
         "delete": _cmd_change, "cordon": _cmd_change, "uncordon": _cmd_change,
-        "drain": _cmd_change, "migrate": _cmd_change,
+        "drain": _cmd_change, "migrate": _cmd_change, "endpoints": _cmd_endpoints,
+        "lb": _cmd_lb,
     }
     return _run(handlers[args.command](args))
 

@@ -63,6 +63,15 @@ def render_workloads(workloads: list[dict[str, Any]]) -> str:
         members = w.get("members") or []
         node = w["node"]
         gpus = len(w["gpus"])
+        service = w.get("replicas")
+        if service is not None:  # a service: n/N ready, then one row per replica
+            rows.append([w["id"], w["state"], f"{service['ready']}/{service['desired']} ready",
+                         "-", w["restarts"], "-", "-"])
+            for r in service["items"]:
+                flag = "ready" if r["ready"] else ("retiring" if r["retiring"] else "not ready")
+                rows.append([f"  {r['id']}", r["state"], r["node"] or "-", "-", r["restarts"],
+                             "-", flag + ("" if r["current"] else ", old spec")])
+            continue
         if members:  # a gang: every member, rank:node(state)
             node = " ".join(f"{m['rank']}:{m['node']}({m['state']})" for m in members)
             gpus = sum(len(m["gpus"]) for m in members)
@@ -82,3 +91,13 @@ def render_events(events: list[dict[str, Any]]) -> str:
     rows = [[_clock(e["ts"]), e["kind"], e["workload"], e["node"], e["message"]]
             for e in events]
     return table(["TIME", "KIND", "WORKLOAD", "NODE", "MESSAGE"], rows)
+
+
+def render_endpoints(data: dict[str, Any]) -> str:
+    """``hafo endpoints``."""
+    rows = [[e["replica"], e["node"] or "-", e["address"] or "-",
+             " ".join(f"{k}={v}" for k, v in sorted(e["ports"].items())) or "-",
+             "yes" if e["ready"] else "no", e["state"]] for e in data["endpoints"]]
+    title = f"{data['name']} ({data['workload']}): {sum(e['ready'] for e in data['endpoints'])}" \
+            f" of {len(data['endpoints'])} ready"
+    return title + "\n" + table(["REPLICA", "NODE", "ADDRESS", "PORTS", "READY", "STATE"], rows)

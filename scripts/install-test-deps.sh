@@ -5,6 +5,8 @@
 #               screenshots show text
 #   systemd   - systemd-analyze verifies the shipped unit files (only if systemd-analyze is absent)
 #   openssl   - TLS test certificates
+#   haproxy   - hafo lb haproxy's integration test (tests/integration/test_lb_haproxy.py) drives
+#               a real HAProxy
 # Idempotent and quick when everything is present: apt-get runs only when something is missing.
 # Runs as root, or through sudo when it exists.
 set -euo pipefail
@@ -32,6 +34,7 @@ need chromium chromium
 need_pkg fonts-liberation
 need systemd systemd-analyze
 need openssl openssl
+need haproxy haproxy
 
 if [ "${#missing[@]}" -eq 0 ]; then
     echo "install-test-deps: nothing to install"

@@ -28,6 +28,7 @@ class NodeAssignments:
         self.placed: dict[str, Assignment] = {}
         self.urgent: dict[str, int] = {}  # workload -> epoch to stop at once (no checkpoint)
         self.specs: dict[str, Submission] = {}
+        self._spec_epochs: dict[str, int] = {}  # the epoch each spec was read for
         self.copies: WatchedPrefix[Assignment] = WatchedPrefix(
             store, keys.node_assignments(node),
             lambda kv: codec.decode_assignment(kv.value, kv.mod_revision), self._changed)
@@ -60,11 +61,14 @@ class NodeAssignments:
         """Apply assignment changes forever."""
         await self.copies.follow()
 
-    async def spec(self, workload: str) -> Submission | None:
-        """The workload's submission (cached; None if it was deleted)."""
-        if workload not in self.specs:
+    async def spec(self, workload: str, epoch: int = 0) -> Submission | None:
+        """The workload's submission (None if it was deleted), read again for an epoch newer
+        than the one it was read for: an updated spec (``hafo submit`` of a changed spec)
+        reaches its next instance, never the running one's checks."""
+        if workload not in self.specs or epoch > self._spec_epochs.get(workload, 0):
             kv = await self.store.get(self.keys.workload(workload))
             if kv is None:
-                return None
+                return self.specs.get(workload)
             self.specs[workload] = codec.decode_submission(kv.value)
+            self._spec_epochs[workload] = epoch
         return self.specs[workload]

@@ -77,13 +77,16 @@ class Agent:
                                   timing.fence_margin, on_renew=self._publish_deadline,
                                   failsafe=self.failsafe.confirm)
         self.assignments = NodeAssignments(self.store, self.keys, self.name)
-        self.supervisor = Supervisor(self.name, self.state_dir, Path(config.checkpoint_root))
+        self.supervisor = Supervisor(self.name, self.state_dir, Path(config.checkpoint_root),
+                                     config.node.ports)
         self.events = EventLog(self.store, self.keys)
         self.inventory: list[Gpu] = []
         self.os_probe = OsProbe(Path(config.checkpoint_root), config.health)
         self.health = NodeHealth(self.name, self.gpus, self.os_probe, config.health)
         self.healthy, self.unhealthy_reason = True, ""
-        self.app_checks = AppChecks(self.name, Path(config.checkpoint_root))
+        self.app_checks = AppChecks(self.name, Path(config.checkpoint_root),
+                                    on_change=self.assignments.changed.set)
+        self.ready_since: dict[InstanceKey, float] = {}  # running instances that are ready
         self.app_faults: dict[InstanceKey, str] = {}  # restart-app findings on its GPUs
         self.reported: dict[str, InstanceStatus] = {}
         self.registered = asyncio.Event()
@@ -279,7 +282,7 @@ class Agent:
         for workload, epoch in plan.start:
             key = InstanceKey(workload, epoch)
             assignment = desired[key]
-            submission = await self.assignments.spec(key.workload)
+            submission = await self.assignments.spec(key.workload, key.epoch)
             if submission is None or not await self._announce_start(key):
                 continue
             by_index = {g.index: g.uuid for g in self.inventory}
@@ -328,9 +331,12 @@ class Agent:
         live = {k for k, s in states.items() if k in desired and s.state == "running"}
         await self.app_checks.retire(live)
         for key in live:
-            submission = await self.assignments.spec(key.workload)
+            submission = await self.assignments.spec(key.workload, key.epoch)
             if submission is not None:
-                self.app_checks.ensure(key, states[key], submission)
+                self.app_checks.ensure(key, states[key], submission,
+                                       self.supervisor.ports_of(key))
+        for key in [k for k in self.ready_since if k not in live]:
+            del self.ready_since[key]
         for key in [k for k in self.app_faults if k not in states]:
             del self.app_faults[key]
 
@@ -344,6 +350,9 @@ class Agent:
             failing = self.failing(key) if status.state == "running" else ""
             if failing:
                 status = dataclasses.replace(status, failing=failing)
+            since = self._readiness(key, status, desired)
+            if since is not None:
+                status = dataclasses.replace(status, ready=True, ready_since=since)
             if self.reported.get(workload) != status:
                 await self.store.put(self.keys.status(workload, self.name),
                                      codec.encode(status.to_dict()), lease=self.keeper.lease_id)
@@ -360,6 +369,38 @@ class Agent:
                     await self.store.delete(self.keys.status(key.workload, self.name))
                     self.reported.pop(key.workload, None)
                 self.supervisor.forget(key)
+
+    def _readiness(self, key: InstanceKey, status: InstanceStatus,
+                   desired: dict[InstanceKey, Any]) -> float | None:
+        """Since when a running, wanted instance is ready (its readiness checks pass), or
+        None (docs/contract.md, "Readiness")."""
+        ready = (status.state == "running" and key in desired and not status.failing
+                 and self.app_checks.ready(key, self.assignments.specs.get(key.workload)))
+        if not ready:
+            self.ready_since.pop(key, None)
+            return None
+        return self.ready_since.setdefault(key, time.time())
+
+    async def serving(self, ref: str) -> tuple[bool, str]:
+        """Whether a ready instance of workload ``ref`` (its name, id, or a replica's id)
+        runs on this node and is in rotation (``GET /v1/workloads/{name}/ready``): (answer,
+        why). A replica being replaced is out of rotation (read from etcd; unreachable:
+        this node's own view counts)."""
+        if not self.ready():
+            return False, "this node's agent holds no valid lease"
+        for workload, status in sorted(self.reported.items()):
+            submission = self.assignments.specs.get(workload)
+            if submission is None or ref not in (workload, submission.service,
+                                                 submission.spec.name):
+                continue
+            if not (status.ready and status.state == "running"):
+                continue
+            with contextlib.suppress(*TRANSIENT):
+                kv = await self.store.get(self.keys.workload(workload))
+                if kv is None or codec.decode_submission(kv.value).retiring is not None:
+                    continue
+            return True, f"{workload} (instance {status.epoch}) is ready on {self.name}"
+        return False, f"no ready instance of {ref!r} on {self.name}"
 
     async def _exit_event(self, key: InstanceKey, guard: GuardState,
                           status: InstanceStatus) -> None:

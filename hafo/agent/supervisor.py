@@ -8,6 +8,7 @@ no longer desired, and reports each instance's state to etcd under the node's le
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
@@ -29,6 +30,7 @@ from hafo.agent.instances import (
     read_guard_state,
     write_json_atomic,
 )
+from hafo.agent.ports import NoFreePort, choose_ports, port_env, read_ports
 from hafo.agent.proctree import kill_instance
 from hafo.agent.rendezvous import GANG_DEFAULTS, gang_env
 from hafo.checkpoint import list_checkpoints
@@ -39,6 +41,7 @@ from hafo.model.cluster import (
     InstanceStatus,
     Submission,
 )
+from hafo.model.config import PortRange
 from hafo.model.names import checkpoint_dir as workload_checkpoint_dir
 
 log = structlog.get_logger("hafo.agent")
@@ -79,8 +82,10 @@ class Supervisor:
     node: str
     state_dir: Path
     checkpoint_root: Path
+    port_range: PortRange = field(default_factory=PortRange)
 
     def __post_init__(self) -> None:
+        self._ports: dict[InstanceKey, dict[str, int]] = {}
         self.stopping: set[InstanceKey] = set()
         self.stopping_now: set[InstanceKey] = set()
         self._checkpoint_cache: dict[str, tuple[float, CheckpointInfo | None]] = {}
@@ -130,19 +135,32 @@ class Supervisor:
         checkpoint_dir = workload_checkpoint_dir(self.checkpoint_root, assignment.workload)
         key = InstanceKey(assignment.workload, assignment.epoch)
         path = instance_dir(self.state_dir, key)
-        path.mkdir(parents=True, exist_ok=False)
         spec = submission.spec
+        taken = {port for other in list_instances(self.state_dir)
+                 for port in self.ports_of(other).values()}
+        try:
+            ports = choose_ports(spec.ports, taken, self.port_range, assignment.epoch,
+                                 assignment.workload)
+        except NoFreePort as exc:  # reported as a failed start: restarted or moved
+            path.mkdir(parents=True, exist_ok=False)
+            self._mark_exited(path, None, None, str(exc), InstanceEnd.EXIT, exit_code=1)
+            log.error("instance not started", workload=assignment.workload, node=self.node,
+                      epoch=assignment.epoch, error=str(exc))
+            return
+        path.mkdir(parents=True, exist_ok=False)
+        self._ports[key] = ports
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         gang = gang_env(assignment, self.node)
         env = {**os.environ, **(GANG_DEFAULTS if gang else {}), **spec.env,
                "HAFO_WORKLOAD": assignment.workload, "HAFO_EPOCH": str(assignment.epoch),
                "HAFO_NODE": self.node, "HAFO_CHECKPOINT_DIR": str(checkpoint_dir),
-               "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids), "PYTHONUNBUFFERED": "1", **gang}
+               "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids), "PYTHONUNBUFFERED": "1", **gang,
+               **port_env(ports)}
         write_json_atomic(path / "launch.json", {
             "workload": assignment.workload, "epoch": assignment.epoch, "node": self.node,
             "argv": list(spec.command), "env": env, "cwd": spec.workdir or os.getcwd(),
             "grace": spec.stop_grace, "fence_file": str(self.state_dir / FENCE_FILE),
-            "checkpoint_mode": spec.checkpoint_mode,
+            "checkpoint_mode": spec.checkpoint_mode, "ports": ports,
             "launched_at": time.time()})
         with open(path / "guard.log", "ab") as guard_log:
             subprocess.Popen([sys.executable, "-m", "hafo", "guard", str(path)],
@@ -192,6 +210,17 @@ class Supervisor:
             self._mark_exited(instance_dir(self.state_dir, key), state.guard_pid, state.pid,
                               f"fenced: {why}", InstanceEnd.FENCED, exit_code=-9)
 
+    def ports_of(self, key: InstanceKey) -> dict[str, int]:
+        """The ports an instance was launched with (from its launch file, once)."""
+        ports = self._ports.get(key)
+        if ports is None:
+            try:
+                data = json.loads((instance_dir(self.state_dir, key) / "launch.json").read_text())
+            except (OSError, ValueError):
+                return {}  # not launched yet: asked again later
+            ports = self._ports[key] = read_ports(data if isinstance(data, dict) else {})
+        return ports
+
     def forget(self, key: InstanceKey) -> None:
         """Remove an exited, no longer desired instance (its output log is kept)."""
         path = instance_dir(self.state_dir, key)
@@ -200,6 +229,7 @@ class Supervisor:
         with contextlib.suppress(OSError):
             shutil.move(str(path / "output.log"), str(logs / f"{key.dirname}.log"))
         shutil.rmtree(path, ignore_errors=True)
+        self._ports.pop(key, None)
         self.stopping.discard(key)
         self.stopping_now.discard(key)
 
@@ -224,7 +254,8 @@ class Supervisor:
                               pid=state.pid, exit_code=state.exit_code,
                               started_at=state.started_at, finished_at=state.finished_at,
                               checkpoint=self.checkpoint_info(key.workload),
-                              ended=state.ended if state.state == "exited" else None)
+                              ended=state.ended if state.state == "exited" else None,
+                              ports=self.ports_of(key))
 
 
 def newest_per_workload(states: Mapping[InstanceKey, GuardState]) -> dict[str, InstanceKey]:

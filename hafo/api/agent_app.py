@@ -1,5 +1,6 @@
 """The agent's HTTP API: ``/healthz``, ``/readyz``, ``/metrics``, ``/openapi.json``,
-``/v1/node``. It has no mutations: work reaches a node only through etcd."""
+``/v1/node``, ``/v1/workloads/{name}/ready`` (for a load balancer's health check). It has no
+mutations: work reaches a node only through etcd."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from hafo.api.errors import MAX_BODY, json_errors
 from hafo.api.openapi import agent_document
 from hafo.api.probes import probe_routes
+from hafo.model.names import is_workload_ref
 
 
 class AgentSource(Protocol):
@@ -27,6 +29,10 @@ class AgentSource(Protocol):
         """Node record, lease state and instances."""
         ...
 
+    async def serving(self, ref: str) -> tuple[bool, str]:
+        """Whether a ready instance of workload ``ref`` is in rotation here, and why."""
+        ...
+
 
 def make_agent_app(source: AgentSource) -> web.Application:
     """Build the aiohttp application of one agent."""
@@ -35,6 +41,17 @@ def make_agent_app(source: AgentSource) -> web.Application:
     @routes.get("/v1/node")
     async def node(_request: web.Request) -> web.Response:
         return web.json_response(source.status())
+
+    @routes.get("/v1/workloads/{name}/ready")
+    async def ready(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if not is_workload_ref(name):
+            return web.json_response({"ready": False, "node": source.name,
+                                      "reason": f"not a workload name or id: {name!r}"},
+                                     status=404)
+        ok, why = await source.serving(name)
+        return web.json_response({"ready": ok, "node": source.name, "reason": why},
+                                 status=200 if ok else 503)
 
     app = web.Application(client_max_size=64 * 1024, middlewares=[json_errors])
     app[MAX_BODY] = 64 * 1024

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -20,8 +21,9 @@ from hafo.api.dashboard import add_dashboard
 from hafo.api.errors import MAX_BODY, error, json_errors
 from hafo.api.openapi import controller_document
 from hafo.api.probes import probe_routes
-from hafo.api.write_routes import node_name, workload_id, write_routes
+from hafo.api.write_routes import node_name, resolved, write_routes
 from hafo.model.cluster import ClusterSnapshot, Event
+from hafo.model.endpoints import endpoints_of, prometheus_targets, resolve
 from hafo.model.views import all_nodes, all_workloads, node_view, status_view, workload_view
 from hafo.store import Keys, Store
 
@@ -145,15 +147,34 @@ def read_routes(source: ControllerSource) -> web.RouteTableDef:
 
     @routes.get("/v1/workloads")
     async def workloads(_request: web.Request) -> web.Response:
-        return await json_off_loop(all_workloads, source.snapshot())
+        now = time.time()
+        return await json_off_loop(lambda s: all_workloads(s, now), source.snapshot())
 
     @routes.get("/v1/workloads/{id}")
     async def workload(request: web.Request) -> web.Response:
-        wid = workload_id(request)
         snapshot = source.snapshot()
-        if wid not in snapshot.workloads:
-            return error(404, f"no workload {wid!r}")
-        return web.json_response(workload_view(snapshot, wid))
+        wid = resolved(request, snapshot)
+        return web.json_response(workload_view(snapshot, wid, time.time()))
+
+    @routes.get("/v1/workloads/{id}/endpoints")
+    async def endpoints(request: web.Request) -> web.Response:
+        snapshot = source.snapshot()
+        return web.json_response(endpoints_of(snapshot, resolved(request, snapshot)).to_dict())
+
+    @routes.get("/v1/sd/prometheus")
+    async def prometheus_sd(request: web.Request) -> web.Response:
+        snapshot = source.snapshot()
+        port = request.query.get("port")
+        ref = request.query.get("workload")
+        if ref is not None:
+            wid, why = resolve(snapshot, ref)
+            if wid is None:
+                return error(404, why)
+            wids = [wid]
+        else:
+            wids = sorted(w for w, sub in snapshot.workloads.items()
+                          if sub.service is None and (sub.spec.ports or sub.spec.is_service))
+        return web.json_response(prometheus_targets(snapshot, wids, port))
 
     @routes.get("/v1/events")
     async def events(request: web.Request) -> web.Response:

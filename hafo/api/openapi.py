@@ -18,7 +18,8 @@ from hafo import __version__
 from hafo.api.body import MIGRATE, Deleted, Health, Moving, NodeChange
 from hafo.api.errors import ErrorBody
 from hafo.model.cluster import Event
-from hafo.model.names import NODE_NAME_RE, WORKLOAD_ID_RE
+from hafo.model.endpoints import Endpoints
+from hafo.model.names import NODE_NAME_RE, WORKLOAD_ID_RE, WORKLOAD_NAME
 from hafo.model.schema import Schema, json_schemas, schema_of
 from hafo.model.spec import SPEC
 from hafo.model.views import NodeView, StatusView, WorkloadView
@@ -61,13 +62,26 @@ def schemas() -> dict[str, Any]:
         "Moving": (Schema(Moving, "moving"), "serialization"),
         "NodeChange": (Schema(NodeChange, "node"), "serialization"),
         "Health": (Schema(Health, "health"), "serialization"),
+        "Endpoints": (schema_of(Endpoints), "serialization"),
     }, ref_template=COMPONENTS)
 
 
 WORKLOAD_ID = {"name": "id", "in": "path", "required": True,
-               "schema": {"type": "string", "pattern": f"^{WORKLOAD_ID_RE.pattern}$"}}
+               "description": "a workload's id, or its name",
+               "schema": {"type": "string",
+                          "pattern": f"^({WORKLOAD_ID_RE.pattern}|{WORKLOAD_NAME})$"}}
+WORKLOAD_REF = {**WORKLOAD_ID, "name": "name"}
+SD_TARGETS = {"type": "array", "items": {"type": "object", "required": ["targets", "labels"],
+                                         "properties": {
+                                             "targets": {"type": "array",
+                                                         "items": {"type": "string"}},
+                                             "labels": {"type": "object",
+                                                        "additionalProperties": {
+                                                            "type": "string"}}}}}
 NODE_NAME = {"name": "name", "in": "path", "required": True,
              "schema": {"type": "string", "pattern": f"^{NODE_NAME_RE.pattern}$"}}
+READY = {"type": "object", "required": ["ready", "node", "reason"], "properties": {
+    "ready": {"type": "boolean"}, "node": {"type": "string"}, "reason": {"type": "string"}}}
 BEARER: list[dict[str, list[str]]] = [{"bearer": []}]
 TEXT = {"text/plain": {"schema": {"type": "string"}}}
 
@@ -121,6 +135,14 @@ def _document(title: str, paths: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _submit() -> dict[str, Any]:
+    op = _mutation("submit a workload: create it (201), or update the one of that name "
+                   "(200: a rolling update, a planned move, or nothing for the same spec)", 201,
+                   _ref("Workload"), 400, 409, body=_ref("WorkloadSpec"), body_required=True)
+    op["responses"]["200"] = _json(_ref("Workload"), "updated, or unchanged")
+    return op
+
+
 def controller_document() -> dict[str, Any]:
     """The controller API's OpenAPI document."""
     limit = {"name": "limit", "in": "query", "required": False,
@@ -145,12 +167,21 @@ def controller_document() -> dict[str, Any]:
             "allow work on the node again", 200, _ref("NodeChange"), 400, 404, params=node)},
         "/v1/workloads": {
             "get": _get("every workload", {"type": "array", "items": _ref("Workload")}),
-            "post": _mutation("submit a workload", 201, _ref("Workload"), 400,
-                              body=_ref("WorkloadSpec"), body_required=True)},
+            "post": _submit()},
         "/v1/workloads/{id}": {
             "get": _get("one workload", _ref("Workload"), 400, 404, params=wid),
             "delete": _mutation("stop and forget a workload", 200, _ref("Deleted"), 400, 404,
                                 params=wid)},
+        "/v1/workloads/{id}/endpoints": {"get": _get(
+            "where its replicas serve and which are ready", _ref("Endpoints"), 404,
+            params=wid)},
+        "/v1/sd/prometheus": {"get": _get(
+            "Prometheus HTTP service discovery: every running replica's ports",
+            SD_TARGETS, 404, params=[
+                {"name": "workload", "in": "query", "required": False,
+                 "schema": {"type": "string"}},
+                {"name": "port", "in": "query", "required": False,
+                 "schema": {"type": "string"}}])},
         "/v1/workloads/{id}/migrate": {"post": _mutation(
             "planned move with a fresh checkpoint (to `to`, or any other node)", 202,
             _ref("Moving"), 400, 404, 409, params=wid, body=_ref("MigrateRequest"))},
@@ -165,4 +196,7 @@ def agent_document() -> dict[str, Any]:
     return _document("hafo agent API", {
         **_probes("agent"),
         "/v1/node": {"get": _get("this node: record, lease and instances", {"type": "object"})},
+        "/v1/workloads/{name}/ready": {"get": _get(
+            "200 while a ready replica of the workload runs on this node, 503 otherwise (for "
+            "a load balancer's health check)", READY, 404, params=[WORKLOAD_REF])},
     })

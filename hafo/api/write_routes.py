@@ -16,7 +16,8 @@ from hafo.api.body import MIGRATE, Deleted, Moving, NodeChange, json_object
 from hafo.api.errors import NotFound, error
 from hafo.decisions.moves import move_refusal
 from hafo.model.cluster import ClusterSnapshot
-from hafo.model.names import is_node_name, is_workload_id
+from hafo.model.endpoints import replica_on, resolve
+from hafo.model.names import is_node_name, is_workload_id, is_workload_ref
 from hafo.model.spec import parse_spec
 from hafo.model.views import submitted_view
 from hafo.store import Keys, Store, intents
@@ -34,12 +35,24 @@ class WriteTarget(Protocol):
 
 
 def workload_id(request: web.Request) -> str:
-    """The ``{id}`` of the path; 404 for anything that cannot be a workload id (no key or
-    path is ever built from it)."""
+    """The ``{id}`` of the path: a workload id or name; 404 for anything that cannot be one
+    (no key or path is ever built from it)."""
     wid = request.match_info["id"]
-    if not is_workload_id(wid):
+    if not is_workload_ref(wid):
         raise NotFound(f"no workload {wid!r}")
     return wid
+
+
+def resolved(request: web.Request, snapshot: ClusterSnapshot) -> str:
+    """The workload id the ``{id}`` of the path names (an id, or a name); 404 if none. An id
+    this controller's cache does not know yet is left to the intent (which reads etcd)."""
+    ref = workload_id(request)
+    wid, why = resolve(snapshot, ref)
+    if wid is not None:
+        return wid
+    if is_workload_id(ref) and request.method != "GET":
+        return ref
+    raise NotFound(why)
 
 
 def node_name(request: web.Request) -> str:
@@ -58,13 +71,18 @@ def write_routes(target: WriteTarget) -> web.RouteTableDef:
     async def submit(request: web.Request) -> web.Response:
         body = await json_object(request, required=True)
         spec = parse_spec(body)
-        submission = await intents.submit(target.store, target.keys, spec)
-        return web.json_response(submitted_view(submission), status=201,
+        try:
+            done = await intents.submit(target.store, target.keys, spec)
+        except intents.Refused as exc:
+            return error(409, str(exc))
+        submission = done.submission
+        view = {**submitted_view(submission), "change": done.change, "how": done.how}
+        return web.json_response(view, status=201 if done.change == "created" else 200,
                                  headers={"Location": f"/v1/workloads/{submission.id}"})
 
     @routes.delete("/v1/workloads/{id}")
     async def delete(request: web.Request) -> web.Response:
-        wid = workload_id(request)
+        wid = resolved(request, target.snapshot())
         try:
             await intents.delete(target.store, target.keys, wid)
         except intents.NotFound as exc:
@@ -73,9 +91,16 @@ def write_routes(target: WriteTarget) -> web.RouteTableDef:
 
     @routes.post("/v1/workloads/{id}/migrate")
     async def migrate(request: web.Request) -> web.Response:
-        wid = workload_id(request)
+        snapshot = target.snapshot()
+        wid = resolved(request, snapshot)
         body = MIGRATE.validate(await json_object(request, required=False) or {})
         to, node = body.to, body.node
+        service = snapshot.workloads.get(wid)
+        if service is not None and service.spec.is_service and node is not None:
+            replica = replica_on(snapshot, wid, node)  # a service's: its replica on node
+            if replica is None:
+                return error(404, f"no replica of {wid!r} runs on {node!r}")
+            wid, node = replica, None
         conflict = _migrate_conflict(target.snapshot(), wid, to, node)
         if conflict:
             return error(409, conflict)

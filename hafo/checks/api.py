@@ -33,6 +33,9 @@ class CheckContext:
     started_at: float | None
     checkpoint_dir: Path
     env: Mapping[str, str] = field(default_factory=dict)
+    #: The instance's ports by name (``ports`` of the spec, each 0 resolved to the port hafo
+    #: chose on this node).
+    ports: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ class HttpCheck:
 
     def __init__(self, options: Mapping[str, Any]) -> None:
         opts = _options(HTTP_OPTIONS, options)
-        self.url = opts.url
+        self.opts = opts
         self.method = opts.method
         self.expect = frozenset(opts.expect_status)
         self.body_contains = opts.body_contains
@@ -75,8 +75,12 @@ class HttpCheck:
         """One request; redirects are not followed (a 3xx is the answer)."""
         timeout = aiohttp.ClientTimeout(total=HTTP_CLIENT_TIMEOUT)
         try:
+            url = self.opts.target(ctx.ports)
+        except KeyError:
+            return CheckResult(False, f"no port named {self.opts.port!r} on this instance")
+        try:
             async with aiohttp.ClientSession(timeout=timeout) as session, session.request(
-                    self.method, self.url, headers=self.headers,
+                    self.method, url, headers=self.headers,
                     allow_redirects=False) as resp:
                 if not self._status_ok(resp.status):
                     want = ("/".join(map(str, sorted(self.expect))) if self.expect
@@ -107,14 +111,17 @@ class TcpCheck:
 
     async def probe(self, ctx: CheckContext) -> CheckResult:
         """Connect and close."""
+        port = ctx.ports.get(self.port) if isinstance(self.port, str) else self.port
+        if port is None:
+            return CheckResult(False, f"no port named {self.port!r} on this instance")
         try:
-            _, writer = await asyncio.open_connection(self.host, self.port)
+            _, writer = await asyncio.open_connection(self.host, port)
         except OSError as exc:
             return CheckResult(False, _error(exc))
         writer.close()
         with contextlib.suppress(OSError):
             await writer.wait_closed()
-        return CheckResult(True, f"connected to {self.host}:{self.port}")
+        return CheckResult(True, f"connected to {self.host}:{port}")
 
 
 class ExecCheck:

@@ -183,10 +183,12 @@ class InstanceChecks:
     """
 
     def __init__(self, specs: Sequence[CheckSpec], ctx: CheckContext,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_change: Callable[[], None] | None = None) -> None:
         self.specs = tuple(specs)
         self.ctx = ctx
         self._clock = clock
+        self._on_change = on_change
         self._states = [CheckState() for _ in self.specs]
         self._unusable: dict[int, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -224,8 +226,12 @@ class InstanceChecks:
 
     def _observe(self, index: int, spec: CheckSpec, result: CheckResult) -> None:
         before = self._states[index]
+        was_ready = self.ready
         after = observe(before, result.ok, result.detail, spec.failure_threshold)
         self._states[index] = after
+        if self._on_change is not None and (self.ready != was_ready
+                                            or after.failing != before.failing):
+            self._on_change()  # report it now, not at the next supervise cycle
         if after.failing and not before.failing:
             self._log.warning("check failing", check=self._name(index),
                               failures=after.consecutive_failures, detail=after.last_detail)
@@ -233,9 +239,17 @@ class InstanceChecks:
             self._log.info("check recovered", check=self._name(index), detail=after.last_detail)
 
     @property
+    def ready(self) -> bool:
+        """Every readiness check's last probe passed (true with no readiness check)."""
+        return all(state.runs > 0 and state.consecutive_failures == 0 and i not in self._unusable
+                   for i, (spec, state) in enumerate(zip(self.specs, self._states, strict=True))
+                   if spec.readiness)
+
+    @property
     def failing(self) -> str | None:
-        """None while every check passes (or is below its threshold), else why not."""
-        bad = [i for i, s in enumerate(self._states) if s.failing]
+        """None while every liveness check passes (or is below its threshold), else why not
+        (a check with ``liveness: false`` only gates readiness)."""
+        bad = [i for i, s in enumerate(self._states) if s.failing and self.specs[i].liveness]
         if not bad:
             return None
         i = bad[0]
@@ -253,6 +267,7 @@ class InstanceChecks:
     def results(self) -> list[dict[str, Any]]:
         """Each check's current state, in spec order, for the API."""
         return [{"type": spec.type, "index": i, "failing": s.failing,
+                 "passing": s.runs > 0 and s.consecutive_failures == 0,
                  "consecutive_failures": s.consecutive_failures, "last_detail": s.last_detail,
                  "runs": s.runs}
                 for i, (spec, s) in enumerate(zip(self.specs, self._states, strict=True))]

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import structlog
 
-from hafo.decisions.reconcile import Action, Plan
+from hafo.decisions.reconcile import Action, Plan, ReplicaChange
 from hafo.model.cluster import ClusterSnapshot, Event
 from hafo.store import Compare, Delete, Election, EventLog, Keys, Put, codec
 
@@ -140,7 +140,7 @@ async def apply_plan(election: Election, keys: Keys, events: EventLog, plan: Pla
         for action in plan.actions:
             current = snapshot.assignments.get(action.workload)
             previous[action.workload] = current.nodes if current is not None else ()
-    highest = 0
+    highest = await apply_replica_changes(election, keys, events, plan.replicas)
     for batch in _batches(plan.actions, previous):
         if len(batch) == 1:
             revision = await apply_action(election, keys, events, batch[0],
@@ -148,4 +148,41 @@ async def apply_plan(election: Election, keys: Keys, events: EventLog, plan: Pla
             highest = max(highest, revision or 0)
         else:
             highest = max(highest, await _apply_batch(election, keys, events, batch, previous))
+    return highest
+
+
+_REPLICA_EVENTS = {"create": "replica-created", "retire": "replica-retiring",
+                   "delete": "replica-deleted"}
+
+
+def _replica_ops(keys: Keys, change: ReplicaChange) -> tuple[list[Compare], list[Put | Delete]]:
+    """A replica change's compare and writes: a new replica's key must not exist; a retired
+    one must still exist; a deleted one takes its move request with it."""
+    key = keys.workload(change.replica)
+    if change.kind == "delete":
+        return [], [Delete(key), Delete(keys.move(change.replica))]
+    assert change.submission is not None
+    value = codec.encode_submission(change.submission)
+    compare = Compare(key, "create", "==", 0) if change.kind == "create" else \
+        Compare(key, "version", ">", 0)
+    return [compare], [Put(key, value)]
+
+
+async def apply_replica_changes(election: Election, keys: Keys, events: EventLog,
+                                changes: Sequence[ReplicaChange]) -> int:
+    """Write the replica changes of a plan, each with its event, one transaction each (a
+    stale one fails alone; the next cycle decides again). Returns the highest revision."""
+    highest = 0
+    for change in changes:
+        compares, ops = _replica_ops(keys, change)
+        event = Event(ts=time.time(), kind=_REPLICA_EVENTS[change.kind],
+                      workload=change.replica, message=change.why)
+        result = await election.fenced(compares, [await events.put_op(event), *ops])
+        if result.succeeded:
+            log.info(f"replica {change.kind}: {change.why}", workload=change.replica,
+                     service=change.service, action=f"replica-{change.kind}")
+            highest = max(highest, result.revision)
+        else:
+            log.info("replica change skipped: state moved on", workload=change.replica,
+                     action=f"replica-{change.kind}")
     return highest

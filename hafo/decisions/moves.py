@@ -44,6 +44,12 @@ def move_refusal(snapshot: ClusterSnapshot, wid: str, to: str | None, now: float
     """Why a planned move of ``wid`` (to ``to``; for a gang, of its member on ``node``) would
     be refused now, "" if it would start. ``start_move`` applies these rules to a request;
     the API answers 409 with this reason before it writes one."""
+    submission = snapshot.workloads.get(wid)
+    if submission is not None and submission.spec.is_service and submission.service is None:
+        return ("it is a service: move one of its replicas (--from NODE, or the replica's "
+                "id), or drain that node")
+    if submission is not None and submission.service is not None and to is not None:
+        return "a replica's replacement goes where hafo places it (--to is not for replicas)"
     current = snapshot.assignments.get(wid)
     if current is None or current.phase != "placed" or current.node is None:
         return "the workload is not running"

@@ -9,6 +9,7 @@ second. A workload being restarted in place prefers its own node.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 
 from hafo.decisions.gang_placement import GangPlacer
 from hafo.decisions.placement_index import PlacementIndex
@@ -119,11 +120,16 @@ def place_batch(requests: Iterable[PlacementRequest], capacity: Mapping[str, Nod
     index = PlacementIndex(capacity, now, strategy)
     gangs = GangPlacer(index, dict(spares or {}))
     results: dict[str, Placed | Unplaceable] = {}
+    groups: dict[str, set[str]] = {}  # service -> nodes its replicas got in this pass
     for request in batch_order(requests):
+        if request.group is not None and groups.get(request.group):
+            request = replace(request, apart=request.apart | groups[request.group])
         if request.spec.is_gang:
             gang = gangs.place(request)
             if isinstance(gang, Placed):
                 gangs.commit(gang)
+                if request.group is not None:
+                    groups.setdefault(request.group, set()).update(m.node for m in gang.members)
             else:
                 gangs.hold_for(request)
             results[request.workload] = gang
@@ -131,6 +137,8 @@ def place_batch(requests: Iterable[PlacementRequest], capacity: Mapping[str, Nod
         outcome = index.place(request)
         if isinstance(outcome, Placed):
             index.commit(outcome)
+            if request.group is not None:
+                groups.setdefault(request.group, set()).add(outcome.node)
         elif unplaceable is not None:
             for name in unplaceable(request, outcome):
                 index.refresh(name)

@@ -164,13 +164,15 @@ class PlacementIndex:
                 honour_cooldown: bool, also_skip: set[str] | None = None) -> str | None:
         now = self.now
         preferred = self.capacity.get(request.prefer) if request.prefer is not None else None
-        if preferred is not None and preferred.name not in self.held and filter_reason(
+        if preferred is not None and preferred.name not in self.held \
+                and preferred.name not in request.apart and filter_reason(
                 request, preferred, now, honour_cooldown) is None:
             return preferred.name
         skip = {n for n, until in request.exclude.items() if until > now}
         if honour_cooldown:
             skip.update(n for n, until in request.avoid.items() if until > now)
         skip |= self.held
+        skip |= request.apart
         if also_skip:
             skip |= also_skip
         sig = self._signature(request.spec)
@@ -231,6 +233,9 @@ class PlacementIndex:
         for name in self.held:
             if name not in special:
                 special[name] = f"held for waiting gang {self.held_by}"
+        for name in request.apart:
+            if name in capacity and name not in special:
+                special[name] = f"runs another replica of {request.group or 'its service'}"
         sig = self._signature(request.spec)
         label_reasons = sig.label_reasons()
         reasons: Counter[str] = Counter(special.values())

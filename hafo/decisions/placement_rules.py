@@ -36,7 +36,9 @@ class PlacementRequest:
     above 1): ``members``, those of its previous epoch (each keeps its node and rank where it
     still fits), ``leave``, nodes whose members go elsewhere; ``prefer`` is then where a
     member that moves must go; ``spares_first``: a failed member's replacement takes a spare
-    node before an ordinary one (a planned move, only when no ordinary node fits)."""
+    node before an ordinary one (a planned move, only when no ordinary node fits). A
+    replica of a service: ``apart``, the nodes of its service's other replicas (never used),
+    and ``group``, its service (replicas placed in one pass keep apart from each other)."""
 
     workload: str
     spec: WorkloadSpec
@@ -49,6 +51,8 @@ class PlacementRequest:
     members: tuple[Member, ...] = ()
     leave: tuple[str, ...] = ()
     spares_first: bool = False
+    apart: frozenset[str] = frozenset()
+    group: str | None = None
 
 
 @dataclass

@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import Literal
 
 from hafo.decisions.placement import PlacementRequest
+from hafo.decisions.services import ReplicaChange
 from hafo.model.cluster import Assignment, MoveCause
 
 ActionKind = Literal["place", "pending", "finish", "forget", "move", "refuse-move"]
@@ -98,12 +99,14 @@ class Action:
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything decided in one cycle."""
+    """Everything decided in one cycle: actions on assignments, and changes to the replica
+    sets of services (``hafo.decisions.services``)."""
 
     actions: tuple[Action, ...]
+    replicas: tuple[ReplicaChange, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.actions)
+        return bool(self.actions) or bool(self.replicas)
 
 
 @dataclass(frozen=True, kw_only=True)

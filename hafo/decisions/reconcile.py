@@ -13,6 +13,7 @@ log. Linear in nodes + workloads, plus O(log nodes) per placement.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from hafo.decisions.failures import after_failure
 from hafo.decisions.gang_placement import choose_spares
@@ -46,6 +47,7 @@ from hafo.decisions.preemption import (
     victims_by_node,
     waiting_preemptors,
 )
+from hafo.decisions.services import ReplicaChange, apart_from, decide_services
 from hafo.model.cluster import (
     Assignment,
     CheckpointInfo,
@@ -54,7 +56,7 @@ from hafo.model.cluster import (
     Member,
 )
 
-__all__ = ["FAILED_NODE_COOLDOWN", "Action", "Cause", "Plan", "reconcile"]
+__all__ = ["FAILED_NODE_COOLDOWN", "Action", "Cause", "Plan", "ReplicaChange", "reconcile"]
 
 
 def _resume(checkpoints: Mapping[str, CheckpointInfo], wid: str) -> str:
@@ -77,8 +79,12 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
     spec = submission.spec
     current = snapshot.assignments.get(wid)
     move = snapshot.moves.get(wid)
-    if move is not None:
-        return start_move(snapshot, wid, move, now)
+    if submission.retiring is not None:
+        return None  # out of rotation, deleted soon (hafo.decisions.services): left as it is
+    if move is not None and submission.service is None:
+        return start_move(snapshot, wid, move, now)  # a replica's: its service replaces it
+    if spec.is_service and submission.service is None:
+        return None  # a service is its replicas (hafo.decisions.services)
     if current is not None and current.is_gang and current.phase == "moving":
         return moved_off_gang(snapshot, current, now, cooldown, resumes_note(checkpoints, wid))
     if current is not None and current.is_gang and current.phase == "placed":
@@ -275,6 +281,7 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
     labelled as spares; ``hafo.decisions.gang_placement``).
     """
     default = _strategy(strategy)
+    replicas = tuple(decide_services(snapshot, now))
     actions: list[Action] = []
     for wid, assignment in sorted(snapshot.assignments.items()):
         if wid not in snapshot.workloads:
@@ -298,7 +305,8 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
         else:
             settled.append(wid)
     if not needs:
-        return Plan(tuple(actions))  # nothing to place: no capacity to compute
+        return Plan(tuple(actions), replicas)  # nothing to place: no capacity to compute
+    needs = [_kept_apart(snapshot, need) for need in needs]
     releasing = {n.request.workload for n in needs}
     capacity = capacity_from(snapshot, releasing)
     spare_nodes = choose_spares(snapshot, capacity, spares)
@@ -357,4 +365,15 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
                               why=f"{need.why}; {reason}", expected_revision=_revision(previous),
                               assignment=pending, known_since=need.known_since))
     actions.extend(_victim_actions(snapshot, preemptions))
-    return Plan(tuple(actions))
+    return Plan(tuple(actions), replicas)
+
+
+def _kept_apart(snapshot: ClusterSnapshot, need: Need) -> Need:
+    """A replica's request, kept off the nodes of the other replicas of its service (in this
+    pass too: ``group``)."""
+    submission = snapshot.workloads[need.request.workload]
+    if submission.service is None:
+        return need
+    request = replace(need.request, apart=apart_from(snapshot, submission),
+                      group=submission.service if submission.spec.distinct_nodes else None)
+    return replace(need, request=request)

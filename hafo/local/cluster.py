@@ -416,7 +416,7 @@ class LocalCluster:
     async def submit(self, spec: WorkloadSpec | dict[str, Any]) -> str:
         """Submit a workload; returns its id."""
         parsed = spec if isinstance(spec, WorkloadSpec) else parse_spec(spec)
-        return (await intents.submit(self.store, self.keys, parsed)).id
+        return (await intents.submit(self.store, self.keys, parsed)).submission.id
 
     def progress_log(self, workload: str) -> list[dict[str, Any]]:
         """Lines the built-in workload wrote (see ``hafo.local.progress``)."""

@@ -8,6 +8,7 @@ with the same ones on the agent; a plugin type's options are the plugin's to che
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union
@@ -18,7 +19,9 @@ from pydantic import (
     Field,
     GetCoreSchemaHandler,
     GetJsonSchemaHandler,
+    PlainValidator,
     Strict,
+    WithJsonSchema,
 )
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, core_schema
@@ -26,6 +29,7 @@ from pydantic_core import CoreSchema, core_schema
 from hafo.model.schema import (
     INTEGER,
     Argv,
+    Flag,
     Matches,
     NonNegative,
     OneOrMore,
@@ -46,15 +50,37 @@ HTTP_URL = (r"[Hh][Tt][Tt][Pp][Ss]?://([^\x00-\x20/?#@\[\]]*@)?"
 #: An HTTP method of ``HTTP_METHODS``, in any case.
 HTTP_METHOD = "|".join("".join(f"[{c}{c.lower()}]" for c in m) for m in HTTP_METHODS)
 StatusCode = Annotated[int, Field(ge=100, le=599), INTEGER]
+PORT_NAME = r"[a-z][a-z0-9_]{0,14}"
+_PORT_NAME_RE = re.compile(PORT_NAME)
+
+
+def _port_ref(value: Any) -> int | str:
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535:
+        return value
+    if isinstance(value, str) and _PORT_NAME_RE.fullmatch(value):
+        return value
+    invalid((), "must be a port number (1-65535) or the name of a declared port", value)
+
+
+#: A port: its number, or the name of one of the spec's ``ports`` (resolved on the node, where
+#: a port hafo chose is known).
+PortRef = Annotated[int | str, PlainValidator(_port_ref), WithJsonSchema({"oneOf": [
+    {"type": "integer", "minimum": 1, "maximum": 65535},
+    {"type": "string", "pattern": f"^{PORT_NAME}$"}]})]
 
 
 @dataclass(frozen=True, kw_only=True)
 class HttpOptions(Section):
     """``http``: a request whose status (2xx/3xx, or ``expect_status``) and optionally body
-    (``body_contains``) say healthy. Redirects are not followed."""
+    (``body_contains``) say healthy. Redirects are not followed. The target is ``url``, or
+    ``scheme``://``host``:``port````path`` where ``port`` may name a declared port."""
 
     url: Annotated[str, Strict(), Matches(HTTP_URL, "must be an http:// or https:// URL "
-                                                    "with a host")]
+                                                    "with a host")] | None = None
+    port: PortRef | None = None
+    path: Annotated[str, Strict(), Matches(r"/[^\x00-\x20]*", "must start with '/'")] = "/"
+    host: Text = "127.0.0.1"
+    scheme: Literal["http", "https"] = "http"
     method: Annotated[str, Strict(), Matches(HTTP_METHOD, f"must be one of "
                                                           f"{', '.join(HTTP_METHODS)}"),
                       AfterValidator(str.upper)] = "GET"
@@ -62,13 +88,27 @@ class HttpOptions(Section):
     body_contains: Text | None = None
     headers: StrMap = field(default_factory=dict)
 
+    def _check(self) -> None:
+        if self.url is None and self.port is None:
+            invalid("url", "give url, or port (a number or a declared port's name)")
+
+    def target(self, ports: Mapping[str, int]) -> str:
+        """The URL to probe, with a named port resolved through ``ports`` (KeyError: not
+        declared)."""
+        if self.url is not None and self.port is None:
+            return self.url
+        port = ports[self.port] if isinstance(self.port, str) else self.port
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{port}{self.path}"
+
 
 @dataclass(frozen=True, kw_only=True)
 class TcpOptions(Section):
-    """``tcp``: a connection to ``host``:``port`` opens."""
+    """``tcp``: a connection to ``host``:``port`` opens (``port`` may name a declared
+    port)."""
 
     host: Text = "127.0.0.1"
-    port: Annotated[int, Field(ge=1, le=65535), INTEGER]
+    port: PortRef
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,12 +150,16 @@ PROGRESS_OPTIONS: Schema[ProgressOptions] = Schema(ProgressOptions, "options", p
 @dataclass(frozen=True, kw_only=True)
 class CheckTiming(Section):
     """When a check runs: every ``interval`` seconds (after ``initial_delay``), each probe
-    within ``timeout``; ``failure_threshold`` failures in a row fail the instance."""
+    within ``timeout``; ``failure_threshold`` failures in a row fail the instance (unless
+    ``liveness`` is false). ``readiness``: the instance is ready only while this check's last
+    probe passed (docs/contract.md, "Readiness")."""
 
     interval: Positive = 10.0
     timeout: Positive = 5.0
     failure_threshold: Annotated[int, Field(ge=1), INTEGER] = 3
     initial_delay: NonNegative = 0.0
+    readiness: Flag = True
+    liveness: Flag = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,7 +215,8 @@ class PluginCheckSpec(CheckTiming):
         "not": {"enum": list(BUILTIN_CHECK_TYPES)}})]
 
 
-_TIMING_KEYS = frozenset({"type", "interval", "timeout", "failure_threshold", "initial_delay"})
+_TIMING_KEYS = frozenset({"type", "interval", "timeout", "failure_threshold", "initial_delay",
+                          "readiness", "liveness"})
 _FORMS: dict[str, Schema[Any]] = {name: Schema(form, "check")
                                   for name, form in BUILTIN_CHECKS.items()}
 _PLUGIN: Schema[PluginCheckSpec] = Schema(PluginCheckSpec, "check")
@@ -190,7 +235,8 @@ def _as_check(raw: Any) -> CheckSpec:
             {k: v for k, v in raw.items() if k in _TIMING_KEYS})
     return CheckSpec(type=kind, interval=timing.interval,  # type: ignore[arg-type]
                      timeout=timing.timeout, failure_threshold=timing.failure_threshold,
-                     initial_delay=timing.initial_delay,
+                     initial_delay=timing.initial_delay, readiness=timing.readiness,
+                     liveness=timing.liveness,
                      options={k: v for k, v in raw.items() if k not in _TIMING_KEYS})
 
 
@@ -213,7 +259,9 @@ class CheckSpec(CheckTiming):
         def flat(check: CheckSpec) -> dict[str, Any]:
             return {"type": check.type, "interval": check.interval, "timeout": check.timeout,
                     "failure_threshold": check.failure_threshold,
-                    "initial_delay": check.initial_delay, **dict(check.options)}
+                    "initial_delay": check.initial_delay,
+                    **({} if check.readiness else {"readiness": False}),
+                    **({} if check.liveness else {"liveness": False}), **dict(check.options)}
 
         def dispatch(raw: Any, _forms: Callable[[Any], Any]) -> CheckSpec:
             return _as_check(raw)

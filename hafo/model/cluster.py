@@ -23,7 +23,8 @@ from hafo.model.schema import Record, schema_of
 from hafo.model.spec import WorkloadSpec
 
 NodeState = Literal["ready", "cordoned", "unhealthy", "down"]
-WorkloadState = Literal["pending", "starting", "running", "stopping", "completed", "failed"]
+WorkloadState = Literal["pending", "starting", "running", "stopping", "completed", "failed",
+                        "degraded", "updating"]
 Phase = Literal["pending", "placed", "moving", "completed", "failed"]
 InstanceState = Literal["starting", "running", "stopping", "exited"]
 AfterStop = Literal["move", "restart"]
@@ -270,7 +271,8 @@ class InstanceStatus(Record):
     ``failing``: why the running instance is considered failed (a check past its failure
     threshold, an application XID on its GPU), "" when it is fine. ``ended``: how an exited
     instance ended (``InstanceEnd``), null while it runs (and for an end this version does
-    not know)."""
+    not know). ``ready``: it runs and every readiness check's last probe passed, since
+    ``ready_since``; ``ports``: its declared ports by name, as bound on this node."""
 
     workload: str
     node: str
@@ -283,6 +285,9 @@ class InstanceStatus(Record):
     checkpoint: CheckpointInfo | None = None
     failing: Annotated[str, BeforeValidator(_or_empty)] = ""
     ended: Annotated[InstanceEnd | None, BeforeValidator(instance_end)] = None
+    ready: bool = False
+    ready_since: float | None = None
+    ports: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def ended_by_infrastructure(self) -> bool:
@@ -302,13 +307,27 @@ class Event(Record):
     epoch: int | None = None
 
 
+def replica_serial(replica_id: str) -> int:
+    """The number of a replica id (``<service id>.<n>``); -1 for any other id."""
+    _, dot, number = replica_id.rpartition(".")
+    return int(number) if dot and number.isdigit() else -1
+
+
 @dataclass(frozen=True, slots=True)
 class Submission(Record):
-    """A workload as submitted: its id, spec and submit time (key ``workloads/<id>``)."""
+    """A workload as submitted: its id, spec and submit time (key ``workloads/<id>``).
+
+    A replica of a service (written by the controller, docs/contract.md, "Services") also
+    says whose replica it is (``service``: the service's id), which replica it replaces
+    (``replaces``: during a rolling update or a drain) and, once it is replaced, since when
+    it is out of rotation (``retiring``)."""
 
     id: str
     spec: WorkloadSpec
     submitted_at: float
+    service: str | None = None
+    replaces: str | None = None
+    retiring: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,6 +400,25 @@ class ClusterSnapshot:
                 for node in assignment.nodes:
                     by_node.setdefault(node, []).append(wid)
         return {node: tuple(sorted(wids)) for node, wids in by_node.items()}
+
+    @cached_property
+    def replicas(self) -> Mapping[str, tuple[str, ...]]:
+        """service id -> the ids of its replicas, oldest first (``replica_serial``)."""
+        by_service: dict[str, list[str]] = {}
+        for wid, submission in self.workloads.items():
+            if submission.service is not None:
+                by_service.setdefault(submission.service, []).append(wid)
+        return {s: tuple(sorted(ids, key=replica_serial)) for s, ids in by_service.items()}
+
+    @cached_property
+    def by_name(self) -> Mapping[str, tuple[str, ...]]:
+        """name -> the ids of the workloads (not replicas) of that name (one, unless they were
+        submitted before names were unique)."""
+        names: dict[str, list[str]] = {}
+        for wid, submission in sorted(self.workloads.items()):
+            if submission.service is None:
+                names.setdefault(submission.spec.name, []).append(wid)
+        return {name: tuple(ids) for name, ids in names.items()}
 
     def current_status(self, workload: str) -> InstanceStatus | None:
         """The agent's report for the workload's current assignment (same node and epoch)."""

@@ -250,6 +250,18 @@ _SIMULATION: Schema[Simulation] = Schema(Simulation, "gpus")
 
 
 @dataclass(frozen=True)
+class PortRange(Section):
+    """``node.ports``: where a replica's port 0 is taken from (``first``..``last``)."""
+
+    first: Annotated[int, Field(ge=1, le=65535), INTEGER] = 30000
+    last: Annotated[int, Field(ge=1, le=65535), INTEGER] = 32767
+
+    def _check(self) -> None:
+        if self.last < self.first:
+            invalid("last", f"must be at least first ({self.first}), got {self.last}")
+
+
+@dataclass(frozen=True)
 class NodeConfig(Section):
     """Agent-only settings. ``gpu_source`` (config key ``gpus``): where the node's GPUs come
     from, a ``GpuSource`` or a ``SimulatedGpus`` description. ``address``: where the node's
@@ -262,6 +274,7 @@ class NodeConfig(Section):
     address: Annotated[Text | None, OMIT_DEFAULT] = None
     gpu_source: Annotated[GpuSource | SimulatedGpus, Field(alias="gpus"),
                           _GpusSetting()] = GpuSource.AUTO
+    ports: Annotated[PortRange, OMIT_DEFAULT] = PortRange()
 
     @property
     def simulate(self) -> SimulatedGpus | None:

@@ -7,17 +7,19 @@ CLI and the API both call it), ``to_dict`` writes its JSON form and the OpenAPI 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, Strict
 
-from hafo.model.checks import BUILTIN_CHECK_TYPES, CheckSpec
+from hafo.model.checks import BUILTIN_CHECK_TYPES, PORT_NAME, CheckSpec
 from hafo.model.schema import (
     INTEGER,
     OMIT_DEFAULT,
     Argv,
     Flag,
+    Matches,
     MigProfile,
     NonNegative,
     Positive,
@@ -26,10 +28,12 @@ from hafo.model.schema import (
     StrMap,
     Text,
     WorkloadName,
+    invalid,
 )
 
-__all__ = ["BUILTIN_CHECK_TYPES", "MAX_GANG_NODES", "SPEC", "STRATEGIES", "CheckSpec",
-           "CheckpointPolicy", "RestartPolicy", "Topology", "WorkloadSpec", "parse_spec"]
+__all__ = ["BUILTIN_CHECK_TYPES", "MAX_GANG_NODES", "MAX_REPLICAS", "SPEC", "STRATEGIES",
+           "CheckSpec", "CheckpointPolicy", "PortName", "RestartPolicy", "Topology",
+           "UpdatePolicy", "WorkloadSpec", "parse_spec"]
 
 Strategy = Literal["spread", "binpack"]
 STRATEGIES: tuple[Strategy, ...] = ("spread", "binpack")
@@ -74,6 +78,30 @@ class Topology(Section):
     mode: Literal["required", "preferred"] = "required"
 
 
+#: The most replicas one service keeps (a service's replicas are deleted with it in one etcd
+#: transaction).
+MAX_REPLICAS = 100
+#: A declared port's name: lowercase letters, digits and '_' (it becomes ``HAFO_PORT_<NAME>``).
+PortName = Annotated[str, Strict(), Matches(PORT_NAME, "port names must be lowercase letters, "
+                                            "digits and '_', starting with a letter, at most "
+                                            "15 characters")]
+PortNumber = Annotated[int, Field(ge=0, le=65535), INTEGER]
+
+
+@dataclass(frozen=True, slots=True)
+class UpdatePolicy(Section):
+    """How a service's replicas are replaced when its spec changes (docs/contract.md,
+    "Services"): ``max_unavailable`` replacements at a time; a replacement counts once it has
+    been ready ``min_ready_seconds``; one not ready within ``progress_deadline`` seconds stops
+    the rollout; a replaced replica leaves rotation ``drain_delay`` seconds before it is
+    asked to stop (then it has ``stop_grace``)."""
+
+    max_unavailable: Annotated[int, Field(ge=1, le=MAX_REPLICAS), INTEGER] = 1
+    min_ready_seconds: NonNegative = 0.0
+    progress_deadline: Positive = 600.0
+    drain_delay: NonNegative = 2.0
+
+
 @dataclass(frozen=True, slots=True)
 class WorkloadSpec(Section):
     """A workload spec (the YAML of `hafo submit`, as JSON): what the user asked to run
@@ -103,11 +131,35 @@ class WorkloadSpec(Section):
     preempt: Annotated[Flag, OMIT_DEFAULT] = False
     nodes: Annotated[int, Field(ge=1, le=MAX_GANG_NODES), INTEGER, OMIT_DEFAULT] = 1
     topology: Annotated[Topology | None, OMIT_DEFAULT] = None
+    replicas: Annotated[Annotated[int, Field(ge=0, le=MAX_REPLICAS), INTEGER] | None,
+                        OMIT_DEFAULT] = None
+    ports: Annotated[Mapping[PortName, PortNumber], OMIT_DEFAULT] = field(default_factory=dict)
+    distinct_nodes: Annotated[Flag, OMIT_DEFAULT] = True
+    update: Annotated[UpdatePolicy, OMIT_DEFAULT] = UpdatePolicy()
+
+    def _check(self) -> None:
+        for i, check in enumerate(self.checks):
+            port = check.options.get("port")
+            if isinstance(port, str) and port not in self.ports:
+                declared = ", ".join(sorted(self.ports)) or "none"
+                invalid(("checks", i, "port"), f"no port named {port!r} in ports "
+                        f"(declared: {declared})")
 
     @property
     def is_gang(self) -> bool:
         """More than one member (``nodes`` > 1)."""
         return self.nodes > 1
+
+    @property
+    def is_service(self) -> bool:
+        """Kept as ``replicas`` instances, each placed and failed over on its own."""
+        return self.replicas is not None
+
+    @property
+    def template(self) -> WorkloadSpec:
+        """What each replica of a service runs: the spec less ``replicas`` and ``update``
+        (changing only those replaces no replica)."""
+        return replace(self, replicas=None, update=UpdatePolicy())
 
     @property
     def checkpoint_mode(self) -> str:

@@ -16,7 +16,9 @@ from hafo.model.cluster import (
     Submission,
     WorkloadState,
 )
+from hafo.model.endpoints import instance_ready
 from hafo.model.schema import JsonOf
+from hafo.model.service_state import service_state
 
 NODE_STATES: tuple[str, ...] = get_args(NodeState)
 WORKLOAD_STATES: tuple[str, ...] = get_args(WorkloadState)
@@ -35,11 +37,36 @@ class MemberView(TypedDict):
     gpus: list[str]
 
 
+class ReplicaView(TypedDict):
+    """One replica of a service: its id, node, instance state, whether it is in rotation,
+    whether it runs the service's current spec and whether it is being replaced."""
+
+    id: str
+    node: str | None
+    state: str
+    ready: bool
+    current: bool
+    retiring: bool
+    restarts: int
+    reason: str
+
+
+class ServiceView(TypedDict):
+    """A service's replicas: how many are wanted, ready, ready on the current spec; each."""
+
+    desired: int
+    ready: int
+    current: int
+    items: list[ReplicaView]
+
+
 class WorkloadView(TypedDict):
     """A workload as the API and ``hafo status`` show it. ``epoch``: its instance's (the one
     being stopped while it moves); ``gpus``: the UUIDs of its GPUs (rank 0's for a gang);
     ``nodes``: the members wanted (1 for a single-node workload); ``members``: a gang's, by
-    rank (empty while it is not placed, and for a single-node workload)."""
+    rank (empty while it is not placed, and for a single-node workload); ``replicas``: a
+    service's (null for any other workload; its ``state`` is then ``running``, ``updating``,
+    ``degraded`` or ``pending``, docs/contract.md, "Services")."""
 
     id: str
     name: str
@@ -54,6 +81,7 @@ class WorkloadView(TypedDict):
     reason: str
     nodes: int
     members: list[MemberView]
+    replicas: ServiceView | None
 
 
 class GpuView(TypedDict):
@@ -164,9 +192,50 @@ def latest_checkpoint(snapshot: ClusterSnapshot, workload_id: str) -> Checkpoint
     return best
 
 
-def workload_view(snapshot: ClusterSnapshot, workload_id: str) -> WorkloadView:
-    """``{"id", "name", "state", "node", "epoch", "restarts", "gpus", "checkpoint"}``."""
+def replicas_view(snapshot: ClusterSnapshot, service_id: str,
+                  now: float | None = None) -> ServiceView:
+    """A service's replicas (oldest first) and counts."""
+    service = snapshot.workloads[service_id]
+    state = service_state(snapshot, service_id, now)
+    template = service.spec.template
+    items: list[ReplicaView] = []
+    for rid in snapshot.replicas.get(service_id, ()):
+        replica = snapshot.workloads[rid]
+        assignment = snapshot.assignments.get(rid)
+        node = assignment.node if assignment is not None and assignment.holds_node else None
+        items.append({"id": rid, "node": node, "state": workload_state(snapshot, rid),
+                      "ready": instance_ready(snapshot, rid),
+                      "current": replica.spec == template,
+                      "retiring": replica.retiring is not None,
+                      "restarts": assignment.restarts if assignment is not None else 0,
+                      "reason": assignment.reason if assignment is not None
+                      else "waiting for the controller"})
+    return {"desired": state.desired, "ready": state.ready, "current": state.current,
+            "items": items}
+
+
+def _service_view(snapshot: ClusterSnapshot, submission: Submission,
+                  now: float | None) -> WorkloadView:
+    state = service_state(snapshot, submission.id, now)
+    replicas = replicas_view(snapshot, submission.id, now)
+    nodes = [r["node"] for r in replicas["items"] if r["node"] is not None]
+    return {"id": submission.id, "name": submission.spec.name, "state": state.state,
+            "node": None, "epoch": None,
+            "restarts": sum(r["restarts"] for r in replicas["items"]), "gpus": [],
+            "checkpoint": None, "priority": submission.spec.priority,
+            "submitted_at": submission.submitted_at,
+            "reason": state.reason or f"{state.ready} of {state.desired} replicas ready on "
+                      f"{', '.join(nodes) or 'no node'}",
+            "nodes": submission.spec.nodes, "members": [], "replicas": replicas}
+
+
+def workload_view(snapshot: ClusterSnapshot, workload_id: str,
+                  now: float | None = None) -> WorkloadView:
+    """``{"id", "name", "state", "node", "epoch", "restarts", "gpus", "checkpoint", ...}``;
+    a service's with its replicas."""
     submission = snapshot.workloads[workload_id]
+    if submission.spec.is_service and submission.service is None:
+        return _service_view(snapshot, submission, now)
     assignment = snapshot.assignments.get(workload_id)
     placed = assignment is not None and assignment.holds_node
     node = assignment.node if placed and assignment is not None else None
@@ -189,6 +258,7 @@ def workload_view(snapshot: ClusterSnapshot, workload_id: str) -> WorkloadView:
         "reason": assignment.reason if assignment is not None else "waiting for the controller",
         "nodes": submission.spec.nodes,
         "members": members_view(snapshot, workload_id),
+        "replicas": None,
     }
     return view
 
@@ -199,7 +269,9 @@ def submitted_view(submission: Submission) -> WorkloadView:
             "node": None, "epoch": None, "restarts": 0, "gpus": [], "checkpoint": None,
             "priority": submission.spec.priority, "submitted_at": submission.submitted_at,
             "reason": "waiting for the controller", "nodes": submission.spec.nodes,
-            "members": []}
+            "members": [],
+            "replicas": {"desired": submission.spec.replicas or 0, "ready": 0, "current": 0,
+                         "items": []} if submission.spec.is_service else None}
 
 
 def allocations(snapshot: ClusterSnapshot, node: str) -> dict[int, str]:
@@ -237,7 +309,10 @@ def node_view(snapshot: ClusterSnapshot, name: str) -> NodeView:
 def status_view(snapshot: ClusterSnapshot) -> StatusView:
     """``{"leader", "controllers", "nodes": {state: n}, "workloads": {state: n}}``."""
     node_counts: Counter[str] = Counter(snapshot.node_state(n) for n in snapshot.nodes)
-    wl_counts: Counter[str] = Counter(workload_state(snapshot, w) for w in snapshot.workloads)
+    wl_counts: Counter[str] = Counter(
+        service_state(snapshot, w, None).state if s.spec.is_service and s.service is None
+        else workload_state(snapshot, w)
+        for w, s in snapshot.workloads.items() if s.service is None)
     return {
         "leader": snapshot.leader,
         "controllers": list(snapshot.controllers),
@@ -251,10 +326,12 @@ def all_nodes(snapshot: ClusterSnapshot) -> list[NodeView]:
     return [node_view(snapshot, n) for n in sorted(snapshot.nodes)]
 
 
-def all_workloads(snapshot: ClusterSnapshot) -> list[WorkloadView]:
-    """Every workload's view, oldest submission first."""
-    order = sorted(snapshot.workloads.values(), key=lambda s: (s.submitted_at, s.id))
-    return [workload_view(snapshot, s.id) for s in order]
+def all_workloads(snapshot: ClusterSnapshot, now: float | None = None) -> list[WorkloadView]:
+    """Every workload's view, oldest submission first (a service's replicas inside its
+    view, not on their own)."""
+    order = sorted((s for s in snapshot.workloads.values() if s.service is None),
+                   key=lambda s: (s.submitted_at, s.id))
+    return [workload_view(snapshot, s.id, now) for s in order]
 
 
 def event_view(event: Event) -> dict[str, Any]:

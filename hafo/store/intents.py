@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
+from typing import Literal
 
 from hafo.decisions.drain import workloads_to_drain
 from hafo.decisions.moves import move_refusal
-from hafo.model.cluster import Event, MoveRequest, Submission
+from hafo.model.cluster import ClusterSnapshot, Event, MoveRequest, Submission
+from hafo.model.endpoints import replica_on, resolve
 from hafo.model.spec import WorkloadSpec
 from hafo.store import codec
-from hafo.store.client import Compare, Put
+from hafo.store.client import Compare, Delete, Put
 from hafo.store.events import EventLog
 from hafo.store.keys import Keys
 from hafo.store.protocol import Store
@@ -23,30 +26,170 @@ class NotFound(Exception):
     """The named workload or node does not exist."""
 
 
+class Refused(Exception):
+    """The submit cannot be done as asked (the message names the field)."""
+
+
+Change = Literal["created", "updated", "unchanged"]
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What a submit did: ``created`` a workload, ``updated`` the one of that name (a rolling
+    update of a service's replicas, a planned move of any other workload), or nothing
+    (``unchanged``: the same spec)."""
+
+    submission: Submission
+    change: Change
+    how: str = ""
+
+
 def new_workload_id(spec: WorkloadSpec) -> str:
     """``<name>-<6 hex>``: readable and unique."""
     return f"{spec.name}-{os.urandom(3).hex()}"
 
 
-async def submit(store: Store, keys: Keys, spec: WorkloadSpec) -> Submission:
-    """Store a new workload; the controller places it."""
+async def _named(store: Store, keys: Keys, name: str) -> tuple[Submission | None, int, int]:
+    """The workload (not a replica) named ``name``: (it or None, its key's mod revision, the
+    name key's mod revision (0: none)). A workload submitted before names were unique has no
+    name key: found by its spec's name (the oldest, if several)."""
+    name_kv = await store.get(keys.name(name))
+    name_rev = name_kv.mod_revision if name_kv is not None else 0
+    if name_kv is not None:
+        kv = await store.get(keys.workload(name_kv.value.decode()))
+        if kv is not None:
+            return codec.decode_submission(kv.value), kv.mod_revision, name_rev
+    _, kvs = await store.get_prefix(keys.workloads)
+    found = sorted(((s, kv.mod_revision) for kv in kvs
+                    if (s := codec.decode_submission(kv.value)).spec.name == name
+                    and s.service is None), key=lambda pair: (pair[0].submitted_at, pair[0].id))
+    return (found[0][0], found[0][1], name_rev) if found else (None, 0, name_rev)
+
+
+def _update_refusal(current: Submission, spec: WorkloadSpec) -> str:
+    """Why ``current`` cannot become ``spec`` in place ("" if it can)."""
+    if current.spec.is_service != spec.is_service:
+        have = "a service (replicas)" if current.spec.is_service else "a single workload"
+        return (f"spec.replicas: {current.id} ({spec.name!r}) is {have}; delete it before "
+                f"submitting it as {'a service' if spec.is_service else 'a single workload'}")
+    return ""
+
+
+async def submit(store: Store, keys: Keys, spec: WorkloadSpec) -> Submitted:
+    """Create the workload named ``spec.name``, or update the one of that name (names are
+    identities, docs/contract.md, "Submit is declarative"). Refused: a change of kind."""
     while True:
-        submission = Submission(id=new_workload_id(spec), spec=spec, submitted_at=time.time())
-        key = keys.workload(submission.id)
-        result = await store.txn([Compare(key, "create", "==", 0)],
-                                 [Put(key, codec.encode_submission(submission))])
-        if result.succeeded:
-            await EventLog(store, keys).append(Event(
-                ts=time.time(), kind="submitted", workload=submission.id,
-                message=f"workload {submission.id} submitted ({spec.gpus} GPU(s)"
-                + (f" on each of {spec.nodes} nodes)" if spec.is_gang else ")")))
-            return submission
+        current, current_rev, name_rev = await _named(store, keys, spec.name)
+        if current is None:
+            created = await _create(store, keys, spec, name_rev)
+            if created is not None:
+                return Submitted(created, "created")
+            continue
+        if current.spec == spec:
+            return Submitted(current, "unchanged", "the same spec: nothing to do")
+        refusal = _update_refusal(current, spec)
+        if refusal:
+            raise Refused(refusal)
+        updated = await _update(store, keys, current, current_rev, spec)
+        if updated is not None:
+            return updated
+
+
+async def _create(store: Store, keys: Keys, spec: WorkloadSpec,
+                  name_rev: int) -> Submission | None:
+    submission = Submission(id=new_workload_id(spec), spec=spec, submitted_at=time.time())
+    key, name_key = keys.workload(submission.id), keys.name(spec.name)
+    name_guard = (Compare(name_key, "mod", "==", name_rev) if name_rev
+                  else Compare(name_key, "create", "==", 0))
+    result = await store.txn([Compare(key, "create", "==", 0), name_guard],
+                             [Put(key, codec.encode_submission(submission)),
+                              Put(name_key, submission.id.encode())])
+    if not result.succeeded:
+        return None  # another submit of this name (or the same id) won: look again
+    what = (f"{spec.replicas} replica(s) of " if spec.is_service else "") + f"{spec.gpus} GPU(s)"
+    await EventLog(store, keys).append(Event(
+        ts=time.time(), kind="submitted", workload=submission.id,
+        message=f"workload {submission.id} submitted ({what}"
+        + (f" on each of {spec.nodes} nodes)" if spec.is_gang else ")")))
+    return submission
+
+
+async def _update(store: Store, keys: Keys, current: Submission, current_rev: int,
+                  spec: WorkloadSpec) -> Submitted | None:
+    """Write the new spec (compare: the workload is as read). A service's controller rolls it
+    out (``hafo.decisions.services``); any other workload that runs gets a planned move, so
+    its next instance runs the new spec."""
+    updated = Submission(id=current.id, spec=spec, submitted_at=current.submitted_at)
+    key = keys.workload(current.id)
+    ops: list[Put | Delete] = [Put(key, codec.encode_submission(updated)),
+                               Put(keys.name(spec.name), current.id.encode())]
+    if spec.is_service:
+        how = (f"rolling update of the replicas, {spec.update.max_unavailable} at a time"
+               if spec.template != current.spec.template else
+               f"scaled to {spec.replicas} replica(s)" if spec.replicas != current.spec.replicas
+               else "update policy changed")
+    else:
+        snapshot = await read_snapshot(store, keys)
+        assignment = snapshot.assignments.get(current.id)
+        if assignment is not None and assignment.phase == "placed":
+            request = MoveRequest(current.id, None, "update to the new spec")
+            ops.append(Put(keys.move(current.id), codec.encode(request.to_dict())))
+            how = "planned move: checkpoint, stop, start with the new spec"
+        else:
+            how = "the new spec applies to its next start"
+    result = await store.txn([Compare(key, "mod", "==", current_rev)], ops)
+    if not result.succeeded:
+        return None
+    await EventLog(store, keys).append(Event(
+        ts=time.time(), kind="updated", workload=current.id,
+        message=f"workload {current.id} updated: {how}"))
+    return Submitted(updated, "updated", how)
+
+
+async def resolve_ref(store: Store, keys: Keys, ref: str,
+                      snapshot: ClusterSnapshot | None = None) -> str:
+    """The workload id of ``ref`` (an id or a name); NotFound says why not."""
+    wid, why = resolve(snapshot or await read_snapshot(store, keys), ref)
+    if wid is None:
+        raise NotFound(why)
+    return wid
+
+
+async def move_target(store: Store, keys: Keys, ref: str,
+                      node: str | None) -> tuple[str, str | None]:
+    """What ``hafo migrate REF [--from NODE]`` moves: (workload id, gang member's node). For a
+    service and ``--from NODE``: its replica on NODE (NotFound if none runs there)."""
+    snapshot = await read_snapshot(store, keys)
+    wid = await resolve_ref(store, keys, ref, snapshot)
+    submission = snapshot.workloads[wid]
+    if submission.spec.is_service and submission.service is None and node is not None:
+        replica = replica_on(snapshot, wid, node)
+        if replica is None:
+            raise NotFound(f"no replica of {ref!r} runs on {node!r}")
+        return replica, None
+    return wid, node
 
 
 async def delete(store: Store, keys: Keys, workload_id: str) -> None:
-    """Forget a workload: the controller then withdraws its assignment and it is stopped."""
-    if not await store.delete(keys.workload(workload_id)):
+    """Forget a workload (a service: with its replicas, in one transaction): the controller
+    then withdraws their assignments and they are stopped."""
+    kv = await store.get(keys.workload(workload_id))
+    if kv is None:
         raise NotFound(f"no workload {workload_id!r}")
+    submission = codec.decode_submission(kv.value)
+    ops: list[Put | Delete] = [Delete(keys.workload(workload_id))]
+    if submission.spec.is_service:
+        snapshot = await read_snapshot(store, keys)
+        ops += [Delete(keys.workload(r)) for r in snapshot.replicas.get(workload_id, ())]
+    name_key = keys.name(submission.spec.name)
+    name_kv = await store.get(name_key)
+    if submission.service is None and name_kv is not None \
+            and name_kv.value.decode() == workload_id:
+        ops.append(Delete(name_key))
+    result = await store.txn([Compare(keys.workload(workload_id), "mod", "==", kv.mod_revision)],
+                             ops)
+    if not result.succeeded:
+        raise NotFound(f"workload {workload_id!r} changed meanwhile: try again")
     await EventLog(store, keys).append(Event(ts=time.time(), kind="delete-requested",
                                              workload=workload_id,
                                              message=f"workload {workload_id} deleted"))

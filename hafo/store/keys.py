@@ -96,6 +96,16 @@ class Keys:
         """A submitted workload's spec."""
         return f"{self.state}workloads/{workload_id}"
 
+    @property
+    def workloads(self) -> str:
+        """Prefix of all submitted workloads (and replicas)."""
+        return f"{self.state}workloads/"
+
+    def name(self, name: str) -> str:
+        """Which workload id holds a name (outside ``state``: written by submit, so that two
+        submits of one name can never both create a workload)."""
+        return f"{self.root}names/{name}"
+
     def assignment(self, workload_id: str) -> str:
         """The controller's assignment of a workload; its mod_revision is the epoch."""
         return f"{self.state}assign/{workload_id}"

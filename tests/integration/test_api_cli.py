@@ -96,6 +96,9 @@ def test_cli_submit_list_delete(cluster: LocalCluster, tmp_path: Path) -> None:
     assert submitted.returncode == 0, submitted.stderr
     wid = submitted.stdout.strip()
     assert wid.startswith("cli-job-")
+    again = hafo(cluster, "submit", str(spec))  # names are identities: no second copy
+    assert again.returncode == 0 and again.stdout.strip() == wid
+    assert "unchanged" in again.stderr
     for _ in range(100):
         listed = json.loads(hafo(cluster, "workloads", "--json").stdout)
         mine = [w for w in listed if w["id"] == wid]
@@ -114,7 +117,8 @@ def test_cli_submit_list_delete(cluster: LocalCluster, tmp_path: Path) -> None:
     nodes = json.loads(hafo(cluster, "nodes", "--json").stdout)
     assert any(wid in n["workloads"] for n in nodes)
     assert "submitted" in hafo(cluster, "events").stdout
-    assert hafo(cluster, "delete", wid).returncode == 0
+    assert get(port, "/v1/workloads/cli-job")[1]["id"] == wid  # a name works as an id
+    assert hafo(cluster, "delete", "cli-job").returncode == 0
     missing = hafo(cluster, "delete", wid)
     assert missing.returncode == 4 and missing.stderr.count("\n") == 1
 

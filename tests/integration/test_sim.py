@@ -31,9 +31,9 @@ async def test_fleet_is_placed_on_and_recovers_from_a_mass_crash(
                                20, what="40 simulated nodes ready")
         from hafo.model.spec import parse_spec
 
-        spec = parse_spec({"name": "w", "command": ["true"], "gpus": 1})
-        ids = [(await intents.submit(cluster.store, cluster.keys, spec)).id
-               for _ in range(80)]
+        ids = [(await intents.submit(cluster.store, cluster.keys, parse_spec(
+            {"name": f"w{i}", "command": ["true"], "gpus": 1}))).submission.id
+               for i in range(80)]
         snapshot = await cluster.wait_for(
             lambda s: all(workload_view(s, w)["state"] == "running" for w in ids), 30,
             what="80 simulated instances running")

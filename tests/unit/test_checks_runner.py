@@ -237,7 +237,7 @@ async def test_containment(ctx: CheckContext, plugins: dict[str, Probe],
     await wait_until(lambda: plugins["ok"].calls >= 8)
     ok, raises, hang_async, hang_sync, garbage = checks.results()
     assert ok == {"type": "t-ok", "index": 0, "failing": False, "consecutive_failures": 0,
-                  "last_detail": "fine", "runs": ok["runs"]}
+                  "last_detail": "fine", "runs": ok["runs"], "passing": True}
     assert ok["runs"] >= 7  # 8 calls started, one at a time: the first 7 were observed
     assert raises["last_detail"] == "raised ValueError: bad value"
     assert hang_async["last_detail"] == "timed out after 0.1s"
@@ -305,7 +305,7 @@ async def test_unusable_checks_fail_for_good(ctx: CheckContext, plugins: dict[st
         "check nope[1] cannot be used: unknown check type 'nope' (available: ")
     assert reason.endswith("(and 1 more failing check)")
     _, nope, http = checks.results()
-    assert nope["failing"] and http["failing"] and http["last_detail"] == "url: is required"
+    assert nope["failing"] and http["failing"] and http["last_detail"].startswith("url: give url")
     assert [e["check"] for e in logs if e["event"] == "check cannot be used"] == [
         "nope[1]", "http[2]"]
     await wait_until(lambda: plugins["ok"].calls >= 3)

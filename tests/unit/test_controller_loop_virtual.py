@@ -70,8 +70,8 @@ def test_the_controller_places_new_work_and_fails_it_over_at_the_lease_expiry() 
         for node in nodes.values():
             await node.start()
         task = asyncio.create_task(controller.run())
-        submission = await intents.submit(store, keys, parse_spec(
-            {"name": "train", "command": ["python", "train.py"], "gpus": 1}))
+        submission = (await intents.submit(store, keys, parse_spec(
+            {"name": "train", "command": ["python", "train.py"], "gpus": 1}))).submission
 
         async def assignment() -> Any:
             kv = await store.get(keys.assignment(submission.id))
@@ -132,7 +132,7 @@ def test_decisions_are_written_under_a_new_event_lease_when_the_old_one_is_gone(
                                                               kv.mod_revision).phase == "placed"
 
         spec = {"command": ["python", "train.py"], "gpus": 1}
-        first = await intents.submit(store, keys, parse_spec({"name": "one", **spec}))
+        first = (await intents.submit(store, keys, parse_spec({"name": "one", **spec}))).submission
         await wait_for(lambda: placed(first.id), 10.0)
         lease = controller.events._shared.lease
         assert lease is not None

@@ -273,7 +273,8 @@ def test_scrape_time_families_from_the_snapshot() -> None:
     assert found["hafo_leader"] == {"": 1.0}
     assert found["hafo_nodes"] == {"ready": 1, "cordoned": 1, "unhealthy": 1, "down": 1}
     assert found["hafo_workloads"] == {"pending": 2, "starting": 0, "running": 1,
-                                       "stopping": 0, "completed": 0, "failed": 0}
+                                       "stopping": 0, "completed": 0, "failed": 0,
+                                       "degraded": 0, "updating": 0}
     # a: 4 GPUs (3 unhealthy-free: GPU 3 unhealthy), b: 2, c: 1 (down), d: 1; run holds a/0,2
     assert found["hafo_gpus"] == {"healthy": 6, "degraded": 0, "unhealthy": 1, "down": 1,
                                   "allocated": 2}

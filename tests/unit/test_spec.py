@@ -107,7 +107,7 @@ def test_full_spec_values() -> None:
     pytest.param(with_(gpus=65), "spec.gpus", id="gpus-too-many"),
     pytest.param(with_(gpu_model=""), "spec.gpu_model", id="gpu-model-empty"),
     pytest.param(with_(gpu_memory_mib=0), "spec.gpu_memory_mib", id="gpu-memory-zero"),
-    pytest.param(with_(replicas=2), "spec.replicas", id="unknown-field"),
+    pytest.param(with_(replica=2), "spec.replica", id="unknown-field"),
     pytest.param(with_(checkpoint={"mode": "magic"}), "spec.checkpoint.mode",
                  id="checkpoint-mode"),
     pytest.param(with_(checkpoint={"every": 5}), "spec.checkpoint.every",

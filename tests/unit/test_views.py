@@ -25,7 +25,8 @@ WORKLOAD_KEYS = {"id", "name", "state", "node", "epoch", "restarts", "gpus", "ch
 NODE_KEYS = {"name", "state", "labels", "gpus", "workloads"}
 GPU_KEYS = {"index", "uuid", "model", "memory_mib", "healthy", "allocated_to"}
 NODE_STATES = {"ready", "cordoned", "unhealthy", "down"}
-WORKLOAD_STATES = {"pending", "starting", "running", "stopping", "completed", "failed"}
+WORKLOAD_STATES = {"pending", "starting", "running", "stopping", "completed", "failed",
+                   "degraded", "updating"}
 
 
 def test_workload_view_shape_and_values() -> None:
@@ -77,7 +78,7 @@ def test_status_view_shape_and_counts() -> None:
     assert view["leader"] == "ctl-1" and view["controllers"] == ["ctl-1", "ctl-2"]
     assert view["nodes"] == {"ready": 1, "cordoned": 1, "unhealthy": 1, "down": 1}
     assert view["workloads"] == {"pending": 2, "starting": 0, "running": 1, "stopping": 0,
-                                 "completed": 0, "failed": 0}
+                                 "completed": 0, "failed": 0, "degraded": 0, "updating": 0}
     empty = status_view(make_snapshot())
     assert empty == {"leader": None, "controllers": [],
                      "nodes": dict.fromkeys(NODE_STATES, 0),

@@ -1,0 +1,155 @@
+"""Where a workload's instances serve: one ``Endpoint`` per replica (docs/contract.md,
+"Endpoints"), the JSON of ``GET /v1/workloads/{name}/endpoints`` and ``hafo endpoints``, and
+what ``hafo lb haproxy`` puts in rotation. Pure.
+
+One rule decides "ready" for everything that needs it (``instance_ready``): the endpoints of
+the API and CLI, ``hafo lb haproxy``, Prometheus discovery and the rolling updates of
+``hafo.decisions.services``: the instance of the replica's current assignment runs on a node
+whose agent is alive (not merely not yet confirmed expired), reports every readiness check
+passing, and the replica is not being replaced (docs/contract.md, "Readiness").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from hafo.model.cluster import ClusterSnapshot, InstanceStatus
+from hafo.model.schema import Record
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint(Record):
+    """One replica (for a workload that is not a service: its one instance).
+
+    ``node``/``address``: where it runs (None while it is not placed); ``ports``: its ports by
+    name as bound there; ``ready``: in rotation now (its instance runs, every readiness check
+    passes, its node is alive and it is not being replaced); ``state``: the instance's state
+    as its agent reports it ("pending" before it is placed); ``epoch``: its instance."""
+
+    replica: str
+    node: str | None
+    address: str | None
+    ports: Mapping[str, int] = field(default_factory=dict)
+    ready: bool = False
+    state: str = "pending"
+    epoch: int = 0
+    retiring: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoints(Record):
+    """Every endpoint of one workload (its id and name), in replica order."""
+
+    workload: str
+    name: str
+    endpoints: tuple[Endpoint, ...] = ()
+
+    @property
+    def ready(self) -> tuple[Endpoint, ...]:
+        """The endpoints in rotation."""
+        return tuple(e for e in self.endpoints if e.ready)
+
+
+
+def serving_status(snapshot: ClusterSnapshot, wid: str) -> InstanceStatus | None:
+    """The report of the instance a workload's current assignment runs, if it is placed
+    there and its node is alive (None otherwise)."""
+    assignment = snapshot.assignments.get(wid)
+    if assignment is None or assignment.phase != "placed" or assignment.node is None:
+        return None
+    node = assignment.node
+    if node not in snapshot.alive or node in snapshot.expiring:
+        return None
+    return snapshot.current_status(wid)
+
+
+def instance_ready(snapshot: ClusterSnapshot, wid: str) -> bool:
+    """In rotation: see the module docstring."""
+    submission = snapshot.workloads.get(wid)
+    if submission is None or submission.retiring is not None:
+        return False
+    status = serving_status(snapshot, wid)
+    return status is not None and status.state == "running" and status.ready \
+        and not status.failing
+
+
+def ready_since(snapshot: ClusterSnapshot, wid: str) -> float | None:
+    """Since when a ready instance has been ready (None: not ready)."""
+    if not instance_ready(snapshot, wid):
+        return None
+    status = serving_status(snapshot, wid)
+    return status.ready_since if status is not None else None
+
+
+def _endpoint(snapshot: ClusterSnapshot, wid: str) -> Endpoint:
+    submission = snapshot.workloads[wid]
+    assignment = snapshot.assignments.get(wid)
+    node = assignment.node if assignment is not None and assignment.holds_node else None
+    record = snapshot.nodes.get(node) if node is not None else None
+    status = snapshot.current_status(wid) if node is not None else None
+    ports = dict(status.ports) if status is not None and status.ports else {
+        name: port for name, port in submission.spec.ports.items() if port}
+    state: str = status.state if status is not None else (
+        assignment.phase if assignment is not None else "pending")
+    if node is not None and (node not in snapshot.alive or node in snapshot.expiring):
+        state = "lost"
+    return Endpoint(replica=wid, node=node,
+                    address=(record.address or node) if record is not None else node,
+                    ports=ports, ready=instance_ready(snapshot, wid), state=state,
+                    epoch=assignment.epoch if assignment is not None and node else 0,
+                    retiring=submission.retiring is not None)
+
+
+def endpoints_of(snapshot: ClusterSnapshot, wid: str) -> Endpoints:
+    """Every replica of a service (one endpoint for any other workload), oldest first.
+    KeyError if ``wid`` is not a workload of the snapshot."""
+    submission = snapshot.workloads[wid]
+    members = snapshot.replicas.get(wid, ()) if submission.spec.is_service else (wid,)
+    return Endpoints(workload=wid, name=submission.spec.name,
+                     endpoints=tuple(_endpoint(snapshot, r) for r in members))
+
+
+def resolve(snapshot: ClusterSnapshot, ref: str) -> tuple[str | None, str]:
+    """The workload id ``ref`` names (an id, or the name of one workload): (id, "") or
+    (None, why not)."""
+    if ref in snapshot.workloads:
+        return ref, ""
+    ids = snapshot.by_name.get(ref, ())
+    if len(ids) == 1:
+        return ids[0], ""
+    if ids:
+        return None, (f"{len(ids)} workloads are named {ref!r} (submitted before names were "
+                      f"unique): use an id ({', '.join(ids)})")
+    return None, f"no workload {ref!r}"
+
+
+def replica_on(snapshot: ClusterSnapshot, service: str, node: str) -> str | None:
+    """The replica of ``service`` that runs on ``node`` and is not being replaced, if any."""
+    for rid in snapshot.replicas.get(service, ()):
+        assignment = snapshot.assignments.get(rid)
+        if snapshot.workloads[rid].retiring is None and assignment is not None \
+                and assignment.holds_node and node in assignment.nodes:
+            return rid
+    return None
+
+
+def prometheus_targets(snapshot: ClusterSnapshot, wids: list[str],
+                       port: str | None = None) -> list[dict[str, object]]:
+    """Prometheus HTTP service discovery (``http_sd_configs``): one target group per running
+    replica and port (only port ``port`` when given), labelled with the workload's name and
+    id, the replica, node, port name and readiness."""
+    groups: list[dict[str, object]] = []
+    for wid in wids:
+        found = endpoints_of(snapshot, wid)
+        for endpoint in found.endpoints:
+            if endpoint.node is None or endpoint.state not in ("running", "starting"):
+                continue
+            for name, number in sorted(endpoint.ports.items()):
+                if port is not None and name != port:
+                    continue
+                groups.append({"targets": [f"{endpoint.address}:{number}"], "labels": {
+                    "hafo_workload": found.name, "hafo_workload_id": found.workload,
+                    "hafo_replica": endpoint.replica, "hafo_node": endpoint.node,
+                    "hafo_port": name, "hafo_ready": str(endpoint.ready).lower()}})
+    return groups
