@@ -122,7 +122,8 @@ class _Service:
                              f"({snapshot.assignments[replica.id].phase}): replace it")
         active = [r for r in active if r.id not in self.retired]
         by_id = {r.id: r for r in active}
-        replacing = {r.replaces: r for r in active if r.replaces is not None and r.replaces in by_id}
+        replacing = {r.replaces: r for r in active
+                     if r.replaces is not None and r.replaces in by_id}
         for old_id, new in sorted(replacing.items()):  # rules 2 and 3
             old = by_id[old_id]
             if _ready_for(snapshot, new.id, self.update.min_ready_seconds, now):
