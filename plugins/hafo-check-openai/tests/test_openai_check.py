@@ -220,3 +220,26 @@ def test_registered_as_entry_point() -> None:
     if not eps:
         pytest.skip("hafo-check-openai is not installed")
     assert next(iter(eps)).load() is make_check
+
+
+async def test_a_named_port_is_resolved_through_the_instances_ports(server: FakeServer,
+                                                                   tmp_path: Path) -> None:
+    port = int(server.base_url.rsplit(":", 1)[1])
+    check = make_check({"port": "http"})
+    named = CheckContext(workload="llm", node="node-a", epoch=1, pid=None, started_at=None,
+                         checkpoint_dir=tmp_path, ports={"http": port})
+    result = await probe(check, named)
+    assert result.ok, result.detail
+    missing = await probe(check, ctx(tmp_path))  # an instance without that port
+    assert not missing.ok and "no port named 'http'" in missing.detail
+    assert (await probe(make_check({"port": port}), ctx(tmp_path))).ok
+
+
+@pytest.mark.parametrize(("options", "field"), [
+    ({"port": 0}, "port"), ({"port": "HTTP"}, "port"), ({"port": True}, "port"),
+    ({"port": 80, "base_url": "http://x"}, "port"), ({"port": 80, "host": ""}, "host"),
+])
+def test_bad_port_options_name_the_option(options: dict[str, Any], field: str) -> None:
+    with pytest.raises(CheckOptionError) as err:
+        make_check(options)
+    assert err.value.field == field

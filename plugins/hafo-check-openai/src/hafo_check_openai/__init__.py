@@ -9,7 +9,9 @@ One probe, in order (the first failure ends it):
    request must answer 200 with a ``choices`` list. Without ``model``, the first id listed by
    ``GET {base_url}/v1/models`` is used (looked up once per instance).
 
-Works with vLLM, TGI, SGLang and the llama.cpp server. Registered as the entry point
+The server is ``base_url``, or ``http://{host}:{port}`` where ``port`` may name one of the
+spec's ``ports`` (resolved on the node: a port hafo chose works; ``host`` defaults to
+127.0.0.1). Works with vLLM, TGI, SGLang and the llama.cpp server. Registered as the entry point
 ``openai`` in the group ``hafo.checks``.
 """
 
@@ -43,7 +45,7 @@ DEFAULT_QUEUE_METRICS: tuple[str, ...] = (
 """Waiting-requests gauges looked for, in order, when ``queue_metric`` is not set."""
 
 _OPTIONS = frozenset({
-    "base_url", "health_path", "model", "probe_request", "max_queue", "queue_metric",
+    "base_url", "port", "host", "health_path", "model", "probe_request", "max_queue", "queue_metric",
     "metrics_path", "api_key_env",
 })
 _BODY_SNIPPET = 200
@@ -93,6 +95,8 @@ class OpenAICheck:
 
     base_url: str
     health_path: str | None = "/health"
+    port: int | str | None = None  # instead of base_url: http://host:port, a name resolved
+    host: str = "127.0.0.1"        # through the instance's ports (ctx.ports)
     model: str | None = None
     probe_request: bool = True
     max_queue: int | None = None
@@ -102,9 +106,20 @@ class OpenAICheck:
 
     def __post_init__(self) -> None:
         self._discovered_model: str | None = None
+        self._base = self.base_url
 
     def _url(self, path: str) -> str:
-        return self.base_url + path
+        return self._base + path
+
+    def _base_for(self, ctx: CheckContext) -> str | None:
+        """The server's base URL for this instance (None: a port name it does not have)."""
+        if self.port is None:
+            return self.base_url
+        port = ctx.ports.get(self.port) if isinstance(self.port, str) else self.port
+        if port is None:
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{port}"
 
     def _headers(self, ctx: CheckContext) -> dict[str, str] | str:
         """Request headers, or a failure detail when the API key cannot be found."""
@@ -120,6 +135,10 @@ class OpenAICheck:
         headers = self._headers(ctx)
         if isinstance(headers, str):
             return CheckResult(False, headers)
+        base = self._base_for(ctx)
+        if base is None:
+            return CheckResult(False, f"port: no port named {self.port!r} on this instance")
+        self._base = base
         seen: list[str] = []
         try:
             async with aiohttp.ClientSession(headers=headers) as session:
@@ -139,7 +158,7 @@ class OpenAICheck:
                     if failed is not None:
                         return failed
         except aiohttp.ClientError as exc:
-            return CheckResult(False, f"{self.base_url}: {type(exc).__name__}: {exc}")
+            return CheckResult(False, f"{self._base}: {type(exc).__name__}: {exc}")
         return CheckResult(True, ", ".join(seen))
 
     async def _check_queue(self, session: aiohttp.ClientSession,
@@ -209,9 +228,22 @@ def make_check(options: Mapping[str, Any]) -> OpenAICheck:
     if unknown:
         raise CheckOptionError(unknown[0], f"unknown option (known: {', '.join(sorted(_OPTIONS))})")
 
+    port = options.get("port")
+    if port is not None and not (
+            (isinstance(port, int) and not isinstance(port, bool) and 1 <= port <= 65535)
+            or (isinstance(port, str) and re.fullmatch(r"[a-z][a-z0-9_]{0,14}", port))):
+        raise CheckOptionError("port", "must be a port number or the name of a declared port")
+    host = options.get("host", "127.0.0.1")
+    if not isinstance(host, str) or not host:
+        raise CheckOptionError("host", "must be a host name or address")
     base_url = options.get("base_url")
+    if port is not None:
+        if base_url is not None:
+            raise CheckOptionError("port", "give base_url or port, not both")
+        base_url = f"http://{host}:{port if isinstance(port, int) else 1}"
     if not isinstance(base_url, str) or not base_url:
-        raise CheckOptionError("base_url", "required: the server's URL, e.g. http://127.0.0.1:8000")
+        raise CheckOptionError("base_url", "required (or port): the server's URL, e.g. "
+                                           "http://127.0.0.1:8000")
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise CheckOptionError("base_url", f"must be an http(s) URL with a host, got {base_url!r}")
@@ -253,6 +285,8 @@ def make_check(options: Mapping[str, Any]) -> OpenAICheck:
                                                 "max_queue unset and probe_request false")
     return OpenAICheck(
         base_url=base_url,
+        port=port,
+        host=host,
         health_path=health_path,
         model=model,
         probe_request=probe_request,
