@@ -141,6 +141,13 @@ def fake_api_app(hits: dict[str, int]) -> web.Application:
              "restarts": 0, "gpus": ["GPU-a-0"], "checkpoint": None, "nodes": 2,
              "members": [{"rank": 0, "node": "node-a", "state": "running", "gpus": ["GPU-a-0"]},
                          {"rank": 1, "node": HOSTILE, "state": "starting", "gpus": ["GPU-x"]}]},
+            {"id": "web-abcdef", "name": "web", "state": "degraded", "node": None, "epoch": None,
+             "restarts": 0, "gpus": [], "checkpoint": None, "nodes": 1, "members": [],
+             "replicas": {"desired": 3, "ready": 1, "current": 2, "items": [
+                 {"id": "web-abcdef.0", "node": "node-a", "state": "running", "ready": True,
+                  "current": True, "retiring": False, "restarts": 0, "reason": ""},
+                 {"id": "web-abcdef.1", "node": HOSTILE, "state": "starting", "ready": False,
+                  "current": True, "retiring": False, "restarts": 0, "reason": ""}]}},
         ],
         "/v1/events": [
             {"ts": time.time() - 5, "kind": "placed", "message": HOSTILE, "workload": "job-1",
@@ -178,6 +185,9 @@ async def test_dashboard_renders_safely_and_keeps_data_when_the_api_fails(
     # a gang: one line per member, rank:node and its state
     assert 'data-workload="gang-1"' in dom and 'data-members="2"' in dom
     assert "0:node-a" in dom and "1:&lt;img src=x" in dom
+    # a service: how many ready, then one line per replica
+    assert 'data-workload="web-abcdef"' in dom and 'data-replicas="2"' in dom
+    assert "1 of 3 ready" in dom and 'data-state="degraded"' in dom
     # ... and the failures since are announced in the banner
     assert '<div id="error" role="alert">' in dom, "error banner not shown"
     assert "HTTP 503 (etcd unavailable) on every request" in dom
