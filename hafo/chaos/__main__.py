@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--workloads", type=int, default=4)
     parser.add_argument("--gangs", type=int, default=1, help="2-member gangs beside them")
+    parser.add_argument("--services", type=int, default=1,
+                        help="2-replica services beside them")
     parser.add_argument("--keep", metavar="DIR", help="run in DIR and keep every log")
     args = parser.parse_args(argv)
     configure("console", level="warning")
@@ -27,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> ChaosReport:
         task = asyncio.ensure_future(run_chaos(
             args.seed, args.faults, nodes=args.nodes, workloads=args.workloads, gangs=args.gangs,
+            services=args.services,
             base_dir=Path(args.keep) if args.keep else None, keep=bool(args.keep)))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):  # tear the cluster down, by pid

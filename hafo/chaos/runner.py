@@ -149,10 +149,12 @@ async def _wait_recovered(cluster: LocalCluster, fault: Fault, before: ClusterSn
 
 
 async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int = 2,
-                    workloads: int = 4, gangs: int = 1, base_dir: Path | None = None,
-                    keep: bool = False, say: Callable[[str], Any] = print) -> ChaosReport:
+                    workloads: int = 4, gangs: int = 1, services: int = 1,
+                    base_dir: Path | None = None, keep: bool = False,
+                    say: Callable[[str], Any] = print) -> ChaosReport:
     """Start a cluster, inject ``faults`` seeded faults, check the invariants, tear down.
-    ``gangs``: how many 2-member gangs run beside the ``workloads`` single-node ones."""
+    ``gangs``: how many 2-member gangs run beside the ``workloads`` single-node ones;
+    ``services``: how many 2-replica services (each replica is watched like a workload)."""
     rng = Random(seed)
     cluster = LocalCluster(base_dir=base_dir, nodes=nodes, controllers=controllers,
                            etcd_members=3, partitionable=True, keep=keep)
@@ -173,6 +175,14 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
             spec["restart"] = {"max_restarts": 100000, "window": 60}
             spec["nodes"] = 2
             ids.append(await cluster.submit(spec))
+        for i in range(services):
+            spec = demo_workload_spec(name=f"chaos-svc-{i}", interval=0.02, every=10)
+            spec["restart"] = {"max_restarts": 100000, "window": 60}
+            spec["replicas"] = 2
+            sid = await cluster.submit(spec)
+            found = await cluster.wait_for(lambda s, sid=sid: len(s.replicas.get(sid, ())) == 2,
+                                           30, what=f"the replicas of {sid}")
+            ids.extend(found.replicas[sid])
         await cluster.wait_for(all_running(ids), 60, what="workloads running")
         sampler = PidSampler(cluster, ids)
         sampler_task = asyncio.create_task(sampler.run())
