@@ -7,8 +7,9 @@ behaviour measured is that of the example config, ``retries 2`` + ``option redis
 included. Stopped by pid.
 
 A server is *in rotation* when HAProxy would send it a new request: operationally up
-(``srv_op_state`` 1 starting or 2 running) and no administrative flag set
-(``srv_admin_state`` 0: not in maintenance, not draining).
+(``srv_op_state`` 1 starting or 2 running), neither in maintenance nor draining
+(``srv_admin_state`` has none of the bits ``MAINT_OR_DRAIN``; 0x04, "disabled in the
+config", stays set on a server-template slot that was enabled since, and means nothing then).
 
 Used by ``tests/integration/test_services.py`` and ``benchmarks/service_failover.py``.
 """
@@ -32,6 +33,9 @@ from hafo.local.procs import free_port, spawn, stop_process
 ROOT = Path(__file__).resolve().parent.parent
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 BACKEND = "web"
+#: HAProxy's SRV_ADMF_MAINT (forced 0x01, inherited 0x02, resolution 0x20) and SRV_ADMF_DRAIN
+#: (forced 0x08, inherited 0x10) bits of ``srv_admin_state``.
+MAINT_OR_DRAIN = 0x01 | 0x02 | 0x20 | 0x08 | 0x10
 
 
 def have_haproxy() -> bool:
@@ -126,7 +130,7 @@ class Server:
 
     @property
     def in_rotation(self) -> bool:
-        return self.op_state in (1, 2) and self.admin_state == 0
+        return self.op_state in (1, 2) and not self.admin_state & MAINT_OR_DRAIN
 
 
 def parse_servers(text: str, backend: str) -> list[Server]:
