@@ -98,12 +98,14 @@ class Haproxy:
             except OSError:
                 return False
 
-    def stop(self) -> None:
-        """Stop HAProxy (by pid) and remove its directory."""
+    def stop(self, remove: bool = True) -> None:
+        """Stop HAProxy (by pid) and remove its directory (config, log) unless not
+        ``remove``."""
         if self.proc is not None:
             stop_process(self.proc, grace=2.0)
             self.proc = None
-        shutil.rmtree(self.base, ignore_errors=True)
+        if remove:
+            shutil.rmtree(self.base, ignore_errors=True)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

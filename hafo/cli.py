@@ -451,19 +451,20 @@ async def _cmd_change(args: argparse.Namespace) -> int:
                 await intents.delete(store, keys, wid)
                 print(f"deleted {wid}" + (f" ({args.workload})" if wid != args.workload else ""))
             elif args.command == "migrate":
-                wid, member = await intents.move_target(store, keys, args.workload,
-                                                        args.member_node)
+                wid, member, replica = await intents.move_target(store, keys, args.workload,
+                                                                 args.member_node)
                 refused = await intents.migrate_refusal(store, keys, wid, args.to, member)
                 if refused:
                     raise CliError(f"cannot move {args.workload}: {refused}", EXIT_REFUSED)
                 await intents.migrate(store, keys, wid, args.to, node=member)
-                replica = wid != args.workload and member is None and args.member_node
-                print(f"moving {wid}"
-                      + (f" (its member on {member})" if member else "")
-                      + (f" (replica on {args.member_node}: its replacement starts first)"
-                         if replica else "")
-                      + (f" to {args.to}" if args.to else "")
-                      + " (checkpoint, stop, resume); see `hafo events`")
+                if replica:
+                    print(f"replacing {wid}, a replica of a service: its replacement starts "
+                          "and is ready first; see `hafo events`")
+                else:
+                    print(f"moving {wid}"
+                          + (f" (its member on {member})" if member else "")
+                          + (f" to {args.to}" if args.to else "")
+                          + " (checkpoint, stop, resume); see `hafo events`")
             elif args.command == "drain":
                 moved = await intents.drain(store, keys, args.node)
                 print(f"drained {args.node}: cordoned, moving {len(moved)} workload(s)"

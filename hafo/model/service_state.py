@@ -57,6 +57,14 @@ def service_state(snapshot: ClusterSnapshot, sid: str, now: float | None) -> Ser
                   f"{update.progress_deadline:g}s; the older replicas keep serving (submit "
                   "the previous spec to roll back)")
         return ServiceState("degraded", len(ready), want, len(current), reason)
+    ids = {r.id for r in active}
+    replacing = [r for r in active if r.replaces in ids and not instance_ready(snapshot, r.id)]
+    if replacing and not outdated:
+        waiting = "; ".join(_pending_reasons(snapshot, (r.id for r in replacing)))
+        return ServiceState("updating", len(ready), want, len(current),
+                            f"replacing {', '.join(str(r.replaces) for r in replacing)} (a "
+                            f"drain or a move): the replacement starts first"
+                            + (f"; {waiting}" if waiting else ""))
     if outdated:
         return ServiceState("updating", len(ready), want, len(current),
                             f"rolling update: {len(current)} of {want} replicas on the new "

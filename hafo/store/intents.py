@@ -156,9 +156,10 @@ async def resolve_ref(store: Store, keys: Keys, ref: str,
 
 
 async def move_target(store: Store, keys: Keys, ref: str,
-                      node: str | None) -> tuple[str, str | None]:
-    """What ``hafo migrate REF [--from NODE]`` moves: (workload id, gang member's node). For a
-    service and ``--from NODE``: its replica on NODE (NotFound if none runs there)."""
+                      node: str | None) -> tuple[str, str | None, bool]:
+    """What ``hafo migrate REF [--from NODE]`` moves: (workload id, gang member's node, is it
+    a replica). For a service and ``--from NODE``: its replica on NODE (NotFound if none runs
+    there)."""
     snapshot = await read_snapshot(store, keys)
     wid = await resolve_ref(store, keys, ref, snapshot)
     submission = snapshot.workloads[wid]
@@ -166,8 +167,8 @@ async def move_target(store: Store, keys: Keys, ref: str,
         replica = replica_on(snapshot, wid, node)
         if replica is None:
             raise NotFound(f"no replica of {ref!r} runs on {node!r}")
-        return replica, None
-    return wid, node
+        return replica, None, True
+    return wid, node, submission.service is not None
 
 
 async def delete(store: Store, keys: Keys, workload_id: str) -> None:

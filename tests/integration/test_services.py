@@ -172,9 +172,15 @@ async def test_node_power_loss_under_load(service: Service) -> None:
         await asyncio.sleep(1.5)  # steady load first
         cut = time.monotonic()
         cluster.power_off(victim.node)
-        out_after = await left_rotation(service.haproxy, BACKEND, target, cut, timeout=15)
-        await service.wait_ready(3, 30)
-        ready_after = time.monotonic() - cut
+
+        async def ready_again() -> float:
+            await cluster.wait_for(
+                lambda s: len([e for e in service.ready(s) if e.node != victim.node]) == 3, 30,
+                what="3 ready replicas again, none on the dead node")
+            return time.monotonic() - cut
+
+        out_after, ready_after = await asyncio.gather(
+            left_rotation(service.haproxy, BACKEND, target, cut, timeout=15), ready_again())
         await service.wait_rotation(await cluster.snapshot())
         await asyncio.sleep(1.0)  # the new replica serves
     finally:
