@@ -45,8 +45,8 @@ DEFAULT_QUEUE_METRICS: tuple[str, ...] = (
 """Waiting-requests gauges looked for, in order, when ``queue_metric`` is not set."""
 
 _OPTIONS = frozenset({
-    "base_url", "port", "host", "health_path", "model", "probe_request", "max_queue", "queue_metric",
-    "metrics_path", "api_key_env",
+    "base_url", "port", "host", "health_path", "model", "probe_request", "max_queue",
+    "queue_metric", "metrics_path", "api_key_env",
 })
 _BODY_SNIPPET = 200
 
