@@ -4,6 +4,7 @@ and bodies it refuses are refused (so the document and the validator agree)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -34,7 +35,9 @@ def schemathesis(port: int, tmp_path: Path, *extra: str) -> str:
                f"http://127.0.0.1:{port}/openapi.json", "--checks", "all",
                "--exclude-checks", EXCLUDED, "--max-examples", "40", "--seed", "7",
                "--workers", "1", "--no-color", "--request-timeout", "10", *extra]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    hooks = Path(__file__).with_name("schemathesis_hooks.py")
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                            env={**os.environ, "SCHEMATHESIS_HOOKS": str(hooks)})
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]
     assert "Open API 3.1" in result.stdout
     counts = re.search(r"(\d+) generated, (\d+) passed", result.stdout)

@@ -76,7 +76,8 @@ async def test_metrics_of_controllers_and_agents_through_failovers(
         assert {lab["state"]: v for lab, v in found["hafo_nodes"]} == {
             "ready": 3, "cordoned": 0, "unhealthy": 0, "down": 0}
         assert {lab["state"] for lab, _ in found["hafo_workloads"]} == {
-            "pending", "starting", "running", "stopping", "completed", "failed"}
+            "pending", "starting", "running", "stopping", "completed", "failed", "degraded",
+            "updating"}
         assert one(found, "hafo_gpus", state="healthy") == 12
         assert one(found, "hafo_gpus", state="allocated") == 1
         assert one(found, "hafo_etcd_request_duration_seconds_count") > 0

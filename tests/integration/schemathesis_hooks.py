@@ -1,0 +1,37 @@
+"""Schemathesis hooks for the API fuzzing test (``SCHEMATHESIS_HOOKS``).
+
+Two rules of the workload spec hold between fields, which JSON Schema cannot state, so the
+OpenAPI document cannot either: a check's ``port`` that names a port must name one of the
+spec's ``ports``, and an ``http`` check needs ``url`` or ``port``. A body the schema accepts
+may break them (and is then refused with 400, naming the field, as it should be); this hook
+makes generated bodies keep them, so that "bodies the schema accepts are accepted" stays
+checked for everything else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import schemathesis
+
+
+def _consistent(body: dict[str, Any]) -> None:
+    checks, ports = body.get("checks"), body.get("ports")
+    if not isinstance(checks, list):
+        return
+    for check in checks:
+        if not isinstance(check, dict):
+            continue
+        port = check.get("port")
+        if isinstance(port, str) and (ports is None or isinstance(ports, dict)):
+            ports = body["ports"] = {**(ports or {}), port: 0}
+        if check.get("type") == "http" and check.get("url") is None and check.get("port") is None:
+            check["port"] = 8000
+
+
+@schemathesis.hook
+def map_case(context: Any, case: Any) -> Any:
+    """Make a submitted spec's checks name only declared ports."""
+    if case.method == "POST" and case.path == "/v1/workloads" and isinstance(case.body, dict):
+        _consistent(case.body)
+    return case
