@@ -164,6 +164,13 @@ class EtcdCluster:
             member.proc.kill()
             member.proc.wait(5)
 
+    def stop_member(self, index: int) -> None:
+        """Stop one member cleanly (SIGTERM, as an upgrade or a reboot does): a raft leader
+        hands leadership to another member before it exits."""
+        member = self.members[index]
+        if member.proc is not None and member.proc.poll() is None:
+            stop_process(member.proc, grace=10.0)
+
     def restart_member(self, index: int) -> None:
         """Start a killed member again with its data."""
         member = self.members[index]
