@@ -442,7 +442,8 @@ async def _cmd_lb(args: argparse.Namespace) -> int:
 
 
 async def _cmd_change(args: argparse.Namespace) -> int:
-    from hafo.store import intents
+    from hafo.model.endpoints import move_target
+    from hafo.store import intents, read_snapshot
 
     async def body(store: Any, keys: Any) -> int:
         try:
@@ -451,9 +452,16 @@ async def _cmd_change(args: argparse.Namespace) -> int:
                 await intents.delete(store, keys, wid)
                 print(f"deleted {wid}" + (f" ({args.workload})" if wid != args.workload else ""))
             elif args.command == "migrate":
-                wid, member, replica = await intents.move_target(store, keys, args.workload,
-                                                                 args.member_node)
-                refused = await intents.migrate_refusal(store, keys, wid, args.to, member)
+                snapshot = await read_snapshot(store, keys)
+                target, member, why = move_target(
+                    snapshot, await intents.resolve_ref(store, keys, args.workload, snapshot),
+                    args.member_node)
+                if target is None:
+                    raise intents.NotFound(why)
+                wid = target
+                replica = snapshot.workloads[wid].service is not None
+                refused = await intents.migrate_refusal(store, keys, wid, args.to, member,
+                                                        snapshot)
                 if refused:
                     raise CliError(f"cannot move {args.workload}: {refused}", EXIT_REFUSED)
                 await intents.migrate(store, keys, wid, args.to, node=member)

@@ -16,7 +16,7 @@ from hafo.api.body import MIGRATE, Deleted, Moving, NodeChange, json_object
 from hafo.api.errors import NotFound, error
 from hafo.decisions.moves import move_refusal
 from hafo.model.cluster import ClusterSnapshot
-from hafo.model.endpoints import replica_on, resolve
+from hafo.model.endpoints import move_target, resolve
 from hafo.model.names import is_node_name, is_workload_id, is_workload_ref
 from hafo.model.spec import parse_spec
 from hafo.model.views import submitted_view
@@ -94,14 +94,12 @@ def write_routes(target: WriteTarget) -> web.RouteTableDef:
         snapshot = target.snapshot()
         wid = resolved(request, snapshot)
         body = MIGRATE.validate(await json_object(request, required=False) or {})
-        to, node = body.to, body.node
-        service = snapshot.workloads.get(wid)
-        if service is not None and service.spec.is_service and node is not None:
-            replica = replica_on(snapshot, wid, node)  # a service's: its replica on node
-            if replica is None:
-                return error(404, f"no replica of {wid!r} runs on {node!r}")
-            wid, node = replica, None
-        conflict = _migrate_conflict(target.snapshot(), wid, to, node)
+        to = body.to
+        moved, node, why = move_target(snapshot, wid, body.node)  # a service's: a replica
+        if moved is None:
+            return error(404, why)
+        wid = moved
+        conflict = _migrate_conflict(snapshot, wid, to, node)
         if conflict:
             return error(409, conflict)
         try:

@@ -214,7 +214,12 @@ def gang_move_refusal(snapshot: ClusterSnapshot, current: Assignment, move: Move
 
 def start_gang_move(current: Assignment, move: MoveRequest) -> Action:
     """A planned move of the member on ``move.node``: every member checkpoints and stops, then
-    the gang starts again with that member elsewhere (on ``move.to`` if given)."""
+    the gang starts again with that member elsewhere (on ``move.to`` if given). A restart for
+    a changed spec (``move.restart``): every member starts again where it was."""
+    if move.restart:
+        action = stop_gang(current, f"{move.reason or 'restart'}: every member checkpoints, "
+                           "stops and starts again in place", Cause.PLANNED, urgent=False)
+        return dataclasses.replace(action, clear_move=True)
     assert move.node is not None
     member = current.member_on(move.node)
     rank = member.rank if member is not None else "?"

@@ -80,6 +80,9 @@ def move_refusal(snapshot: ClusterSnapshot, wid: str, to: str | None, now: float
 
 def start_move(snapshot: ClusterSnapshot, wid: str, move: MoveRequest, now: float) -> Action:
     """Step 1 for a workload with a pending move request."""
+    current = snapshot.assignments.get(wid)
+    if move.restart and current is not None and current.is_gang and current.phase == "placed":
+        return start_gang_move(current, move)  # a changed spec: the whole gang, in place
     refused = move_refusal(snapshot, wid, move.to, now, move.node)
     if refused:
         return _refuse(wid, refused)

@@ -32,7 +32,8 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from hafo.model.cluster import ClusterSnapshot, Submission, replica_serial
-from hafo.model.endpoints import instance_ready, ready_since
+from hafo.model.endpoints import instance_ready, ready_for
+from hafo.model.service_state import stalled_replacements
 
 ChangeKind = Literal["create", "retire", "delete"]
 
@@ -50,12 +51,6 @@ class ReplicaChange:
     replica: str
     why: str
     submission: Submission | None = None
-
-
-def _ready_for(snapshot: ClusterSnapshot, wid: str, seconds: float, now: float) -> bool:
-    since = ready_since(snapshot, wid)
-    return (since is not None and now - since >= seconds) or (
-        since is None and seconds <= 0 and instance_ready(snapshot, wid))
 
 
 def _running(snapshot: ClusterSnapshot, wid: str) -> bool:
@@ -126,7 +121,7 @@ class _Service:
                      if r.replaces is not None and r.replaces in by_id}
         for old_id, new in sorted(replacing.items()):  # rules 2 and 3
             old = by_id[old_id]
-            if _ready_for(snapshot, new.id, self.update.min_ready_seconds, now):
+            if ready_for(snapshot, new.id, self.update.min_ready_seconds, now):
                 self._retire(old, f"replica {new.id} is ready: {old.id}, which it "
                              "replaces, leaves rotation")
             elif new.spec != self.template and not instance_ready(snapshot, new.id):
@@ -156,10 +151,10 @@ class _Service:
         """Rule 5."""
         in_flight = [new for old, new in replacing.items()
                      if new.id not in self.retired and old not in self.retired
-                     and not _ready_for(self.snapshot, new.id, self.update.min_ready_seconds,
+                     and not ready_for(self.snapshot, new.id, self.update.min_ready_seconds,
                                         self.now)]
-        stalled = [r for r in in_flight
-                   if self.now - r.submitted_at > self.update.progress_deadline]
+        stalled = [r for r in stalled_replacements(self.snapshot, self.service.id, self.now)
+                   if r.id not in self.retired and r.replaces not in self.retired]
         if stalled:
             return  # rollout stopped (service_state says so); the old replicas serve on
         budget = self.update.max_unavailable - len(in_flight)

@@ -350,12 +350,14 @@ class FailsafeSet(Record):
 @dataclass(frozen=True, slots=True)
 class MoveRequest(Record):
     """An operator's request to move a workload (``hafo migrate``, ``hafo drain``);
-    ``node``: for a gang, the node whose member moves."""
+    ``node``: for a gang, the node whose member moves; ``restart``: a submit changed the
+    spec (a gang then checkpoints, stops and starts again whole, every member in place)."""
 
     workload: str
     to: str | None = None
     reason: str = ""
     node: str | None = None
+    restart: bool = False
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,15 @@ def ready_since(snapshot: ClusterSnapshot, wid: str) -> float | None:
     return status.ready_since if status is not None else None
 
 
+def ready_for(snapshot: ClusterSnapshot, wid: str, seconds: float, now: float) -> bool:
+    """Ready, and for at least ``seconds`` (a report without ``ready_since`` counts only when
+    no time is asked for)."""
+    since = ready_since(snapshot, wid)
+    if since is not None:
+        return now - since >= seconds
+    return seconds <= 0 and instance_ready(snapshot, wid)
+
+
 def _endpoint(snapshot: ClusterSnapshot, wid: str) -> Endpoint:
     submission = snapshot.workloads[wid]
     assignment = snapshot.assignments.get(wid)
@@ -132,6 +141,21 @@ def replica_on(snapshot: ClusterSnapshot, service: str, node: str) -> str | None
                 and assignment.holds_node and node in assignment.nodes:
             return rid
     return None
+
+
+def move_target(snapshot: ClusterSnapshot, wid: str,
+                node: str | None) -> tuple[str | None, str | None, str]:
+    """What a planned move of workload ``wid`` (``--from NODE`` / the body's ``node``) moves:
+    (workload id, gang member's node, "") ; for a service and a node, its replica there, or
+    (None, None, why not)."""
+    submission = snapshot.workloads.get(wid)
+    if submission is not None and submission.spec.is_service and submission.service is None \
+            and node is not None:
+        replica = replica_on(snapshot, wid, node)
+        if replica is None:
+            return None, None, f"no replica of {wid!r} runs on {node!r}"
+        return replica, None, ""
+    return wid, node, ""
 
 
 def prometheus_targets(snapshot: ClusterSnapshot, wids: list[str],

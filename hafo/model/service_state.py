@@ -6,10 +6,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from hafo.model.cluster import ClusterSnapshot
-from hafo.model.endpoints import instance_ready
+from hafo.model.cluster import ClusterSnapshot, Submission
+from hafo.model.endpoints import instance_ready, ready_for
 
-__all__ = ["ServiceState", "service_state"]
+__all__ = ["ServiceState", "service_state", "stalled_replacements"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,24 @@ def _pending_reasons(snapshot: ClusterSnapshot, ids: Iterable[str]) -> list[str]
     return reasons
 
 
+def stalled_replacements(snapshot: ClusterSnapshot, sid: str,
+                         now: float | None) -> list[Submission]:
+    """The replacements (of the current spec, for a replica still in rotation) not ready
+    ``update.min_ready_seconds`` longer than ``update.progress_deadline`` after they were
+    created: they stop the rollout (the one rule, for the decisions and for people). None
+    when ``now`` is None."""
+    if now is None:
+        return []
+    service = snapshot.workloads[sid]
+    template, update = service.spec.template, service.spec.update
+    active = {r: snapshot.workloads[r] for r in snapshot.replicas.get(sid, ())
+              if snapshot.workloads[r].retiring is None}
+    return [r for r in active.values()
+            if r.replaces in active and r.spec == template
+            and now - r.submitted_at > update.progress_deadline
+            and not ready_for(snapshot, r.id, update.min_ready_seconds, now)]
+
+
 def service_state(snapshot: ClusterSnapshot, sid: str, now: float | None) -> ServiceState:
     """The ``ServiceState`` of service ``sid`` (``now`` None: a stopped rollout is not told
     apart from one in progress)."""
@@ -48,9 +66,7 @@ def service_state(snapshot: ClusterSnapshot, sid: str, now: float | None) -> Ser
     ready = [r for r in active if instance_ready(snapshot, r.id)]
     current = [r for r in ready if r.spec == template]
     outdated = [r for r in active if r.spec != template]
-    stalled = [r for r in active if r.replaces is not None and r.spec == template
-               and not instance_ready(snapshot, r.id)
-               and now is not None and now - r.submitted_at > update.progress_deadline]
+    stalled = stalled_replacements(snapshot, sid, now)
     pending = _pending_reasons(snapshot, (r.id for r in active))
     if stalled:
         reason = (f"rollout stopped: replica {stalled[0].id} not ready within "

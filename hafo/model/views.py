@@ -192,11 +192,10 @@ def latest_checkpoint(snapshot: ClusterSnapshot, workload_id: str) -> Checkpoint
     return best
 
 
-def replicas_view(snapshot: ClusterSnapshot, service_id: str,
-                  now: float | None = None) -> ServiceView:
-    """A service's replicas (oldest first) and counts."""
+def replicas_view(snapshot: ClusterSnapshot, service_id: str) -> ServiceView:
+    """A service's replicas (oldest first) and counts (those of ``service_state``: ready
+    replicas, and ready ones on the current spec; a retiring replica is never ready)."""
     service = snapshot.workloads[service_id]
-    state = service_state(snapshot, service_id, now)
     template = service.spec.template
     items: list[ReplicaView] = []
     for rid in snapshot.replicas.get(service_id, ()):
@@ -210,14 +209,14 @@ def replicas_view(snapshot: ClusterSnapshot, service_id: str,
                       "restarts": assignment.restarts if assignment is not None else 0,
                       "reason": assignment.reason if assignment is not None
                       else "waiting for the controller"})
-    return {"desired": state.desired, "ready": state.ready, "current": state.current,
-            "items": items}
+    return {"desired": service.spec.replicas or 0, "ready": sum(r["ready"] for r in items),
+            "current": sum(r["ready"] and r["current"] for r in items), "items": items}
 
 
 def _service_view(snapshot: ClusterSnapshot, submission: Submission,
                   now: float | None) -> WorkloadView:
     state = service_state(snapshot, submission.id, now)
-    replicas = replicas_view(snapshot, submission.id, now)
+    replicas = replicas_view(snapshot, submission.id)
     nodes = [r["node"] for r in replicas["items"] if r["node"] is not None]
     return {"id": submission.id, "name": submission.spec.name, "state": state.state,
             "node": None, "epoch": None,

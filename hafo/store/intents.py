@@ -12,7 +12,7 @@ from typing import Literal
 from hafo.decisions.drain import workloads_to_drain
 from hafo.decisions.moves import move_refusal
 from hafo.model.cluster import ClusterSnapshot, Event, MoveRequest, Submission
-from hafo.model.endpoints import replica_on, resolve
+from hafo.model.endpoints import resolve
 from hafo.model.spec import WorkloadSpec
 from hafo.store import codec
 from hafo.store.client import Compare, Delete, Put
@@ -60,10 +60,18 @@ async def _named(store: Store, keys: Keys, name: str) -> tuple[Submission | None
         if kv is not None:
             return codec.decode_submission(kv.value), kv.mod_revision, name_rev
     _, kvs = await store.get_prefix(keys.workloads)
-    found = sorted(((s, kv.mod_revision) for kv in kvs
-                    if (s := codec.decode_submission(kv.value)).spec.name == name
-                    and s.service is None), key=lambda pair: (pair[0].submitted_at, pair[0].id))
+    named = [kv for kv in kvs if _is_named(codec.decode(kv.value), name)]  # JSON only: cheap
+    found = sorted(((codec.decode_submission(kv.value), kv.mod_revision) for kv in named),
+                   key=lambda pair: (pair[0].submitted_at, pair[0].id))
     return (found[0][0], found[0][1], name_rev) if found else (None, 0, name_rev)
+
+
+def _is_named(record: object, name: str) -> bool:
+    """A workload record (not a replica's) whose spec has ``name``."""
+    if not isinstance(record, dict) or record.get("service") is not None:
+        return False
+    spec = record.get("spec")
+    return isinstance(spec, dict) and spec.get("name") == name
 
 
 def _update_refusal(current: Submission, spec: WorkloadSpec) -> str:
@@ -129,10 +137,10 @@ async def _update(store: Store, keys: Keys, current: Submission, current_rev: in
                f"scaled to {spec.replicas} replica(s)" if spec.replicas != current.spec.replicas
                else "update policy changed")
     else:
-        snapshot = await read_snapshot(store, keys)
-        assignment = snapshot.assignments.get(current.id)
+        kv = await store.get(keys.assignment(current.id))
+        assignment = codec.decode_assignment(kv.value, kv.mod_revision) if kv else None
         if assignment is not None and assignment.phase == "placed":
-            request = MoveRequest(current.id, None, "update to the new spec")
+            request = MoveRequest(current.id, None, "update to the new spec", restart=True)
             ops.append(Put(keys.move(current.id), codec.encode(request.to_dict())))
             how = "planned move: checkpoint, stop, start with the new spec"
         else:
@@ -155,22 +163,6 @@ async def resolve_ref(store: Store, keys: Keys, ref: str,
     return wid
 
 
-async def move_target(store: Store, keys: Keys, ref: str,
-                      node: str | None) -> tuple[str, str | None, bool]:
-    """What ``hafo migrate REF [--from NODE]`` moves: (workload id, gang member's node, is it
-    a replica). For a service and ``--from NODE``: its replica on NODE (NotFound if none runs
-    there)."""
-    snapshot = await read_snapshot(store, keys)
-    wid = await resolve_ref(store, keys, ref, snapshot)
-    submission = snapshot.workloads[wid]
-    if submission.spec.is_service and submission.service is None and node is not None:
-        replica = replica_on(snapshot, wid, node)
-        if replica is None:
-            raise NotFound(f"no replica of {ref!r} runs on {node!r}")
-        return replica, None, True
-    return wid, node, submission.service is not None
-
-
 async def delete(store: Store, keys: Keys, workload_id: str) -> None:
     """Forget a workload (a service: with its replicas, in one transaction): the controller
     then withdraws their assignments and they are stopped."""
@@ -179,9 +171,9 @@ async def delete(store: Store, keys: Keys, workload_id: str) -> None:
         raise NotFound(f"no workload {workload_id!r}")
     submission = codec.decode_submission(kv.value)
     ops: list[Put | Delete] = [Delete(keys.workload(workload_id))]
-    if submission.spec.is_service:
-        snapshot = await read_snapshot(store, keys)
-        ops += [Delete(keys.workload(r)) for r in snapshot.replicas.get(workload_id, ())]
+    if submission.spec.is_service:  # its replicas are the keys <id>.<n>
+        _, replicas = await store.get_prefix(keys.workload(f"{workload_id}."))
+        ops += [Delete(kv.key) for kv in replicas]
     name_key = keys.name(submission.spec.name)
     name_kv = await store.get(name_key)
     if submission.service is None and name_kv is not None \
@@ -211,10 +203,11 @@ async def migrate(store: Store, keys: Keys, workload_id: str, to: str | None = N
 
 
 async def migrate_refusal(store: Store, keys: Keys, workload_id: str, to: str | None = None,
-                          node: str | None = None) -> str:
+                          node: str | None = None,
+                          snapshot: ClusterSnapshot | None = None) -> str:
     """Why the controller would refuse this planned move now ("" if it would start, or if
-    the workload or a node is unknown: ``migrate`` says so)."""
-    snapshot = await read_snapshot(store, keys)
+    the workload or a node is unknown: ``migrate`` says so). ``snapshot``: one just read."""
+    snapshot = snapshot or await read_snapshot(store, keys)
     names = [n for n in (to, node) if n is not None]
     if workload_id not in snapshot.workloads or any(n not in snapshot.nodes for n in names):
         return ""

@@ -290,6 +290,21 @@ def test_a_planned_move_of_one_member() -> None:
     assert nodes_of(again) == ["a", "d", "c"]  # a planned move takes no spare
 
 
+def test_a_changed_spec_restarts_the_whole_gang_in_place() -> None:
+    snap = gang_cluster()
+    snap = dataclasses.replace(snap, moves={"g": MoveRequest("g", None, "update to the new spec",
+                                                             restart=True)})
+    action = by_workload(snap)["g"]
+    assert (action.kind, action.event, action.clear_move) == ("move", "checkpoint-requested",
+                                                               True)
+    moving = action.assignment
+    assert moving is not None and moving.leave == () and not moving.urgent
+    assert moving.after_stop == "restart"
+    stopped = gang_cluster(assignment=dataclasses.replace(moving, epoch=51), statuses=())
+    again = by_workload(stopped)["g"]
+    assert again.kind == "place" and nodes_of(again) == ["a", "b", "c"]  # ranks stay put
+
+
 def test_a_planned_move_to_a_named_node() -> None:
     snap = gang_cluster()
     snap = dataclasses.replace(snap, moves={"g": MoveRequest("g", "d", "to d", node="a")})
