@@ -36,7 +36,8 @@ integration: $(STAMP)
 	$(BIN)/pytest -q tests/integration
 
 # Debian packages the end-to-end tests use (chromium for the dashboard, openssl for
-# certificates, systemd-analyze for the units); installs only what is missing.
+# certificates, systemd-analyze for the units, haproxy, systemd-nspawn and debootstrap for the
+# machine tests); installs only what is missing.
 test-deps:
 	bash scripts/install-test-deps.sh
 
@@ -45,7 +46,7 @@ e2e: $(STAMP) test-deps
 
 test: $(STAMP) test-deps
 	$(MAKE) lint
-	$(BIN)/pytest -q -p no:cacheprovider tests $(addsuffix /tests,$(PLUGINS))
+	$(BIN)/pytest -q -rs -p no:cacheprovider tests $(addsuffix /tests,$(PLUGINS))
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/failover.py

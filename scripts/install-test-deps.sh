@@ -7,6 +7,9 @@
 #   openssl   - TLS test certificates
 #   haproxy   - hafo lb haproxy's integration test (tests/integration/test_lb_haproxy.py) drives
 #               a real HAProxy
+#   systemd-container, debootstrap, openssh-client, iproute2 - the machine tests (tests/hosts/)
+#               boot Debian machines with systemd as PID 1 (systemd-nspawn) from a root made by
+#               debootstrap, on a bridge (ip), and deploy onto them with Ansible over SSH
 # Idempotent and quick when everything is present: apt-get runs only when something is missing.
 # Runs as root, or through sudo when it exists.
 set -euo pipefail
@@ -35,6 +38,10 @@ need_pkg fonts-liberation
 need systemd systemd-analyze
 need openssl openssl
 need haproxy haproxy
+need systemd-container systemd-nspawn
+need debootstrap debootstrap
+need openssh-client ssh
+need iproute2 ip
 
 if [ "${#missing[@]}" -eq 0 ]; then
     echo "install-test-deps: nothing to install"

@@ -46,6 +46,11 @@ from hafo.model.names import checkpoint_dir as workload_checkpoint_dir
 
 log = structlog.get_logger("hafo.agent")
 
+#: The agent's own systemd variables (sd_notify socket, watchdog, socket activation): a
+#: workload must not inherit them, or its sd_notify calls would speak for the agent's unit.
+SERVICE_MANAGER_ENV = frozenset({"NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC", "LISTEN_PID",
+                                 "LISTEN_FDS", "LISTEN_FDNAMES"})
+
 
 def pid_alive(pid: int | None) -> bool:
     """True if ``pid`` runs and is not a zombie."""
@@ -151,7 +156,8 @@ class Supervisor:
         self._ports[key] = ports
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         gang = gang_env(assignment, self.node)
-        env = {**os.environ, **(GANG_DEFAULTS if gang else {}), **spec.env,
+        inherited = {k: v for k, v in os.environ.items() if k not in SERVICE_MANAGER_ENV}
+        env = {**inherited, **(GANG_DEFAULTS if gang else {}), **spec.env,
                "HAFO_WORKLOAD": assignment.workload, "HAFO_EPOCH": str(assignment.epoch),
                "HAFO_NODE": self.node, "HAFO_CHECKPOINT_DIR": str(checkpoint_dir),
                "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids), "PYTHONUNBUFFERED": "1", **gang,

@@ -81,6 +81,8 @@ class NodeChange(TypedDict):
 
 
 class Health(TypedDict):
-    """A probe's answer; the daemon's role is a key too (``{"status": "ok", "agent": "n1"}``)."""
+    """A probe's answer; the daemon's role is a key too (``{"status": "ok", "agent": "n1"}``).
+    ``version``: the hafo version the daemon runs (a rolling upgrade waits for it)."""
 
     status: str
+    version: NotRequired[str]

@@ -9,6 +9,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from hafo import __version__
 from hafo.api.errors import error
 
 
@@ -21,12 +22,12 @@ def probe_routes(role: str, name: str, ready: Callable[[], bool], registry: Coll
 
     @routes.get("/healthz")
     async def healthz(_request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", role: name})
+        return web.json_response({"status": "ok", role: name, "version": __version__})
 
     @routes.get("/readyz")
     async def readyz(_request: web.Request) -> web.Response:
         if ready():
-            return web.json_response({"status": "ready", role: name})
+            return web.json_response({"status": "ready", role: name, "version": __version__})
         if not_ready is not None:
             return error(503, not_ready())
         return error(503, "not connected to etcd" if role == "controller"

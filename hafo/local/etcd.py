@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hafo.local.pki import Pki
 from hafo.local.procs import free_port, spawn, stop_process
+from hafo.model.config import ETCD_ELECTION_TIMEOUT_MS, ETCD_HEARTBEAT_INTERVAL_MS
 
 
 class EtcdNotFound(RuntimeError):
@@ -98,7 +99,9 @@ class EtcdCluster:
             member.client_url, "--listen-peer-urls", member.peer_url,
             "--initial-advertise-peer-urls", member.peer_url, "--initial-cluster", initial,
             "--initial-cluster-state", state, "--initial-cluster-token", f"hafo-{os.getpid()}",
-            "--heartbeat-interval", "100", "--election-timeout", "1000",
+            # the timing hafo's defaults assume (hafo.model.config, election_problem)
+            "--heartbeat-interval", str(ETCD_HEARTBEAT_INTERVAL_MS),
+            "--election-timeout", str(ETCD_ELECTION_TIMEOUT_MS),
             "--log-level", "warn", "--quota-backend-bytes", str(2 * 1024**3),
             *self._tls_args(),
         ]

@@ -35,13 +35,25 @@ from hafo.model.schema import (
 )
 from hafo.model.spec import STRATEGIES, Strategy
 
-__all__ = ["STRATEGIES", "ApiConfig", "Config", "EtcdConfig", "GpuSource", "NodeConfig",
-           "SimulatedGpus", "TimingConfig", "check_etcd_security", "parse_config",
-           "parse_endpoints"]
+__all__ = ["ELECTION_ROUND_TRIPS", "ETCD_ELECTION_TIMEOUT_MS", "ETCD_HEARTBEAT_INTERVAL_MS",
+           "STRATEGIES", "ApiConfig", "Config", "EtcdConfig", "GpuSource", "NodeConfig",
+           "SimulatedGpus", "TimingConfig", "check_etcd_security", "election_problem",
+           "election_slack", "parse_config", "parse_endpoints"]
 
 ENDPOINT = r"(https?)://([^/:]+|\[[0-9a-fA-F:]+\]):(\d{1,5})/?"
 LISTEN = r"([^:]+|\[[0-9a-fA-F:]+\]):(\d{1,5})"
 MAX_MIG_DEVICES = 7
+
+#: etcd's raft timing that hafo's defaults assume, in milliseconds: hafo.local starts etcd
+#: with ``--heartbeat-interval`` and ``--election-timeout`` set to these, the Ansible etcd
+#: role's defaults are the same numbers, and ``etcd.election_timeout`` defaults to the
+#: latter. The election timeout is 10 x the heartbeat, as etcd recommends.
+ETCD_HEARTBEAT_INTERVAL_MS = 50
+ETCD_ELECTION_TIMEOUT_MS = 500
+#: Seconds a new raft leader may still need after 2 x the election timeout before it
+#: acknowledges a keepalive: the vote's and the keepalive's round trips, the agent's retry
+#: (every 0.1 s after a failed keepalive) and its move to a live endpoint.
+ELECTION_ROUND_TRIPS = 0.25
 
 
 def _port_in(pattern: str, lowest: int) -> AfterValidator:
@@ -75,7 +87,7 @@ ENDPOINTS: Schema[tuple[str, ...]] = Schema(Endpoints, "endpoints")
 
 @dataclass(frozen=True)
 class EtcdConfig(Section):
-    """Where etcd is and how to authenticate to it."""
+    """Where etcd is, how to authenticate to it, and its raft election timeout."""
 
     endpoints: Endpoints = ("http://127.0.0.1:2379",)
     ca: Text | None = None
@@ -84,6 +96,9 @@ class EtcdConfig(Section):
     username: Text | None = None
     password: Text | None = None
     password_file: Text | None = None
+    #: etcd's ``--election-timeout`` in seconds (checked against ``timing``: see
+    #: ``election_problem``).
+    election_timeout: Positive = ETCD_ELECTION_TIMEOUT_MS / 1000
 
     def _check(self) -> None:
         problem = _etcd_problem(self)
@@ -145,6 +160,32 @@ class TimingConfig(Section):
         if self.fence_margin + self.heartbeat >= self.lease_ttl:
             invalid("fence_margin", "fence_margin + heartbeat must be below lease_ttl",
                     self.fence_margin)
+
+
+def election_slack(timing: TimingConfig) -> float:
+    """Seconds an agent's deadline leaves, at worst, after etcd's raft leader dies: the last
+    acknowledged keepalive was sent up to one heartbeat before, and the guards kill the work
+    ``lease_ttl - fence_margin`` after it."""
+    return timing.lease_ttl - timing.heartbeat - timing.fence_margin
+
+
+def election_problem(election_timeout: float, timing: TimingConfig) -> str | None:
+    """Why etcd's ``election_timeout`` (seconds) does not fit ``timing``, or None.
+
+    After the raft leader's machine dies, the followers keep believing in it (so they give
+    the agent no proof of a leaderless etcd, docs/safety.md rule 5) until their election
+    timeout fires; etcd draws each from [election_timeout, 2 x election_timeout), so a new
+    leader acknowledges keepalives at worst 2 x election_timeout + ``ELECTION_ROUND_TRIPS``
+    after the crash. That must come before the agent's slack (``election_slack``) runs out,
+    or a raft leader crash can fence a node."""
+    worst = 2 * election_timeout + ELECTION_ROUND_TRIPS
+    slack = election_slack(timing)
+    if worst < slack:
+        return None
+    return (f"etcd elects a new leader within 2 x election_timeout (+{ELECTION_ROUND_TRIPS:g} "
+            f"s) = {worst:g} s; that must be below lease_ttl - heartbeat - fence_margin = "
+            f"{slack:g} s (lower etcd's --election-timeout and this, or raise "
+            "timing.lease_ttl)")
 
 
 @dataclass(frozen=True)
@@ -329,6 +370,11 @@ class Config(Section):
     log: LogSection = LogSection()
     health: HealthConfig = field(default_factory=HealthConfig)
     placement: PlacementSection = PlacementSection()
+
+    def _check(self) -> None:
+        problem = election_problem(self.etcd.election_timeout, self.timing)
+        if problem is not None:
+            invalid(("etcd", "election_timeout"), problem, self.etcd.election_timeout)
 
     @property
     def checkpoint_root(self) -> str:

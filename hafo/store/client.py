@@ -313,6 +313,60 @@ class EtcdStore:
             await self._rotate(generation, exc)
             raise
 
+    async def keepalive_any(self, lease_id: int, timeout: float) -> int:
+        """One keepalive through every endpoint at once: the first answer wins, and the store
+        moves to the endpoint that gave it. Returns the granted TTL, 0 if the lease is gone.
+
+        For the retry after a failed keepalive. The current endpoint may then be a powered-off
+        machine (no reset: a call only times out) or a member that lost its raft leader, and
+        the next endpoint in order may be no better: trying one after another spends a
+        timeout on each dead one, more than the fencing slack (``lease_ttl - heartbeat -
+        fence_margin``) allows. Raises the last error when no endpoint answers in time."""
+
+        async def through(index: int) -> tuple[int, int]:
+            if index == self._index and self._client is not None:
+                return index, await self.keepalive(lease_id, timeout)
+            host, port = self.endpoints[index]
+            client = self._new_client(host, port, max(1, int(timeout + 0.999)))
+            try:
+                await asyncio.wait_for(client.connect(), timeout)
+                reply = await asyncio.wait_for(
+                    adapter.mapped_errors(lambda c: c.refresh_lease(lease_id))(client), timeout)
+                return index, int(reply.TTL) if reply is not None else 0
+            finally:
+                await self._close_quietly(client)
+
+        tasks = [asyncio.ensure_future(through(i)) for i in range(len(self.endpoints))]
+        error: BaseException = StoreUnavailable("no etcd endpoint answered the keepalive")
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                try:
+                    index, ttl = await next_done
+                except (*TRANSIENT, etcd_errors.ClientError, OSError) as exc:
+                    error = exc
+                    continue
+                await self._move_to(index)
+                return ttl
+        finally:
+            for task in tasks:
+                task.cancel()
+        if isinstance(error, TRANSIENT):
+            raise error
+        raise StoreUnavailable(f"no etcd endpoint answered the keepalive: {error}") from error
+
+    async def _move_to(self, index: int) -> None:
+        """Make ``index`` the current endpoint (after it answered when the current did not)."""
+        async with self._lock:
+            if index == self._index:
+                return
+            old, self._client = self._client, None
+            previous, self._index = self.endpoint, index
+            log.info("etcd endpoint failover", failed=previous, next=self.endpoint,
+                     error="answered first")
+        if old is not None:
+            self._closing.add(asyncio.get_running_loop().create_task(
+                self._close_quietly(old, delay=5.0)))
+
     async def keepalive_many(self, lease_ids: Sequence[int], timeout: float) -> dict[int, int]:
         """Keep many leases alive over one LeaseKeepAlive stream (as etcd's Go client
         multiplexes them): one RPC carries every id. Returns lease id -> granted TTL (0: the

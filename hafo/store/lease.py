@@ -89,12 +89,16 @@ class LeaseKeeper:
         """True while the fencing deadline has not passed."""
         return self.clock() < self.deadline and not self.lost.is_set()
 
-    async def keepalive_once(self, timeout: float | None = None) -> bool:
-        """Send one keepalive; True if acknowledged. Raises LeaseLost if the lease is gone."""
+    async def keepalive_once(self, timeout: float | None = None,
+                             everywhere: bool = False) -> bool:
+        """Send one keepalive; True if acknowledged. Raises LeaseLost if the lease is gone.
+        ``everywhere``: through every etcd endpoint at once, the first answer counting (the
+        retry after a failure, when the endpoint in use may be a dead machine)."""
         assert self.lease_id is not None, "grant() or adopt() first"
         sent = self.clock()
+        send = self.store.keepalive_any if everywhere else self.store.keepalive
         try:
-            ttl = await self.store.keepalive(self.lease_id, timeout=timeout or self.heartbeat)
+            ttl = await send(self.lease_id, timeout=timeout or self.heartbeat)
         except TRANSIENT as exc:
             log.warning("keepalive failed", error=type(exc).__name__,
                         fenced_in=round(self.deadline - self.clock(), 2))
@@ -156,7 +160,8 @@ class LeaseKeeper:
         A keepalive goes out every ``heartbeat``. When one is slow (half a heartbeat without an
         answer), and after a failure, the keeper asks the etcd members whether they have a
         raft leader (see ``_extend_if_leaderless``), so an etcd leader election does not fence
-        healthy work; after a failure it also retries at once with a shorter timeout.
+        healthy work; after a failure it also retries at once with a shorter timeout, through
+        every endpoint at once (a powered-off etcd machine only times out).
         """
         ok = True
         while True:
@@ -171,7 +176,8 @@ class LeaseKeeper:
                 # work in a whole-etcd restart. The extension counts from the round's start,
                 # so a longer round is as safe.
                 result, *extended = await asyncio.gather(
-                    self.keepalive_once(retry), self._extend_if_leaderless(retry),
+                    self.keepalive_once(retry, everywhere=True),
+                    self._extend_if_leaderless(retry),
                     self._extend_if_failsafe(max(retry, self.heartbeat)),
                     return_exceptions=True)
                 for outcome in (result, *extended):

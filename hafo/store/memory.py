@@ -273,6 +273,9 @@ class MemoryStore:
         self._schedule(lease_id, lease, self._now() + lease.ttl)
         return lease.ttl
 
+    async def keepalive_any(self, lease_id: int, timeout: float) -> int:
+        return await self.keepalive(lease_id, timeout)  # one "endpoint"
+
     async def keepalive_many(self, lease_ids: Sequence[int], timeout: float) -> dict[int, int]:
         await asyncio.wait_for(self._enter("keepalive_many"), timeout + 0.5)
         out = {}

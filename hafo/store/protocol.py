@@ -59,6 +59,10 @@ class Store(Protocol):
     async def keepalive(self, lease_id: int, timeout: float) -> int:
         """One keepalive: the granted TTL, 0 if the lease is gone."""
 
+    async def keepalive_any(self, lease_id: int, timeout: float) -> int:
+        """One keepalive through every endpoint at once (the retry after a failed one): the
+        granted TTL from the first that answers, 0 if the lease is gone."""
+
     async def keepalive_many(self, lease_ids: Sequence[int], timeout: float) -> dict[int, int]:
         """Keepalives for many leases at once: id -> granted TTL (0: gone)."""
 

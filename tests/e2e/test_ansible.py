@@ -185,9 +185,10 @@ def applied(tmp_path_factory: pytest.TempPathFactory) -> Applied:
 
 
 @pytest.mark.timeout(60)
-def test_site_syntax_check(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["site.yml", "upgrade.yml"])
+def test_playbook_syntax_check(tmp_path: Path, name: str) -> None:
     playbook = _tool("ansible-playbook")
-    done = _run([playbook, "--syntax-check", "site.yml", "-i", "inventory/example.ini"],
+    done = _run([playbook, "--syntax-check", name, "-i", "inventory/example.ini"],
                 _env(tmp_path / "home"))
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -301,6 +302,11 @@ def test_apply_writes_configs_hafo_accepts(applied: Applied) -> None:
     assert controller.etcd.endpoints == (endpoint,)
     assert controller.api.listen == "127.0.0.1:8600"
     assert controller.api.token_file == str(applied.root / "etc/hafo/controller-api.token")
+    # One variable (hafo_etcd_election_timeout, 500 ms) sets etcd's election timeout and the
+    # daemons' etcd.election_timeout, which hafo checked against the timing above.
+    etcd = yaml.safe_load((applied.root / "etc/etcd/etcd.conf.yml").read_text())
+    assert (etcd["heartbeat-interval"], etcd["election-timeout"]) == (50, 500)
+    assert agent.etcd.election_timeout == controller.etcd.election_timeout == 0.5
 
 
 @pytest.mark.timeout(420)

@@ -50,6 +50,33 @@ async def test_first_endpoint_dead_uses_the_next(etcd_server: EtcdCluster, keys:
         await client.close()
 
 
+async def test_keepalive_any_answers_through_a_live_endpoint_when_the_current_hangs(
+        etcd_server: EtcdCluster, store: EtcdStore) -> None:
+    """The keeper's retry after a failed keepalive: the endpoint in use (a powered-off
+    machine: TCP accepted by nobody, so calls only time out) does not answer; another does,
+    within one timeout, and the store moves there."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # accepts nothing: a connect "succeeds", then nothing ever answers
+    try:
+        lease, _ttl = await store.grant_lease(5)
+        client = EtcdStore([f"http://127.0.0.1:{silent.getsockname()[1]}",
+                            *etcd_server.endpoints], timeout=1.0)
+        try:
+            started = time.monotonic()
+            assert await client.keepalive_any(lease, timeout=1.0) == 5
+            assert time.monotonic() - started < 1.5
+            assert client.endpoint.endswith(str(etcd_server.members[0].client_port))
+            assert await client.keepalive(lease, timeout=1.0) == 5  # the moved connection
+            assert await client.keepalive_any(123456789, timeout=1.0) == 0  # a gone lease
+        finally:
+            await client.close()
+    finally:
+        silent.close()
+
+
 async def test_lease_expiry_deletes_bound_keys(store: EtcdStore, keys: Keys) -> None:
     keeper = LeaseKeeper(store, ttl=2, heartbeat=0.5, margin=0.3)
     lease = await keeper.grant()

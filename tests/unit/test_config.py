@@ -6,7 +6,18 @@ from typing import Any
 
 import pytest
 
-from hafo.model.config import Config, GpuSource, SimulatedGpus, TimingConfig, parse_config
+from hafo.model.config import (
+    ELECTION_ROUND_TRIPS,
+    ETCD_ELECTION_TIMEOUT_MS,
+    ETCD_HEARTBEAT_INTERVAL_MS,
+    Config,
+    GpuSource,
+    SimulatedGpus,
+    TimingConfig,
+    election_problem,
+    election_slack,
+    parse_config,
+)
 from hafo.model.errors import ValidationError
 
 GOOD = "http://127.0.0.1:2379"
@@ -124,10 +135,12 @@ def test_etcd_tls_fields() -> None:
     ({}, TimingConfig(3, 1.0, 0.5)),
     ({"lease_ttl": 3, "heartbeat": 1.5}, TimingConfig(3, 1.5, 0.5)),
     ({"lease_ttl": 10, "heartbeat": 5}, TimingConfig(10, 5.0, 0.5)),
-    ({"lease_ttl": 2, "heartbeat": 0.5, "fence_margin": 1.25}, TimingConfig(2, 0.5, 1.25)),
+    ({"lease_ttl": 2, "heartbeat": 0.25, "fence_margin": 1.25}, TimingConfig(2, 0.25, 1.25)),
 ])
 def test_timing_valid(timing: dict[str, Any], expected: TimingConfig) -> None:
-    assert parse_config({"timing": timing}, "client").timing == expected
+    # an etcd that elects fast enough for every row (the rule between them: below)
+    raw = {"timing": timing, "etcd": {"election_timeout": 0.1}}
+    assert parse_config(raw, "client").timing == expected
 
 
 @pytest.mark.parametrize(("timing", "field"), [
@@ -145,6 +158,85 @@ def test_timing_valid(timing: dict[str, Any], expected: TimingConfig) -> None:
 ])
 def test_bad_timing(timing: dict[str, Any], field: str) -> None:
     expect_error({"timing": timing}, "client", field)
+
+
+def test_default_timing_fits_the_default_etcd_election() -> None:
+    """TTL 3, heartbeat 1, margin 0.5: 1.5 s of slack; etcd (500 ms): 2 x 0.5 + 0.25 s."""
+    config = parse_config({}, "client")
+    assert config.etcd.election_timeout == ETCD_ELECTION_TIMEOUT_MS / 1000 == 0.5
+    assert ETCD_ELECTION_TIMEOUT_MS >= 10 * ETCD_HEARTBEAT_INTERVAL_MS  # etcd's advice
+    assert election_slack(config.timing) == 1.5
+    assert election_problem(config.etcd.election_timeout, config.timing) is None
+    assert 2 * config.etcd.election_timeout + ELECTION_ROUND_TRIPS < 1.5
+
+
+@pytest.mark.parametrize(("timing", "election_timeout", "fits"), [
+    pytest.param({}, None, True, id="defaults"),
+    pytest.param({}, 0.6, True, id="defaults-600ms"),  # 1.45 < 1.5
+    pytest.param({}, 0.625, False, id="defaults-625ms-equal"),  # 1.5 is not below 1.5
+    pytest.param({}, 1.0, False, id="defaults-etcd-default-1s"),  # the gap this rule closes
+    pytest.param({"lease_ttl": 5}, 1.0, True, id="ttl5-etcd-default-1s"),  # 2.25 < 3.5
+    pytest.param({"lease_ttl": 2, "heartbeat": 1}, None, False, id="ttl2-hb1"),  # slack 0.5
+    pytest.param({"lease_ttl": 2, "heartbeat": 0.5}, None, False, id="ttl2-hb0.5"),  # 1.0
+    pytest.param({"lease_ttl": 2, "heartbeat": 0.5}, 0.3, True, id="ttl2-hb0.5-300ms"),
+    pytest.param({"lease_ttl": 3, "heartbeat": 1.5}, None, False, id="ttl3-hb1.5"),  # 1.0
+    pytest.param({"lease_ttl": 3, "fence_margin": 1.2}, None, False, id="big-margin"),
+    pytest.param({"lease_ttl": 2, "heartbeat": 0.5, "fence_margin": 1.25}, 0.01, False,
+                 id="slack-0.25-never"),  # no election fits in the round trips' 0.25 s
+    pytest.param({"lease_ttl": 10, "heartbeat": 5}, 2.0, True, id="ttl10-hb5-2s"),
+])
+def test_etcd_election_timeout_must_fit_the_slack(timing: dict[str, Any],
+                                                   election_timeout: float | None,
+                                                   fits: bool) -> None:
+    """2 x election_timeout + ELECTION_ROUND_TRIPS < lease_ttl - heartbeat - fence_margin,
+    checked across the etcd and timing sections; the error names etcd.election_timeout."""
+    etcd = {} if election_timeout is None else {"election_timeout": election_timeout}
+    raw = {"timing": timing, "etcd": etcd}
+    for role, extra in (("agent", AGENT), ("controller", CONTROLLER), ("client", {})):
+        if fits:
+            assert parse_config({**raw, **extra}, role).etcd.election_timeout == (
+                election_timeout or 0.5)
+        else:
+            error = expect_error({**raw, **extra}, role, "etcd.election_timeout")
+            assert "must be below lease_ttl - heartbeat - fence_margin" in str(error)
+    parsed = TimingConfig(**timing)
+    assert (election_problem(election_timeout or 0.5, parsed) is None) == fits
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    pytest.param({"timing": {"lease_ttl": 2, "heartbeat": 1}},
+                 "etcd.election_timeout: etcd elects a new leader within 2 x election_timeout "
+                 "(+0.25 s) = 1.25 s; that must be below lease_ttl - heartbeat - fence_margin "
+                 "= 0.5 s (lower etcd's --election-timeout and this, or raise "
+                 "timing.lease_ttl)", id="ttl2-hb1"),
+    pytest.param({"etcd": {"election_timeout": 1}},
+                 "etcd.election_timeout: etcd elects a new leader within 2 x election_timeout "
+                 "(+0.25 s) = 2.25 s; that must be below lease_ttl - heartbeat - fence_margin "
+                 "= 1.5 s (lower etcd's --election-timeout and this, or raise "
+                 "timing.lease_ttl)", id="etcd-default-1s"),
+])
+def test_election_error_states_the_rule_with_the_numbers(raw: dict[str, Any],
+                                                         message: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        parse_config(raw, "client")
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(("value", "field"), [
+    pytest.param(0, "etcd.election_timeout", id="zero"),
+    pytest.param(-0.5, "etcd.election_timeout", id="negative"),
+    pytest.param("500ms", "etcd.election_timeout", id="string"),
+    pytest.param(True, "etcd.election_timeout", id="bool"),
+])
+def test_bad_election_timeout(value: Any, field: str) -> None:
+    expect_error({"etcd": {"election_timeout": value}}, "client", field)
+
+
+def test_a_timing_mistake_is_reported_before_the_election_rule() -> None:
+    """The sections' own rules come first: the cross-section rule sees valid sections."""
+    expect_error({"timing": {"lease_ttl": 3, "heartbeat": 2}}, "client", "timing.heartbeat")
+    expect_error({"timing": {"lease_ttl": 2, "heartbeat": 1}, "etcd": {"ca": "/ca"}},
+                 "client", "etcd.endpoints")
 
 
 @pytest.mark.parametrize(("raw", "role", "field"), [

@@ -28,6 +28,9 @@ class StallingStore:
             raise TimeoutError
         return TTL
 
+    async def keepalive_any(self, lease_id: int, timeout: float) -> int:
+        return await self.keepalive(lease_id, timeout)
+
     async def leaderless_majority(self, timeout: float = 0.5) -> bool:
         self.asked_at.append(time.monotonic())
         return self.leaderless

@@ -1,0 +1,233 @@
+"""hafo on three real systemd machines, deployed with the shipped playbooks over SSH.
+
+Every machine runs an etcd member (TLS for peers and clients, authentication on) and an agent
+with two simulated GPUs; m1 and m2 run the controllers. The tests run in this order on one
+deployment (each leaves every machine on and no workload behind):
+
+1. site.yml a second time changes nothing;
+2. power loss of a machine (not the leading controller's): its workload runs again elsewhere
+   within TTL + 2 s (5 trials);
+3. ``systemctl restart hafo-agent`` keeps every workload (same pid, same epoch);
+4. a SIGSTOPped agent: stopped for less than the slack it keeps its work; stopped for good,
+   its work is fenced and runs elsewhere, and systemd's watchdog replaces the agent;
+5. power loss of the machine of the leading controller: the other leads and fails work over;
+6. a machine cut off the network (nftables in its namespace) is fenced before its work runs
+   elsewhere;
+7. power loss of etcd's raft leader's machine, 10 times: no workload elsewhere is fenced;
+8. upgrade.yml to another version, machine by machine: no workload restarted.
+
+The watcher (tests/hosts/watch.py) reads every machine's processes from the host throughout
+and fails any test during which two copies of a workload were alive at once.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.hosts.cluster import (
+    AGENT_PORT,
+    API_PORT,
+    LEASE_TTL,
+    UPGRADE_VERSION,
+    DeployedCluster,
+)
+from tests.hosts.watch import Instance, boottime
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+#: The issue's bound: a powered-off machine's work runs again within TTL + 2 s.
+FAILOVER_BOUND = LEASE_TTL + 2.0
+
+
+def _spread(cluster: DeployedCluster, prefix: str) -> dict[str, Instance]:
+    """One 2-GPU workload per machine (each machine has 2 GPUs): machine -> its instance."""
+    ids = [cluster.submit(f"{prefix}{n}", gpus=2) for n in range(len(cluster.lab.machines))]
+    found = {wid: cluster.watcher.one_live(wid) for wid in ids}
+    return {i.machine: i for i in found.values()}
+
+
+def _unchanged(cluster: DeployedCluster, before: dict[str, Instance]) -> list[str]:
+    """What differs from ``before``: instances ended, or other pids or epochs alive."""
+    problems = []
+    for instance in before.values():
+        live = cluster.watcher.live(instance.workload)
+        if [(i.pid, i.epoch) for i in live] != [(instance.pid, instance.epoch)]:
+            problems.append(f"{instance.workload} (epoch {instance.epoch}, pid {instance.pid} "
+                            f"on {instance.machine}) is now "
+                            f"{[(i.machine, i.pid, i.epoch) for i in live]}")
+    return problems
+
+
+def test_second_deploy_changes_nothing(lab_cluster: DeployedCluster) -> None:
+    cluster = lab_cluster
+    first = cluster.first_deploy
+    assert all(r.failed == 0 and r.unreachable == 0 for r in first.recap.values())
+    started = time.monotonic()
+    second = cluster.ansible.playbook("site.yml")
+    cluster.record("site.yml second run (s)", time.monotonic() - started)
+    assert second.returncode == 0, second.tail()
+    assert second.changed == 0, second.tail()
+    for machine in cluster.lab.machines.values():
+        units = ["etcd", "hafo-agent"] + (["hafo-controller"] if machine in cluster.controllers
+                                          else [])
+        state = cluster.systemctl(machine, "is-active", *units).split()
+        assert state == ["active"] * len(units), (machine.name, units, state)
+    # etcd serves TLS only, and refuses a client without a certificate.
+    plain = cluster.lab["m1"].ssh("etcdctl --endpoints=http://127.0.0.1:2379 "
+                                  "--command-timeout=2s endpoint health", check=False)
+    assert plain.returncode != 0
+
+
+def test_power_loss_fails_over_within_ttl_plus_two(lab_cluster: DeployedCluster) -> None:
+    cluster = lab_cluster
+    wid = cluster.submit("pl", gpus=2)
+    for _trial in range(5):
+        old = cluster.watcher.one_live(wid)
+        leader = cluster.leader()
+        if old.machine == leader:
+            # A machine without the leading controller (that double fault is the next test
+            # but one): move the workload off the leader's machine first.
+            target = next(m for m in cluster.lab.machines if m not in (leader, old.machine))
+            status, body = cluster.request("POST", f"/v1/workloads/{wid}/migrate",
+                                           {"to": target})
+            assert status == 202, body
+            old = cluster.watcher.one_live(wid, where=lambda i, t=target: i.machine == t)
+        machine = cluster.lab[old.machine]
+        off_at = machine.power_off()
+        new = cluster.watcher.one_live(wid, timeout=30,
+                                       where=lambda i, old=old: i.machine != old.machine)
+        took = new.started - off_at
+        cluster.record("power loss -> running elsewhere (s)", took)
+        assert new.epoch > old.epoch
+        assert took < FAILOVER_BOUND, f"failover took {took:.2f} s"
+        cluster.power_on(machine.name)
+
+
+def test_agent_restart_keeps_workloads(lab_cluster: DeployedCluster) -> None:
+    cluster = lab_cluster
+    before = _spread(cluster, "keep")
+    for instance in before.values():  # the agent's sd_notify socket is not the workload's
+        environ = Path(f"/proc/{instance.pid}/environ").read_bytes()
+        assert b"NOTIFY_SOCKET=" not in environ and b"WATCHDOG_USEC=" not in environ
+    for machine in cluster.lab.machines.values():
+        agent = cluster.main_pid(machine, "hafo-agent")
+        started = time.monotonic()
+        cluster.systemctl(machine, "restart", "hafo-agent")
+        cluster.wait_ready([machine.name])
+        cluster.record("systemctl restart hafo-agent -> ready (s)", time.monotonic() - started)
+        assert cluster.main_pid(machine, "hafo-agent") != agent
+    time.sleep(LEASE_TTL)  # a lost lease would have fenced by now
+    assert _unchanged(cluster, before) == []
+
+
+def test_sigstopped_agent(lab_cluster: DeployedCluster) -> None:
+    cluster = lab_cluster
+    wid = cluster.submit("stop", gpus=2)
+    old = cluster.watcher.one_live(wid)
+    machine = cluster.lab[old.machine]
+    agent = cluster.main_pid(machine, "hafo-agent")
+
+    # Stopped for less than the slack (lease_ttl - heartbeat - fence_margin = 1.5 s): hitless.
+    machine.ssh(f"kill -STOP {agent}; sleep 0.7; kill -CONT {agent}")
+    time.sleep(LEASE_TTL)
+    assert [(i.pid, i.epoch) for i in cluster.watcher.live(wid)] == [(old.pid, old.epoch)]
+
+    # Stopped for good: the guard fences the workload when the lease runs out, the controller
+    # starts it elsewhere, and systemd's watchdog (WatchdogSec=15, TimeoutAbortSec=5) kills and
+    # restarts the agent.
+    stopped_at = boottime()
+    restarts = int(cluster.systemctl(machine, "show", "-p", "NRestarts", "--value",
+                                     "hafo-agent"))
+    machine.ssh(f"kill -STOP {agent}")
+    new = cluster.watcher.one_live(wid, timeout=30,
+                                   where=lambda i: i.machine != old.machine)
+    cluster.record("SIGSTOPped agent -> work running elsewhere (s)", new.started - stopped_at)
+    assert new.epoch > old.epoch
+    deadline = time.monotonic() + 40
+    while int(cluster.systemctl(machine, "show", "-p", "NRestarts", "--value",
+                                "hafo-agent")) == restarts:
+        assert time.monotonic() < deadline, "the watchdog did not restart the agent"
+        time.sleep(1)
+    cluster.record("SIGSTOP -> watchdog restart (s)", boottime() - stopped_at)
+    assert cluster.main_pid(machine, "hafo-agent") != agent
+    journal = machine.ssh("journalctl -u hafo-agent --no-pager -n 200").stdout
+    assert "Watchdog timeout" in journal, journal[-2000:]
+    cluster.wait_ready([machine.name])
+
+
+def test_power_loss_of_the_leading_controller(lab_cluster: DeployedCluster) -> None:
+    cluster = lab_cluster
+    leader = cluster.leader()
+    wid = cluster.submit("ctl", gpus=2)
+    old = cluster.watcher.one_live(wid)
+    if old.machine != leader:
+        # Put the workload on the leader's machine: move it there.
+        status, body = cluster.request("POST", "/v1/workloads/ctl/migrate", {"to": leader})
+        assert status == 202, body
+        old = cluster.watcher.one_live(wid, where=lambda i: i.machine == leader)
+    off_at = cluster.lab[leader].power_off()
+    new = cluster.watcher.one_live(wid, timeout=30, where=lambda i: i.machine != leader)
+    cluster.record("power loss of the leader's machine -> work elsewhere (s)",
+                   new.started - off_at)
+    assert new.epoch > old.epoch
+    assert cluster.leader() != leader
+    cluster.power_on(leader)
+
+
+def test_network_cut_fences_before_failover(lab_cluster: DeployedCluster) -> None:
+    cluster = lab_cluster
+    wid = cluster.submit("cut", gpus=2)
+    old = cluster.watcher.one_live(wid)
+    machine = cluster.lab[old.machine]
+    rules = ("add table inet hafo_cut; "
+             "add chain inet hafo_cut in { type filter hook input priority -10; policy drop; }; "
+             "add chain inet hafo_cut out { type filter hook output priority -10; "
+             "policy drop; }; "
+             "add rule inet hafo_cut in iif lo accept; add rule inet hafo_cut out oif lo accept")
+    cut_at = boottime()
+    machine.in_netns("nft", rules)
+    try:
+        new = cluster.watcher.one_live(wid, timeout=30,
+                                       where=lambda i: i.machine != old.machine)
+        ended = next(i for i in cluster.watcher.history(wid) if i.pid == old.pid)
+        assert ended.ended and ended.last_seen < new.started, "not fenced before the failover"
+        cluster.record("network cut -> fenced (s, last seen alive)", ended.last_seen - cut_at)
+        cluster.record("network cut -> running elsewhere (s)", new.started - cut_at)
+        assert new.epoch > old.epoch
+    finally:
+        machine.in_netns("nft", "delete table inet hafo_cut")
+    cluster.wait_ready([machine.name])
+
+
+def test_etcd_leader_power_loss_fences_nothing(lab_cluster: DeployedCluster) -> None:
+    cluster = lab_cluster
+    before = _spread(cluster, "etcd")
+    for _trial in range(10):
+        leader = cluster.etcd_leader()
+        others = {m: i for m, i in before.items() if m != leader}
+        off_at = cluster.lab[leader].power_off()
+        time.sleep(LEASE_TTL + 1.0)  # past every fencing deadline of the crash
+        assert _unchanged(cluster, others) == [], f"trial {_trial}: fenced after the raft " \
+            f"leader's machine {leader} lost power"
+        cluster.power_on(leader)
+        cluster.record("etcd raft leader machine back (s)", boottime() - off_at)
+        # Its own workload failed over (or came back); wait for the three to run again.
+        before = {i.machine: i for wid in [i.workload for i in before.values()]
+                  for i in [cluster.watcher.one_live(wid, timeout=30)]}
+
+
+def test_rolling_upgrade_restarts_no_workload(lab_cluster: DeployedCluster) -> None:
+    cluster = lab_cluster
+    before = _spread(cluster, "up")
+    started = time.monotonic()
+    run = cluster.ansible.playbook("upgrade.yml", "-e", f"hafo_version={UPGRADE_VERSION}")
+    cluster.record("upgrade.yml (s)", time.monotonic() - started)
+    assert run.returncode == 0, run.tail()
+    for machine in cluster.lab.machines.values():
+        assert cluster.version(machine, AGENT_PORT) == UPGRADE_VERSION
+    for machine in cluster.controllers:
+        assert cluster.version(machine, API_PORT) == UPGRADE_VERSION
+    assert _unchanged(cluster, before) == []
