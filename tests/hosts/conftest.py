@@ -55,9 +55,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(marker)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster() -> Iterator[DeployedCluster]:
-    """Three machines with hafo deployed by site.yml (run once here)."""
+    """Three machines with hafo deployed by site.yml (run once here), removed after this
+    package's last test (not at the end of the session: the other tests need the CPUs)."""
     run_dir = Path(tempfile.mkdtemp(prefix="hafo-hosts-", dir="/var/tmp"))
     started = time.monotonic()
     deployed = DeployedCluster.create(run_dir, say=lambda line: print(f"[hosts] {line}"))
