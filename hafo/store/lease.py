@@ -45,6 +45,7 @@ class LeaseKeeper:
         self.deadline = 0.0
         self.last_ack = 0.0
         self.lost = asyncio.Event()
+        self._hedged_at = float("-inf")  # the last keepalive sent through every endpoint
 
     async def grant(self, publish: bool = True) -> int:
         """Grant a fresh lease; the deadline starts from the grant's send time. ``publish``
@@ -175,8 +176,14 @@ class LeaseKeeper:
                 # as a keepalive retry missed answers on a busy machine and fenced healthy
                 # work in a whole-etcd restart. The extension counts from the round's start,
                 # so a longer round is as safe.
+                # Through every endpoint at once, at most once a heartbeat: enough to find a
+                # live member within the slack, and a long etcd outage does not open a
+                # connection to every member ten times a second.
+                everywhere = started - self._hedged_at >= self.heartbeat
+                if everywhere:
+                    self._hedged_at = started
                 result, *extended = await asyncio.gather(
-                    self.keepalive_once(retry, everywhere=True),
+                    self.keepalive_once(retry, everywhere=everywhere),
                     self._extend_if_leaderless(retry),
                     self._extend_if_failsafe(max(retry, self.heartbeat)),
                     return_exceptions=True)

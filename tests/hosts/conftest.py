@@ -68,9 +68,23 @@ def cluster() -> Iterator[DeployedCluster]:
     finally:
         deployed.close()
         shutil.rmtree(run_dir, ignore_errors=True)
-        for what, values in deployed.timings.items():
-            figures = ", ".join(f"{v:.2f}" for v in values)
-            print(f"[hosts] {what}: {figures}")
+        MEASURED.update(deployed.timings)
+
+
+#: What the machine tests measured, printed at the end of the run (README's figures).
+MEASURED: dict[str, list[float]] = {}
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not MEASURED:
+        return
+    terminalreporter.section("measured on three systemd machines (tests/hosts)")
+    for what, values in MEASURED.items():
+        ordered = sorted(values)
+        median = ordered[len(ordered) // 2]
+        figures = ", ".join(f"{v:.2f}" for v in values)
+        terminalreporter.write_line(f"{what}: p50 {median:.2f} max {ordered[-1]:.2f} "
+                                    f"(n={len(values)}: {figures})")
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from hafo import __version__
 from hafo.local.cluster import LocalCluster, demo_workload_spec
 from tests.integration.helpers import started_cluster
 
@@ -81,7 +82,8 @@ def test_controller_api_read_side(cluster: LocalCluster) -> None:
 
 def test_agent_api(cluster: LocalCluster) -> None:
     handle = cluster.node_handles["node-1"]
-    assert get(handle.api_port, "/healthz") == (200, {"status": "ok", "node": "node-1"})
+    assert get(handle.api_port, "/healthz") == (200, {"status": "ok", "node": "node-1",
+                                                      "version": __version__})
     assert get(handle.api_port, "/readyz")[0] == 200
     code, body = get(handle.api_port, "/v1/node")
     assert code == 200 and body["node"]["name"] == "node-1" and body["lease_valid"]

@@ -70,3 +70,45 @@ async def test_a_slow_but_answered_keepalive_renews_from_its_send_time() -> None
     started = time.monotonic()
     assert await lease._keepalive_gathering_proof()
     assert started + TTL - MARGIN - 0.01 <= lease.deadline <= started + TTL - MARGIN + 0.05
+
+
+class DeadEndpointStore(StallingStore):
+    """Keepalives through the endpoint in use time out (its machine is off); one through
+    every endpoint at once answers when ``others_answer``."""
+
+    def __init__(self, others_answer: bool) -> None:
+        super().__init__(stall=10.0, leaderless=False)
+        self.others_answer = others_answer
+        self.hedged_at: list[float] = []
+
+    async def keepalive_any(self, lease_id: int, timeout: float) -> int:
+        self.hedged_at.append(time.monotonic())
+        if self.others_answer:
+            return TTL
+        await asyncio.sleep(timeout)
+        raise TimeoutError
+
+
+async def test_the_retry_after_a_failed_keepalive_goes_through_every_endpoint() -> None:
+    store = DeadEndpointStore(others_answer=True)
+    lease = keeper(store)
+    task = asyncio.ensure_future(lease.run())
+    try:
+        await asyncio.sleep(HEARTBEAT * 2.5)
+        assert store.hedged_at, "no keepalive through every endpoint after a failure"
+        assert lease.valid()
+    finally:
+        task.cancel()
+
+
+async def test_keepalives_through_every_endpoint_at_most_once_a_heartbeat() -> None:
+    store = DeadEndpointStore(others_answer=False)
+    lease = keeper(store)
+    lease.deadline = time.monotonic() + 60  # not fenced meanwhile: only the pace is tested
+    task = asyncio.ensure_future(lease.run())
+    try:
+        await asyncio.sleep(HEARTBEAT * 6)
+    finally:
+        task.cancel()
+    gaps = [b - a for a, b in zip(store.hedged_at, store.hedged_at[1:], strict=False)]
+    assert store.hedged_at and all(gap >= HEARTBEAT - 0.05 for gap in gaps), gaps
