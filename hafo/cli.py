@@ -115,6 +115,9 @@ def build_parser() -> Parser:
     for name, text in (("agent", "node daemon"), ("controller", "controller daemon")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--config", required=True, help="YAML config file")
+        p.add_argument("--check", action="store_true",
+                       help="validate the config file and exit (0: valid; 2: the error, "
+                            "naming the field)")
     p = sub.add_parser("guard", help="(internal) parent and fence of one workload process")
     p.add_argument("instance_dir")
     p = sub.add_parser("submit", help="submit a workload; prints its id")
@@ -603,6 +606,10 @@ def dispatch(args: argparse.Namespace) -> int:
         from hafo.agent import guard
 
         return guard.main([args.instance_dir])
+    if args.command in ("agent", "controller") and args.check:
+        load_config(args.config, args.command)
+        print(f"{args.config}: a valid {args.command} config")
+        return 0
     if args.command not in ("agent", "controller"):
         from hafo import logs
 
