@@ -61,7 +61,7 @@ def _dependency_wheels() -> Path:
     return folder
 
 
-def _build_hafo_wheel(dest: Path, version: str | None) -> Path:
+def _build_hafo_wheel(dest: Path, version: str | None) -> None:
     """hafo's wheel from the checkout into ``dest``; with ``version``, from a copy of the
     sources whose version (pyproject and hafo.__version__) reads ``version``."""
     source = REPO
@@ -74,14 +74,11 @@ def _build_hafo_wheel(dest: Path, version: str | None) -> Path:
         current = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
         for path in (source / "pyproject.toml", source / "hafo/__init__.py"):
             path.write_text(path.read_text().replace(f'"{current}"', f'"{version}"', 1))
-    before = set(dest.glob("hafo-*.whl"))
     subprocess.run([str(BIN / "python"), "-m", "pip", "wheel", "-q", "--no-deps",
                     "--no-build-isolation", "--wheel-dir", str(dest), str(source)],
                    check=True, timeout=300, capture_output=True)
     if version is not None:
         shutil.rmtree(source, ignore_errors=True)
-    made = set(dest.glob("hafo-*.whl")) - before
-    return next(iter(made)) if made else next(iter(sorted(dest.glob("hafo-*.whl"))))
 
 
 def wheelhouse(dest: Path, *versions: str | None) -> Path:
