@@ -46,7 +46,7 @@ e2e: $(STAMP) test-deps
 
 test: $(STAMP) test-deps
 	$(MAKE) lint
-	$(BIN)/pytest -q -rs -p no:cacheprovider tests $(addsuffix /tests,$(PLUGINS))
+	$(BIN)/pytest -q -rs --durations=25 -p no:cacheprovider tests $(addsuffix /tests,$(PLUGINS))
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/failover.py

@@ -12,105 +12,44 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-EXIT_USAGE = 2
-EXIT_UNAVAILABLE = 3
-EXIT_NOT_FOUND = 4
-EXIT_REFUSED = 5
+from hafo.commands.base import (
+    EXIT_NOT_FOUND,
+    EXIT_REFUSED,
+    EXIT_TIMEOUT,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    CliError,
+    Parser,
+    etcd_settings,
+    load_config,
+)
+from hafo.commands.base import json_arg as _json_arg
+from hafo.commands.base import load_yaml as _load_yaml
+from hafo.commands.base import positive_int as _positive_int
+from hafo.commands.base import print_json as _print_json
+from hafo.commands.base import store_args as _store_args
+from hafo.commands.base import watch_arg as _watch_arg
+from hafo.commands.base import with_store as _with_store
 
+__all__ = ["EXIT_NOT_FOUND", "EXIT_REFUSED", "EXIT_TIMEOUT", "EXIT_UNAVAILABLE", "EXIT_USAGE",
+           "CliError", "build_parser", "dispatch", "etcd_settings", "load_config", "main"]
 
-class CliError(Exception):
-    """A failure explained in one line, with an exit code."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (no usage dump)."""
-
-    def error(self, message: str) -> NoReturn:
-        raise CliError(f"{self.prog}: {message} (see --help)", EXIT_USAGE)
-
-
-def _load_yaml(path: str, what: str) -> Any:
-    import yaml
-
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise CliError(f"{what} file not found: {path}", EXIT_USAGE) from None
-    except OSError as exc:
-        raise CliError(f"cannot read {what} file {path}: {exc.strerror}", EXIT_USAGE) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise CliError(f"{path}: invalid YAML{where}", EXIT_USAGE) from None
-
-
-def load_config(path: str, role: str) -> Any:
-    """Read and validate a daemon config file."""
-    from hafo.model import ValidationError, parse_config
-
-    raw = _load_yaml(path, "config")
-    try:
-        return parse_config(raw, role)
-    except ValidationError as exc:
-        raise CliError(f"{path}: {exc}", EXIT_USAGE) from None
-
-
-def _store_args(p: argparse.ArgumentParser) -> None:
-    env = os.environ.get
-    p.add_argument("--etcd", default=None,
-                   help="etcd URL[,URL...] (default: --config's, then $HAFO_ETCD, then "
-                        "http://127.0.0.1:2379)")
-    p.add_argument("--cluster", default=None,
-                   help="cluster name (default: --config's, then $HAFO_CLUSTER, then 'default')")
-    p.add_argument("--config", default=env("HAFO_CONFIG"), metavar="FILE",
-                   help="take etcd endpoints, TLS, credentials and cluster from this daemon "
-                        "config (default $HAFO_CONFIG)")
-    p.add_argument("--etcd-ca", default=env("HAFO_ETCD_CA"), metavar="PEM",
-                   help="CA of etcd's certificate, for https:// endpoints ($HAFO_ETCD_CA)")
-    p.add_argument("--etcd-cert", default=env("HAFO_ETCD_CERT"), metavar="PEM",
-                   help="client certificate ($HAFO_ETCD_CERT)")
-    p.add_argument("--etcd-key", default=env("HAFO_ETCD_KEY"), metavar="PEM",
-                   help="client key ($HAFO_ETCD_KEY)")
-    p.add_argument("--etcd-user", default=env("HAFO_ETCD_USER"), metavar="NAME",
-                   help="etcd user name ($HAFO_ETCD_USER)")
-    p.add_argument("--etcd-password-file", default=env("HAFO_ETCD_PASSWORD_FILE"),
-                   metavar="FILE", help="file holding the etcd password "
-                                        "($HAFO_ETCD_PASSWORD_FILE)")
-
-
-def _watch_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--watch", nargs="?", type=_positive_float, const=2.0, default=None,
-                   metavar="SECONDS", help="redraw every SECONDS (default 2) until Ctrl-C; "
-                                           "with --json, one JSON document per line")
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not 0.1 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"must be between 0.1 and 3600, got {value}")
-    return value
-
-
-def _json_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+#: Subcommands with a module of their own in hafo.commands (``register`` and ``run``).
+COMMAND_MODULES = ("logs", "show", "dev", "completion")
 
 
 def build_parser() -> Parser:
     """The argument parser of every subcommand."""
+    from hafo.commands.wait import add_wait_args
+
     parser = Parser(prog="hafo", description="High-availability failover for GPU clusters.",
                     epilog="exit codes: 0 ok, 1 error, 2 bad input or usage, 3 etcd "
-                           "unreachable, 4 no such node or workload, 130 interrupted")
+                           "unreachable, 4 no such node or workload, 5 refused, 6 timed out "
+                           "(--wait), 130 interrupted")
+    parser.add_argument("--version", action="version", version=f"hafo {_version()}",
+                        help="print hafo's version and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name, text in (("agent", "node daemon"), ("controller", "controller daemon")):
         p = sub.add_parser(name, help=text)
@@ -124,6 +63,7 @@ def build_parser() -> Parser:
     p.add_argument("spec", help="workload spec YAML")
     _store_args(p)
     _json_arg(p)
+    add_wait_args(p, "it runs (or completed)")
     for name, text in (("status", "cluster summary"), ("nodes", "nodes and their GPUs"),
                        ("workloads", "workloads"), ("events", "recent events")):
         p = sub.add_parser(name, help=text)
@@ -157,12 +97,16 @@ def build_parser() -> Parser:
     p = sub.add_parser("drain", help="cordon a node and move its work off (with checkpoints)")
     p.add_argument("node")
     _store_args(p)
+    _json_arg(p)
+    add_wait_args(p, "the node is empty")
     p = sub.add_parser("migrate", help="planned move of a workload, with a fresh checkpoint")
     p.add_argument("workload")
     p.add_argument("--to", metavar="NODE", help="the node to move it to (default: any other)")
     p.add_argument("--from", dest="member_node", metavar="NODE",
                    help="for a gang: the node of the member that moves")
     _store_args(p)
+    _json_arg(p)
+    add_wait_args(p, "it runs on another node")
     for name, text in (("cordon", "allow no new work on a node"),
                        ("uncordon", "allow work on a node again")):
         p = sub.add_parser(name, help=text)
@@ -181,17 +125,21 @@ def build_parser() -> Parser:
     _store_args(p)
     p = sub.add_parser("demo", help="embedded cluster that fails a workload over")
     p.add_argument("--keep", action="store_true", help="keep the temp directory")
+    for module in _command_modules():
+        module.register(sub)
     return parser
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _version() -> str:
+    from hafo import __version__
+
+    return __version__
+
+
+def _command_modules() -> list[Any]:
+    import importlib
+
+    return [importlib.import_module(f"hafo.commands.{name}") for name in COMMAND_MODULES]
 
 
 async def _cmd_sim(args: argparse.Namespace) -> int:
@@ -213,60 +161,6 @@ async def _cmd_sim(args: argparse.Namespace) -> int:
 
 def _run(coro: Coroutine[Any, Any, int]) -> int:
     return asyncio.run(coro)
-
-
-def etcd_settings(args: argparse.Namespace) -> tuple[Any, str]:
-    """The etcd section and cluster name a client command uses: flags, then ``--config``
-    (or ``$HAFO_CONFIG``), then ``$HAFO_ETCD``/``$HAFO_CLUSTER``, then the defaults.
-    CliError (exit 2) names the bad setting."""
-    from hafo.model import ValidationError
-    from hafo.model.config import EtcdConfig, check_etcd_security, parse_endpoints
-
-    env = os.environ.get
-    base = EtcdConfig(endpoints=(env("HAFO_ETCD") or "http://127.0.0.1:2379",))
-    cluster = env("HAFO_CLUSTER") or "default"
-    if args.config:  # a config file names the whole connection: it wins over the environment
-        config = load_config(args.config, "client")
-        base, cluster = config.etcd, config.cluster
-    cluster = args.cluster or cluster
-    try:
-        endpoints = parse_endpoints(args.etcd or ",".join(base.endpoints), "--etcd")
-        user = args.etcd_user or base.username
-        password_file = args.etcd_password_file or base.password_file
-        settings = EtcdConfig(
-            endpoints=endpoints, ca=args.etcd_ca or base.ca,
-            cert=args.etcd_cert or base.cert, key=args.etcd_key or base.key,
-            username=user, password=None if password_file else base.password,
-            password_file=password_file)
-        return check_etcd_security(settings, "--etcd"), cluster
-    except ValidationError as exc:
-        text = str(exc).replace("--etcd.", "--etcd-").replace("_", "-")
-        raise CliError(text, EXIT_USAGE) from None
-
-
-async def _with_store(args: argparse.Namespace,
-                      body: Callable[[Any, Any], Awaitable[int]]) -> int:
-    from hafo.store import TRANSIENT, EtcdStore, Keys, StoreAuthError
-
-    settings, cluster = etcd_settings(args)
-    try:
-        store = EtcdStore.from_config(settings, retry_budget=5.0)
-    except OSError as exc:
-        raise CliError(f"--etcd-password-file: cannot read {exc.filename}: {exc.strerror}",
-                       EXIT_USAGE) from None
-    try:
-        return await body(store, Keys(cluster))
-    except StoreAuthError as exc:
-        raise CliError(f"{exc} (check --etcd-user / --etcd-password-file)") from None
-    except TRANSIENT:
-        where = ",".join(settings.endpoints)
-        raise CliError(f"cannot reach etcd at {where}", EXIT_UNAVAILABLE) from None
-    finally:
-        await store.close()
-
-
-def _print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2, sort_keys=True))
 
 
 async def _cmd_read(args: argparse.Namespace) -> int:
@@ -327,9 +221,12 @@ async def _watch(args: argparse.Namespace,
 
 
 async def _cmd_submit(args: argparse.Namespace) -> int:
+    from hafo.commands.wait import check_wait_args, wait_and_report
+    from hafo.decisions.waiting import submit_goal
     from hafo.model import ValidationError, parse_spec
-    from hafo.store import intents
+    from hafo.store import intents, read_snapshot
 
+    check_wait_args(args)
     raw = _load_yaml(args.spec, "spec")
     try:
         spec = parse_spec(raw)
@@ -343,16 +240,17 @@ async def _cmd_submit(args: argparse.Namespace) -> int:
         except intents.Refused as exc:
             raise CliError(f"{args.spec}: {exc}", EXIT_USAGE) from None
         wid = done.submission.id
-        if args.json:
-            _print_json({"id": wid, "name": spec.name, "change": done.change,
-                         "how": done.how})
-        else:
-            print(wid)
+        if not args.json:
+            print(wid, flush=True)
             if done.change == "unchanged":
                 print(f"unchanged: {wid} ({spec.name}) already has this spec", file=sys.stderr)
             elif done.change == "updated":
                 print(f"updated {wid} ({spec.name}): {done.how}", file=sys.stderr)
-        return 0
+        goal = submit_goal(await read_snapshot(store, keys), wid, done.change) \
+            if args.wait else None
+        return await wait_and_report(
+            store, keys, goal, args, subject=wid, keeps="the workload stays submitted",
+            data={"id": wid, "name": spec.name, "change": done.change, "how": done.how})
 
     return await _with_store(args, body)
 
@@ -445,8 +343,12 @@ async def _cmd_lb(args: argparse.Namespace) -> int:
 
 
 async def _cmd_change(args: argparse.Namespace) -> int:
+    from hafo.commands.wait import check_wait_args, wait_and_report
+    from hafo.decisions.waiting import drain_goal, migrate_goal
     from hafo.model.endpoints import move_target
     from hafo.store import intents, read_snapshot
+
+    check_wait_args(args)
 
     async def body(store: Any, keys: Any) -> int:
         try:
@@ -468,18 +370,27 @@ async def _cmd_change(args: argparse.Namespace) -> int:
                 if refused:
                     raise CliError(f"cannot move {args.workload}: {refused}", EXIT_REFUSED)
                 await intents.migrate(store, keys, wid, args.to, node=member)
-                if replica:
+                if not args.json:
                     print(f"replacing {wid}, a replica of a service: its replacement starts "
-                          "and is ready first; see `hafo events`")
-                else:
-                    print(f"moving {wid}"
-                          + (f" (its member on {member})" if member else "")
+                          "and is ready first; see `hafo events`" if replica else
+                          f"moving {wid}" + (f" (its member on {member})" if member else "")
                           + (f" to {args.to}" if args.to else "")
-                          + " (checkpoint, stop, resume); see `hafo events`")
+                          + " (checkpoint, stop, resume); see `hafo events`", flush=True)
+                return await wait_and_report(
+                    store, keys, migrate_goal(snapshot, wid, member, args.to), args,
+                    subject=wid, keeps="the move goes on", why_not="it is not placed",
+                    data={"id": wid, "member_node": member, "to": args.to, "replica": replica})
             elif args.command == "drain":
+                before = await read_snapshot(store, keys) if args.wait else None
                 moved = await intents.drain(store, keys, args.node)
-                print(f"drained {args.node}: cordoned, moving {len(moved)} workload(s)"
-                      + (f": {', '.join(moved)}" if moved else ""))
+                if not args.json:
+                    print(f"drained {args.node}: cordoned, moving {len(moved)} workload(s)"
+                          + (f": {', '.join(moved)}" if moved else ""), flush=True)
+                goal = drain_goal(before, args.node, moved) if before is not None else None
+                return await wait_and_report(
+                    store, keys, goal, args, subject=f"drain {args.node}",
+                    keeps=f"{args.node} stays cordoned and its moves go on",
+                    data={"node": args.node, "moving": moved})
             else:
                 await intents.set_cordon(store, keys, args.node, args.command == "cordon")
                 print(f"{args.command}ed {args.node}")
@@ -557,10 +468,10 @@ async def _cmd_agent(args: argparse.Namespace) -> int:
     from hafo.agent.daemon import Agent
     from hafo.api import make_agent_app
 
-    _token, tls = _api_settings(config)
+    token, tls = _api_settings(config)
     agent = Agent(config)
     agent.api_address = config.api.listen
-    runner = await _listen(make_agent_app(agent), config, tls)
+    runner = await _listen(make_agent_app(agent, token), config, tls)
     ready = asyncio.Event()
     try:
         await _serve_until_signal(agent.run(ready), ready, f"agent {config.node.name}")
@@ -618,6 +529,12 @@ def dispatch(args: argparse.Namespace) -> int:
         from hafo.demo import run_demo
 
         return run_demo(keep=args.keep)
+    if args.command in COMMAND_MODULES:
+        import importlib
+
+        module = importlib.import_module(f"hafo.commands.{args.command}")
+        result: int = module.run(args)
+        return result
     handlers: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
         "agent": _cmd_agent, "controller": _cmd_controller, "submit": _cmd_submit,
         "sim": _cmd_sim,
@@ -632,7 +549,14 @@ def dispatch(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: one clear line on stderr for any bad input, never a traceback."""
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        if argv is None:
+            from hafo.commands.completion import attach_name_completers, complete_if_asked
+
+            if "_ARGCOMPLETE" in os.environ:
+                attach_name_completers(parser)
+            complete_if_asked(parser)
+        args = parser.parse_args(argv)
         return dispatch(args)
     except CliError as exc:
         text = str(exc)

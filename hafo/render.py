@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -101,3 +101,53 @@ def render_endpoints(data: dict[str, Any]) -> str:
     title = f"{data['name']} ({data['workload']}): {sum(e['ready'] for e in data['endpoints'])}" \
             f" of {len(data['endpoints'])} ready"
     return title + "\n" + table(["REPLICA", "NODE", "ADDRESS", "PORTS", "READY", "STATE"], rows)
+
+
+def _spec_summary(spec: dict[str, Any]) -> str:
+    parts = [f"{spec.get('gpus', 0)} GPU(s)"]
+    if spec.get("nodes", 1) > 1:
+        parts[0] += f" x {spec['nodes']} nodes"
+    if spec.get("replicas") is not None:
+        parts.append(f"{spec['replicas']} replicas")
+    parts.append(f"priority {spec.get('priority', 0)}")
+    restart = spec.get("restart") or {}
+    if restart:
+        parts.append(f"max {restart.get('max_restarts')} restarts in "
+                     f"{restart.get('window'):g}s")
+    return ", ".join(parts)
+
+
+def _resumed(ck: dict[str, Any] | None) -> str:
+    return f"step {ck['step']} (epoch {ck['epoch']})" if ck else "-"
+
+
+def render_show(view: Mapping[str, Any]) -> str:
+    """``hafo show WORKLOAD``: the spec, where it runs now, its epochs and recent events."""
+    spec, now = view["spec"], view["now"]
+    where = now["node"] or "no node"
+    if len(now["nodes"]) > 1:
+        where = " ".join(f"{rank}:{node}" for rank, node in enumerate(now["nodes"]))
+    epoch = f" (epoch {now['epoch']})" if now["epoch"] is not None else ""
+    checkpoint = now["checkpoint"]
+    lines = [f"workload:   {view['name']} ({view['id']})"
+             + (f", replica of {view['service']}" if view["service"] else ""),
+             f"spec:       {_spec_summary(spec)}",
+             f"command:    {' '.join(spec['command'])}",
+             f"now:        {now['state']} on {where}{epoch}, {now['restarts']} restart(s)",
+             f"reason:     {now['reason'] or '-'}",
+             f"checkpoint: {_resumed(checkpoint) if checkpoint else 'none reported'}",
+             "", f"history ({len(view['history'])} epoch(s), oldest first):"]
+    rows = [[" ".join(e["nodes"]) or "-", e["epoch"], _clock(e["started_at"])
+             if e["started_at"] is not None else "-",
+             _clock(e["ended_at"]) if e["ended_at"] is not None else "-",
+             e["how"] or ("running" if e["started_at"] is not None else "starting"),
+             e["restarts"],
+             _resumed(e["resumed_from"])] for e in view["history"]]
+    lines.append(table(["NODE", "EPOCH", "STARTED", "ENDED", "HOW", "RESTARTS",
+                        "RESUMED-FROM"], rows) if rows else "  none recorded yet")
+    lines += ["", "recent events:"]
+    events = [[_clock(e["ts"]), e["kind"], e["node"], e["epoch"], e["message"]]
+              for e in view["events"]]
+    lines.append(table(["TIME", "KIND", "NODE", "EPOCH", "MESSAGE"], events) if events
+                 else "  none")
+    return "\n".join(lines)

@@ -7,6 +7,9 @@
 #   openssl   - TLS test certificates
 #   haproxy   - hafo lb haproxy's integration test (tests/integration/test_lb_haproxy.py) drives
 #               a real HAProxy
+#   prometheus - the monitoring tests (tests/e2e/test_monitoring_*.py): promtool checks and
+#               unit-tests the shipped alerting rules, and a real Prometheus server scrapes a
+#               local cluster and fires the node-down alert
 #   systemd-container, debootstrap, openssh-client, iproute2 - the machine tests (tests/hosts/)
 #               boot Debian machines with systemd as PID 1 (systemd-nspawn) from a root made by
 #               debootstrap, on a bridge (ip), and deploy onto them with Ansible over SSH
@@ -38,6 +41,9 @@ need_pkg fonts-liberation
 need systemd systemd-analyze
 need openssl openssl
 need haproxy haproxy
+need prometheus promtool
+need nodejs node  # the Grafana dashboard type check (tests/e2e/test_monitoring_rules.py)
+need npm npm
 need systemd-container systemd-nspawn
 need debootstrap debootstrap
 need openssh-client ssh

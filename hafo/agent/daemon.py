@@ -22,6 +22,7 @@ from hafo.agent.fencefile import write_deadline
 from hafo.agent.health import HealthReport, NodeHealth
 from hafo.agent.instances import GuardState, InstanceKey
 from hafo.agent.metrics import AgentMetrics
+from hafo.agent.outputlog import list_outputs, read_output
 from hafo.agent.supervisor import Supervisor, newest_per_workload, reap_children
 from hafo.checks.os_probes import LoopLagMonitor, OsProbe
 from hafo.decisions.fencing import can_start
@@ -30,6 +31,8 @@ from hafo.gpu import GpuBackend, backend_for
 from hafo.model.cluster import Event, Gpu, InstanceEnd, InstanceStatus, NodeRecord
 from hafo.model.config import Config
 from hafo.model.errors import ValidationError
+from hafo.model.output import OutputChunk, OutputRequest
+from hafo.model.output_view import OutputLog
 from hafo.store import (
     TRANSIENT,
     Compare,
@@ -78,7 +81,7 @@ class Agent:
                                   failsafe=self.failsafe.confirm)
         self.assignments = NodeAssignments(self.store, self.keys, self.name)
         self.supervisor = Supervisor(self.name, self.state_dir, Path(config.checkpoint_root),
-                                     config.node.ports)
+                                     config.node.ports, config.node.logs)
         self.events = EventLog(self.store, self.keys)
         self.inventory: list[Gpu] = []
         self.os_probe = OsProbe(Path(config.checkpoint_root), config.health)
@@ -456,6 +459,18 @@ class Agent:
         await self.app_checks.close()
         self.gpus.close()
         await self.store.close()
+
+    def output_logs(self, workload: str) -> list[OutputLog]:
+        """For ``GET /v1/workloads/{id}/logs``: the output this node keeps of each instance
+        of ``workload`` (an id), oldest first."""
+        return list_outputs(self.state_dir, self.name, workload)
+
+    def read_output(self, workload: str, epoch: int,
+                    request: OutputRequest) -> OutputChunk | None:
+        """For ``GET /v1/workloads/{id}/logs/{epoch}`` (None: none kept here). Synchronous
+        on purpose: the supervise loop moves ended outputs in this event loop too, so a
+        read never sees an output half moved."""
+        return read_output(self.state_dir, self.name, workload, epoch, request)
 
     def ready(self) -> bool:
         """Registered, with a lease whose fencing deadline has not passed."""

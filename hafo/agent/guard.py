@@ -13,7 +13,10 @@ The guard starts the workload in its own session, then polls every 50 ms:
 - SIGUSR2 (the agent stops the instance now: its application failed, or its GPU is lost):
   SIGTERM at once (also during a checkpoint wait), SIGKILL 5 s later;
 - SIGUSR1: forwarded to the workload.
-The workload also gets PR_SET_PDEATHSIG=SIGKILL, so it dies with a killed guard.
+The workload also gets PR_SET_PDEATHSIG=SIGKILL, so it dies with a killed guard. Its stdout
+and stderr are pipes that a thread of the guard reads as fast as they fill
+(``hafo.agent.outputlog``): into ``output.log``, capped and rotated at ``output_max_bytes``;
+the last lines of stderr go into state.json as ``stderr_tail`` when it exits.
 Imports are kept light: a guard starts in well under a second.
 """
 
@@ -32,6 +35,7 @@ from typing import Any
 
 from hafo.agent.fencefile import read_deadline
 from hafo.agent.instances import write_json_atomic
+from hafo.agent.outputlog import DEFAULT_MAX_BYTES, OutputPump, OutputWriter
 from hafo.agent.proctree import become_subreaper, descendants, kill_instance
 from hafo.checkpoint.format import list_checkpoints
 from hafo.checkpoint.transparent import unavailable_reason
@@ -42,6 +46,7 @@ POLL = 0.05
 TERM_GRACE = 10.0  # after SIGTERM, before SIGKILL
 URGENT_TERM_GRACE = 5.0  # after an urgent SIGTERM, before SIGKILL
 EXIT_AFTER_COMMIT = 2.0  # after the stop checkpoint commits, time to exit on its own
+OUTPUT_DRAIN = 2.0  # after the workload exited, time for its pipes to close
 PR_SET_PDEATHSIG = 1
 
 
@@ -96,6 +101,7 @@ class Guard:
         self.stop_requested = False
         self.urgent = False
         self.proc: subprocess.Popen[bytes] | None = None
+        self.pump: OutputPump | None = None
 
     def write(self, **changes: Any) -> None:
         """Publish the guard's state (atomically)."""
@@ -142,18 +148,36 @@ class Guard:
             self.write(state="exited", finished_at=time.time(), ended=InstanceEnd.STOPPED.value,
                        reason="stopped before start")
             return 0
-        with open(self.path / "output.log", "ab") as out:
-            try:
-                self.proc = subprocess.Popen(
-                    self.launch["argv"], env=self.launch["env"], cwd=self.launch.get("cwd"),
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    start_new_session=True, preexec_fn=_die_with_parent)
-            except OSError as exc:
-                self.write(state="exited", exit_code=127, finished_at=time.time(),
-                           ended=InstanceEnd.EXIT.value, reason=f"could not start: {exc}")
-                return 0
+        writer = OutputWriter(self.path, int(self.launch.get("output_max_bytes",
+                                                             DEFAULT_MAX_BYTES)))
+        out_read, out_write = os.pipe()  # close-on-exec: only the child's 1 and 2 stay open
+        err_read, err_write = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                self.launch["argv"], env=self.launch["env"], cwd=self.launch.get("cwd"),
+                stdin=subprocess.DEVNULL, stdout=out_write, stderr=err_write,
+                start_new_session=True, preexec_fn=_die_with_parent)
+        except OSError as exc:
+            for fd in (out_read, err_read):
+                os.close(fd)
+            writer.close()
+            self.write(state="exited", exit_code=127, finished_at=time.time(),
+                       ended=InstanceEnd.EXIT.value, reason=f"could not start: {exc}")
+            return 0
+        finally:
+            os.close(out_write)
+            os.close(err_write)
+        self.pump = OutputPump(writer, out_read, err_read)
+        self.pump.start()
         self.write(state="running", pid=self.proc.pid, started_at=time.time())
         return self._supervise()
+
+    def _drain_output(self) -> str:
+        """Wait (briefly) until the workload's output is written; its stderr's last lines."""
+        if self.pump is None:
+            return ""
+        self.pump.join(OUTPUT_DRAIN)
+        return self.pump.stderr_tail()
 
     def _newest_checkpoint(self) -> tuple[int, int]:
         root = self.launch["env"].get("HAFO_CHECKPOINT_DIR")
@@ -183,7 +207,7 @@ class Guard:
                          InstanceEnd.EXIT)
                 self._kill_all()  # leftovers, in its session or not
                 self.write(state="exited", exit_code=code, finished_at=time.time(),
-                           ended=ended.value, reason=reason)
+                           ended=ended.value, reason=reason, stderr_tail=self._drain_output())
                 return 0
             now = time.monotonic()
             if not killed and must_kill(now, read_deadline(self.fence_file)):

@@ -9,14 +9,19 @@ every health cycle and never written to etcd), ``hafo_gpu_xid_errors_total``, an
 whole, or MIG device, as in the node record). Per node: ``hafo_agent_node_healthy``,
 ``hafo_agent_lease_valid``, ``hafo_agent_fencing_deadline_seconds``,
 ``hafo_agent_instances{state}``, ``hafo_agent_loop_lag_seconds``, and the etcd request
-metrics. Everything but the etcd metrics is read from the agent's state at scrape time, so a
-GPU or instance that is gone leaves no stale series.
+metrics. Per workload with an instance here: ``hafo_workload_checkpoint_age_seconds`` (from
+the ``created`` time in its newest checkpoint's manifest, read once per checkpoint).
+Everything but the etcd metrics is read from the agent's state at scrape time, so a GPU or
+instance that is gone leaves no stale series.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Protocol, get_args
 
 import structlog
@@ -153,6 +158,42 @@ class _AgentCollector(Collector):
                      "delay of a periodic wake-up over the last 10 s")
         lag.add_metric([], metrics.loop_lag)
         yield from (node, lease, fence, instances, lag)
+        yield _checkpoint_ages(metrics, host)
+
+
+def checkpoint_created(path: str) -> float | None:
+    """The ``created`` time (wall clock) in a committed checkpoint's manifest; None when it
+    cannot be read."""
+    try:
+        data = json.loads((Path(path) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    created = data.get("created") if isinstance(data, dict) else None
+    return float(created) if isinstance(created, int | float) else None
+
+
+def _checkpoint_ages(metrics: AgentMetrics, host: str) -> Metric:
+    """Seconds since each workload's newest checkpoint was written, for the workloads with an
+    instance here that has not exited; a manifest is read once (the cache keeps only the
+    checkpoints reported now)."""
+    family = _gauge("hafo_workload_checkpoint_age_seconds", "Seconds since the newest "
+                    "committed checkpoint of the workload was written (its manifest's time)",
+                    ["workload", "node"])
+    now = metrics.wall_clock()
+    seen: dict[str, float] = {}
+    for workload, status in sorted(dict(metrics.agent.reported).items()):
+        checkpoint = status.checkpoint
+        if checkpoint is None or status.state == "exited":
+            continue
+        created = metrics.checkpoint_times.get(checkpoint.path)
+        if created is None:
+            created = checkpoint_created(checkpoint.path)
+        if created is None:
+            continue
+        seen[checkpoint.path] = created
+        family.add_metric([workload, host], max(0.0, now - created))
+    metrics.checkpoint_times = seen
+    return family
 
 
 def _telemetry(samples: Sequence[GpuSample], host: str) -> Iterable[Metric]:
@@ -183,9 +224,12 @@ class AgentMetrics:
     monitor ``loop_lag``, the store ``observe_etcd``; the rest is read from ``agent``."""
 
     def __init__(self, agent: AgentSource, registry: CollectorRegistry,
-                 sample_timeout: float = SAMPLE_TIMEOUT) -> None:
+                 sample_timeout: float = SAMPLE_TIMEOUT,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.agent = agent
         self.sample_timeout = sample_timeout
+        self.wall_clock = wall_clock
+        self.checkpoint_times: dict[str, float] = {}  # checkpoint path -> created
         self.samples: list[GpuSample] = []
         self.loop_lag = 0.0
         self._pending: asyncio.Future[list[GpuSample]] | None = None

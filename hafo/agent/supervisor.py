@@ -30,6 +30,7 @@ from hafo.agent.instances import (
     read_guard_state,
     write_json_atomic,
 )
+from hafo.agent.outputlog import keep_ended
 from hafo.agent.ports import NoFreePort, choose_ports, port_env, read_ports
 from hafo.agent.proctree import kill_instance
 from hafo.agent.rendezvous import GANG_DEFAULTS, gang_env
@@ -41,8 +42,9 @@ from hafo.model.cluster import (
     InstanceStatus,
     Submission,
 )
-from hafo.model.config import PortRange
+from hafo.model.config import NodeLogs, PortRange
 from hafo.model.names import checkpoint_dir as workload_checkpoint_dir
+from hafo.model.output import MIB
 
 log = structlog.get_logger("hafo.agent")
 
@@ -88,6 +90,7 @@ class Supervisor:
     state_dir: Path
     checkpoint_root: Path
     port_range: PortRange = field(default_factory=PortRange)
+    logs: NodeLogs = field(default_factory=NodeLogs)
 
     def __post_init__(self) -> None:
         self._ports: dict[InstanceKey, dict[str, int]] = {}
@@ -167,7 +170,7 @@ class Supervisor:
             "argv": list(spec.command), "env": env, "cwd": spec.workdir or os.getcwd(),
             "grace": spec.stop_grace, "fence_file": str(self.state_dir / FENCE_FILE),
             "checkpoint_mode": spec.checkpoint_mode, "ports": ports,
-            "launched_at": time.time()})
+            "output_max_bytes": self.logs.max_mib * MIB, "launched_at": time.time()})
         with open(path / "guard.log", "ab") as guard_log:
             subprocess.Popen([sys.executable, "-m", "hafo", "guard", str(path)],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -228,12 +231,12 @@ class Supervisor:
         return ports
 
     def forget(self, key: InstanceKey) -> None:
-        """Remove an exited, no longer desired instance (its output log is kept)."""
+        """Remove an exited, no longer desired instance; its output moves to
+        ``<state_dir>/logs/``, where the newest ``node.logs.keep_epochs`` ended instances of
+        each workload are kept."""
         path = instance_dir(self.state_dir, key)
-        logs = self.state_dir / "logs"
-        logs.mkdir(exist_ok=True)
         with contextlib.suppress(OSError):
-            shutil.move(str(path / "output.log"), str(logs / f"{key.dirname}.log"))
+            keep_ended(self.state_dir, path, key.workload, key.epoch, self.logs.keep_epochs)
         shutil.rmtree(path, ignore_errors=True)
         self._ports.pop(key, None)
         self.stopping.discard(key)

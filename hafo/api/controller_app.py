@@ -23,9 +23,11 @@ from hafo.api.openapi import controller_document
 from hafo.api.probes import probe_routes
 from hafo.api.write_routes import node_name, resolved, write_routes
 from hafo.model.cluster import ClusterSnapshot, Event
-from hafo.model.endpoints import endpoints_of, prometheus_targets, resolve
+from hafo.model.endpoints import agent_targets, endpoints_of, prometheus_targets, resolve
+from hafo.model.history_view import show_view
 from hafo.model.views import all_nodes, all_workloads, node_view, status_view, workload_view
 from hafo.store import Keys, Store
+from hafo.store.history import read_history, read_workload_events
 
 #: Header on every ``/v1/`` read answered while etcd does not answer this controller: how
 #: old, in seconds, the cached state may be.
@@ -161,6 +163,14 @@ def read_routes(source: ControllerSource) -> web.RouteTableDef:
         snapshot = source.snapshot()
         return web.json_response(endpoints_of(snapshot, resolved(request, snapshot)).to_dict())
 
+    @routes.get("/v1/workloads/{id}/history")
+    async def history(request: web.Request) -> web.Response:
+        snapshot = source.snapshot()
+        wid = resolved(request, snapshot)
+        record = await read_history(source.store, source.keys, wid)
+        events = await read_workload_events(source.store, source.keys, wid)
+        return web.json_response(show_view(snapshot, wid, record, events, time.time()))
+
     @routes.get("/v1/sd/prometheus")
     async def prometheus_sd(request: web.Request) -> web.Response:
         snapshot = source.snapshot()
@@ -175,6 +185,10 @@ def read_routes(source: ControllerSource) -> web.RouteTableDef:
             wids = sorted(w for w, sub in snapshot.workloads.items()
                           if sub.service is None and (sub.spec.ports or sub.spec.is_service))
         return web.json_response(prometheus_targets(snapshot, wids, port))
+
+    @routes.get("/v1/sd/agents")
+    async def agents_sd(request: web.Request) -> web.Response:
+        return web.json_response(agent_targets(source.snapshot()))
 
     @routes.get("/v1/events")
     async def events(request: web.Request) -> web.Response:

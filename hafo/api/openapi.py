@@ -19,7 +19,21 @@ from hafo.api.body import MIGRATE, Deleted, Health, Moving, NodeChange
 from hafo.api.errors import ErrorBody
 from hafo.model.cluster import Event
 from hafo.model.endpoints import Endpoints
+from hafo.model.history_view import ShowView
 from hafo.model.names import NODE_NAME_RE, WORKLOAD_ID_RE, WORKLOAD_NAME
+from hafo.model.output import (
+    HEADER_DROPPED,
+    HEADER_END,
+    HEADER_EPOCH,
+    HEADER_NEXT,
+    HEADER_NODE,
+    HEADER_OFFSET,
+    HEADER_RUNNING,
+    HEADER_START,
+    MAX_TAIL_LINES,
+    READ_LIMIT,
+)
+from hafo.model.output_view import OutputLog
 from hafo.model.schema import Schema, json_schemas, schema_of
 from hafo.model.spec import SPEC
 from hafo.model.views import NodeView, StatusView, WorkloadView
@@ -63,6 +77,7 @@ def schemas() -> dict[str, Any]:
         "NodeChange": (Schema(NodeChange, "node"), "serialization"),
         "Health": (Schema(Health, "health"), "serialization"),
         "Endpoints": (schema_of(Endpoints), "serialization"),
+        "History": (Schema(ShowView, "history"), "serialization"),
     }, ref_template=COMPONENTS)
 
 
@@ -175,6 +190,10 @@ def controller_document() -> dict[str, Any]:
         "/v1/workloads/{id}/endpoints": {"get": _get(
             "where its replicas serve and which are ready", _ref("Endpoints"), 404,
             params=wid)},
+        "/v1/workloads/{id}/history": {"get": _get(
+            "its spec, where it runs now, every epoch it had (node, start, end, how it "
+            "ended, restarts, the checkpoint it resumed from) and its newest events",
+            _ref("History"), 404, 503, params=wid)},
         "/v1/sd/prometheus": {"get": _get(
             "Prometheus HTTP service discovery: every running replica's ports",
             SD_TARGETS, 404, params=[
@@ -182,6 +201,9 @@ def controller_document() -> dict[str, Any]:
                  "schema": {"type": "string"}},
                 {"name": "port", "in": "query", "required": False,
                  "schema": {"type": "string"}}])},
+        "/v1/sd/agents": {"get": _get(
+            "Prometheus HTTP service discovery: every registered agent (down ones too)",
+            SD_TARGETS)},
         "/v1/workloads/{id}/migrate": {"post": _mutation(
             "planned move with a fresh checkpoint (to `to`, or any other node)", 202,
             _ref("Moving"), 400, 404, 409, params=wid, body=_ref("MigrateRequest"))},
@@ -191,9 +213,51 @@ def controller_document() -> dict[str, Any]:
     })
 
 
+def _output_routes() -> dict[str, Any]:
+    """The agent's output routes (bearer token when ``api.token_file`` is set)."""
+    wid = {"name": "id", "in": "path", "required": True,
+           "description": "a workload's id (a replica's for a service)",
+           "schema": {"type": "string", "pattern": f"^{WORKLOAD_ID_RE.pattern}$"}}
+    epoch = {"name": "epoch", "in": "path", "required": True,
+             "schema": {"type": "integer", "minimum": 0}}
+
+    def whole(name: str, low: int, high: int, text: str) -> dict[str, Any]:
+        return {"name": name, "in": "query", "required": False, "description": text,
+                "schema": {"type": "integer", "minimum": low, "maximum": high}}
+
+    listing = {"type": "object", "required": ["workload", "node", "epochs"], "properties": {
+        "workload": {"type": "string"}, "node": {"type": "string"},
+        "epochs": {"type": "array", "items": schema_of(OutputLog).json_schema()}}}
+    number = {"schema": {"type": "integer", "minimum": 0}}
+    headers = {
+        HEADER_NODE: {"description": "this node", "schema": {"type": "string"}},
+        HEADER_EPOCH: {"description": "the instance", **number},
+        HEADER_OFFSET: {"description": "logical offset of the body's first byte", **number},
+        HEADER_NEXT: {"description": "where to read on from", **number},
+        HEADER_DROPPED: {"description": "bytes asked for that rotation dropped", **number},
+        HEADER_START: {"description": "logical offset of the first kept byte", **number},
+        HEADER_END: {"description": "logical offset of the end", **number},
+        HEADER_RUNNING: {"description": "more may come", "schema": {"enum": ["true", "false"]}},
+    }
+    read = _get("an instance's output bytes: from `offset` (default: the first kept byte), "
+                "or the last `tail` lines; at most `limit` bytes", {"type": "string"}, 400,
+                401, 404, params=[wid, epoch,
+                                  whole("offset", 0, 2**62, "logical offset to read from"),
+                                  whole("tail", 1, MAX_TAIL_LINES, "the last N lines instead"),
+                                  whole("limit", 1, READ_LIMIT, "most bytes returned")])
+    read["responses"]["200"] = {"description": "OK", "headers": headers, "content": TEXT}
+    read["security"] = BEARER
+    kept = _get("the instances of the workload whose output this node keeps, oldest first",
+                listing, 400, 401, params=[wid])
+    kept["security"] = BEARER
+    return {"/v1/workloads/{id}/logs": {"get": kept},
+            "/v1/workloads/{id}/logs/{epoch}": {"get": read}}
+
+
 def agent_document() -> dict[str, Any]:
     """The agent API's OpenAPI document."""
     return _document("hafo agent API", {
+        **_output_routes(),
         **_probes("agent"),
         "/v1/node": {"get": _get("this node: record, lease and instances", {"type": "object"})},
         "/v1/workloads/{name}/ready": {"get": _get(

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from hafo.controller.apply import apply_plan
 from hafo.controller.failsafe import ControllerFailsafe
+from hafo.controller.history import HistoryWriter
 from hafo.controller.metrics import ControllerMetrics
 from hafo.decisions.reconcile import reconcile
 from hafo.model.cluster import ClusterSnapshot, Event
@@ -65,6 +66,7 @@ class Controller:
         self.election = Election(self.store, self.keys.leader, self.name)
         self.cache = ClusterCache(self.store, self.keys)
         self.events = EventLog(self.store, self.keys)
+        self.history = HistoryWriter(self.store, self.keys)
         self.failsafe = ControllerFailsafe(self.name, self.store, self.keys, timing.lease_ttl,
                                            timing.fence_margin, timing.failsafe_max)
         self.clock = clock
@@ -179,6 +181,7 @@ class Controller:
     async def _reconcile_loop(self) -> None:
         written = 0
         self.metrics.new_term()
+        self.history.new_term()
         while True:
             if not self.keeper.valid():
                 self.election.token = None
@@ -215,6 +218,8 @@ class Controller:
                             raise
                         log.warning("apply failed: the event lease is gone; granted anew")
                 self.metrics.cycle(snapshot, now, applied, time.monotonic() - started)
+                # After the plan: recording what happened never delays deciding about it.
+                await self.history.step(self.election, snapshot, now)
                 if plan:
                     continue
             await wait_event(self.cache.changed, TICK)

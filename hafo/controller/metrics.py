@@ -1,10 +1,12 @@
 """The controller's Prometheus metrics (served at ``/metrics``, on the controller's registry).
 
 At scrape time, from the cache's snapshot (``hafo_nodes``, ``hafo_workloads``, ``hafo_gpus``,
-every state always present) and the election (``hafo_leader``). Counted by the leader once per
-applied decision (``hafo_failovers_total``, ``hafo_restarts_total``), with the latency of
-detection and recovery (``hafo_detection_seconds``, ``hafo_recovery_seconds``), and the cost
-of each reconcile cycle and of each etcd request.
+every state always present; per node and per workload ``hafo_node_state``,
+``hafo_workload_state`` and ``hafo_workload_restarts_total``, for alerts that name them), the
+election (``hafo_leader``) and the failsafe side (``hafo_failsafe_active``). Counted by the
+leader once per applied decision (``hafo_failovers_total``, ``hafo_restarts_total``), with
+the latency of detection and recovery (``hafo_detection_seconds``,
+``hafo_recovery_seconds``), and the cost of each reconcile cycle and of each etcd request.
 
 The pure parts are plain functions over a snapshot and a plan with an injected ``now``:
 ``classify`` maps an applied action to (``failover`` | ``restart``, cause) from the cause the
@@ -52,16 +54,23 @@ from __future__ import annotations
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from hafo.decisions.plan import Action, Cause, Plan
 from hafo.model.cluster import ClusterSnapshot, Liveness
-from hafo.model.views import NODE_STATES, WORKLOAD_STATES, allocations, status_view
+from hafo.model.service_state import service_state
+from hafo.model.views import (
+    NODE_STATES,
+    WORKLOAD_STATES,
+    allocations,
+    status_view,
+    workload_state,
+)
 from hafo.store.metrics import EtcdMetrics
 
 log = structlog.get_logger("hafo.controller")
@@ -158,11 +167,57 @@ def gpu_counts(snapshot: ClusterSnapshot) -> dict[str, int]:
     return {state: counts.get(state, 0) for state in GPU_STATES}
 
 
+class WorkloadState(NamedTuple):
+    """A workload's ``hafo_workload_state`` series: its id, name and state."""
+
+    workload: str
+    name: str
+    state: str
+
+
+class WorkloadRestarts(NamedTuple):
+    """A workload's ``hafo_workload_restarts_total`` series: its id, name and restarts."""
+
+    workload: str
+    name: str
+    restarts: int
+
+
+def node_states(snapshot: ClusterSnapshot) -> dict[str, str]:
+    """Node -> its state (``ClusterSnapshot.node_state``), by name."""
+    return {name: snapshot.node_state(name) for name in sorted(snapshot.nodes)}
+
+
+def workload_states(snapshot: ClusterSnapshot) -> list[WorkloadState]:
+    """Every workload as ``hafo workloads`` lists it (a service, not its replicas), by id,
+    with its state as ``status_view`` counts it."""
+    return [WorkloadState(wid, sub.spec.name,
+                          service_state(snapshot, wid, None).state if sub.spec.is_service
+                          else workload_state(snapshot, wid))
+            for wid, sub in sorted(snapshot.workloads.items()) if sub.service is None]
+
+
+def workload_restarts(snapshot: ClusterSnapshot) -> list[WorkloadRestarts]:
+    """Every workload with an assignment (a service's replicas each on their own: a retired
+    replica's count goes with it, never down), by id, with the assignment's ``restarts``."""
+    return [WorkloadRestarts(wid, snapshot.workloads[wid].spec.name, assignment.restarts)
+            for wid, assignment in sorted(snapshot.assignments.items())
+            if wid in snapshot.workloads]
+
+
 @dataclass
 class _Pending:
     decided_at: float
     cause: str
     replaces: int
+
+
+class FailsafeView(Protocol):
+    """The controller's failsafe side (``hafo.controller.failsafe.ControllerFailsafe``)."""
+
+    def failover_allowed(self) -> bool:
+        """False while a promise to an agent (etcd is unavailable to us too) holds."""
+        ...
 
 
 class ControllerSource(Protocol):
@@ -174,6 +229,11 @@ class ControllerSource(Protocol):
 
     def leading(self) -> bool:
         """True while this controller leads."""
+        ...
+
+    @property
+    def failsafe(self) -> FailsafeView:
+        """The controller's failsafe side."""
         ...
 
 
@@ -206,6 +266,28 @@ class _StateCollector(Collector):
         for state, count in gpu_counts(snapshot).items():
             gpus.add_metric([state], count)
         yield gpus
+        per_node = GaugeMetricFamily("hafo_node_state", "1 for each node, labelled with its "
+                                     "state (one series per node)", labels=["node", "state"])
+        for node, state in node_states(snapshot).items():
+            per_node.add_metric([node, state], 1.0)
+        yield per_node
+        per_workload = GaugeMetricFamily(
+            "hafo_workload_state", "1 for each workload (not a service's replica), labelled "
+            "with its state", labels=["workload", "name", "state"])
+        for wid, name, state in workload_states(snapshot):
+            per_workload.add_metric([wid, name, state], 1.0)
+        restarts = CounterMetricFamily(
+            "hafo_workload_restarts", "The workload's counted restarts and failovers (its "
+            "assignment's restarts; each replica of a service on its own)",
+            labels=["workload", "name"])
+        for wid, name, count in workload_restarts(snapshot):
+            restarts.add_metric([wid, name], count)
+        yield from (per_workload, restarts)
+        failsafe = GaugeMetricFamily(
+            "hafo_failsafe_active", "1 while this controller holds failovers back because it "
+            "told an agent that etcd is unavailable to it too (failsafe mode), else 0")
+        failsafe.add_metric([], 0.0 if self.source.failsafe.failover_allowed() else 1.0)
+        yield failsafe
 
 
 class ControllerMetrics:

@@ -261,6 +261,14 @@ class LocalCluster:
         wait_until(lambda: not any(pid_alive(p) for p in frozen), 5.0, interval=0.005)
         return sorted(frozen)
 
+    def power_on(self, name: str) -> bool:
+        """Power a node on again after ``power_off`` (same name, config and state directory):
+        False if it is already powered."""
+        if self.node_handles[name].powered():
+            return False
+        self.start_node(name)
+        return True
+
     def kill_agent(self, name: str) -> int | None:
         """SIGKILL the agent process alone (its guards and workloads stay)."""
         pid = self.node_handles[name].agent_pid()

@@ -37,6 +37,7 @@ from hafo.model.spec import STRATEGIES, Strategy
 
 __all__ = ["ELECTION_ROUND_TRIPS", "ETCD_ELECTION_TIMEOUT_MS", "ETCD_HEARTBEAT_INTERVAL_MS",
            "STRATEGIES", "ApiConfig", "Config", "EtcdConfig", "GpuSource", "NodeConfig",
+           "NodeLogs",
            "SimulatedGpus", "TimingConfig", "check_etcd_security", "election_problem",
            "election_slack", "parse_config", "parse_endpoints"]
 
@@ -303,6 +304,16 @@ class PortRange(Section):
 
 
 @dataclass(frozen=True)
+class NodeLogs(Section):
+    """``node.logs``: each instance's output is capped at ``max_mib`` (two rotated parts of
+    half that each); the output of the ``keep_epochs`` newest ended instances of each
+    workload is kept under ``<state_dir>/logs/``."""
+
+    max_mib: Annotated[int, Field(ge=1, le=1048576), INTEGER] = 64
+    keep_epochs: Annotated[int, Field(ge=0, le=1000), INTEGER] = 3
+
+
+@dataclass(frozen=True)
 class NodeConfig(Section):
     """Agent-only settings. ``gpu_source`` (config key ``gpus``): where the node's GPUs come
     from, a ``GpuSource`` or a ``SimulatedGpus`` description. ``address``: where the node's
@@ -316,6 +327,7 @@ class NodeConfig(Section):
     gpu_source: Annotated[GpuSource | SimulatedGpus, Field(alias="gpus"),
                           _GpusSetting()] = GpuSource.AUTO
     ports: Annotated[PortRange, OMIT_DEFAULT] = PortRange()
+    logs: Annotated[NodeLogs, OMIT_DEFAULT] = NodeLogs()
 
     @property
     def simulate(self) -> SimulatedGpus | None:

@@ -158,6 +158,27 @@ def move_target(snapshot: ClusterSnapshot, wid: str,
     return wid, node, ""
 
 
+def agent_targets(snapshot: ClusterSnapshot) -> list[dict[str, object]]:
+    """Prometheus HTTP service discovery of the agents (``GET /v1/sd/agents``): one target
+    group per node whose agent published its API address (``api.listen``; with the node's
+    ``address`` as host when it listens on a wildcard), down nodes included, so that
+    Prometheus shows them down instead of forgetting them; labelled ``hafo_node``."""
+    groups: list[dict[str, object]] = []
+    for name in sorted(snapshot.nodes):
+        record = snapshot.nodes[name]
+        host, colon, port = record.api.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        if not colon or not port.isdigit():
+            continue
+        if host in ("", "0.0.0.0", "::"):
+            host = record.address
+        if not host:
+            continue
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        groups.append({"targets": [where], "labels": {"hafo_node": name}})
+    return groups
+
+
 def prometheus_targets(snapshot: ClusterSnapshot, wids: list[str],
                        port: str | None = None) -> list[dict[str, object]]:
     """Prometheus HTTP service discovery (``http_sd_configs``): one target group per running

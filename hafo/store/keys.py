@@ -17,7 +17,8 @@ from typing import Literal, NamedTuple
 #: What a key is. ``node-assignment`` is the per-node copy of an assignment
 #: (``Keys.node_assignment``); ``unknown`` is any key that is not one of this cluster's.
 KeyKind = Literal["leader", "failsafe", "node", "alive", "cordon", "workload", "assignment",
-                  "node-assignment", "move", "status", "controller", "event", "unknown"]
+                  "node-assignment", "move", "status", "controller", "event", "history",
+                  "unknown"]
 
 
 class ParsedKey(NamedTuple):
@@ -143,6 +144,17 @@ class Keys:
         """A controller's presence, bound to its lease."""
         return f"{self.state}controllers/{name}"
 
+    def history(self, workload_id: str) -> str:
+        """A workload's history of epochs (written by the leader when an epoch is placed,
+        starts, is stopped or ends; outside ``state``: the controllers' watch and the CLI's
+        snapshot skip it)."""
+        return f"{self.histories}{workload_id}"
+
+    @property
+    def histories(self) -> str:
+        """Prefix of the workloads' histories."""
+        return f"{self.root}history/"
+
     def new_event(self, now: float | None = None) -> str:
         """A fresh, time-ordered event key."""
         ts = int((now if now is not None else time.time()) * 1e9)
@@ -180,6 +192,8 @@ class Keys:
             return ParsedKey(kind, workload=parts[2])
         if area == "byn" and count == 3:
             return ParsedKey("node-assignment", node=parts[1], workload=parts[2])
+        if area == "history" and count == 2:
+            return ParsedKey("history", workload=parts[1])
         if area == "events" and count == 2:
             return ParsedKey("event", name=parts[1])
         return UNKNOWN

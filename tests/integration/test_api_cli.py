@@ -159,3 +159,22 @@ def test_unreachable_etcd_is_reported(tmp_path: Path) -> None:
                             text=True, timeout=60)
     assert result.returncode == 3
     assert "cannot reach etcd" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_shell_completion_offers_the_cluster_s_names(cluster: LocalCluster,
+                                                      tmp_path: Path) -> None:
+    """bash with ``hafo completion bash`` sourced completes node names from etcd."""
+    hafo_bin = Path(sys.executable).with_name("hafo")
+    script = tmp_path / "hafo.bash"
+    script.write_text(subprocess.run([str(hafo_bin), "completion", "bash"], capture_output=True,
+                                     text=True, timeout=30, check=True).stdout)
+    line = "hafo drain node"
+    program = (f"source {script}; COMP_LINE='{line}'; COMP_POINT={len(line)}; "
+               "COMP_WORDS=(hafo drain node); COMP_CWORD=2; _python_argcomplete hafo; "
+               "printf '%s\\n' \"${COMPREPLY[@]}\"")
+    env = {**os.environ, "PATH": f"{hafo_bin.parent}:{os.environ['PATH']}",
+           "HAFO_ETCD": ",".join(cluster.etcd.endpoints), "HAFO_CLUSTER": cluster.cluster}
+    done = subprocess.run(["bash", "-c", program], capture_output=True, text=True, timeout=60,
+                          env=env)
+    assert done.returncode == 0, done.stderr
+    assert {w.strip() for w in done.stdout.split()} == set(cluster.node_handles)

@@ -13,9 +13,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hafo.agent.daemon import Agent
-from hafo.agent.metrics import AgentMetrics
+from hafo.agent.metrics import AgentMetrics, checkpoint_created
+from hafo.checkpoint.format import write_checkpoint
 from hafo.gpu import GpuSample
-from hafo.model.cluster import Assignment, Gpu, InstanceStatus
+from hafo.model.cluster import Assignment, CheckpointInfo, Gpu, InstanceStatus
 from hafo.model.config import parse_config
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -164,3 +165,30 @@ async def test_a_real_agent_registry_exposes_its_simulated_gpus(tmp_path: Path) 
             await other.close()
     finally:
         await agent.close()
+
+
+def test_checkpoint_age_from_the_manifest_read_once(tmp_path: Path) -> None:
+    ref = write_checkpoint(tmp_path / "w1", 7, 30, {"step": 30}, [b"weights"])
+    created = checkpoint_created(str(ref.path))
+    assert created is not None
+    info = CheckpointInfo(30, 7, str(ref.path))
+    agent = fake_agent(reported={
+        "w1": InstanceStatus("w1", "node-a", 7, "running", checkpoint=info),
+        "w2": InstanceStatus("w2", "node-a", 8, "exited", exit_code=1, checkpoint=info),
+        "w3": InstanceStatus("w3", "node-a", 9, "running",
+                             checkpoint=CheckpointInfo(1, 9, str(tmp_path / "gone"))),
+        "w4": InstanceStatus("w4", "node-a", 9, "running")})
+    now = [created + 42.5]
+    registry = CollectorRegistry()
+    metrics = AgentMetrics(agent, registry, wall_clock=lambda: now[0])
+    # w2 exited, w3's manifest is unreadable, w4 has no checkpoint: no series
+    assert scrape(registry)["hafo_workload_checkpoint_age_seconds"] == [
+        ({"workload": "w1", "node": "node-a"}, 42.5)]
+    (ref.path / "manifest.json").unlink()  # read once: the cached time serves
+    now[0] += 10
+    assert scrape(registry)["hafo_workload_checkpoint_age_seconds"] == [
+        ({"workload": "w1", "node": "node-a"}, 52.5)]
+    agent.reported = {}
+    assert "hafo_workload_checkpoint_age_seconds" not in scrape(registry)
+    assert metrics.checkpoint_times == {}
+    assert checkpoint_created(str(tmp_path / "gone")) is None

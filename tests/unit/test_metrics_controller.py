@@ -160,10 +160,19 @@ class Clock:
         return self.now
 
 
+class Failsafe:
+    def __init__(self) -> None:
+        self.allowed = True
+
+    def failover_allowed(self) -> bool:
+        return self.allowed
+
+
 class Source:
     def __init__(self, snapshot: ClusterSnapshot, leading: bool = True) -> None:
         self.current = snapshot
         self.lead = leading
+        self.failsafe = Failsafe()
 
     def snapshot(self) -> ClusterSnapshot:
         return self.current
@@ -283,6 +292,38 @@ def test_scrape_time_families_from_the_snapshot() -> None:
     assert found["hafo_leader"] == {"": 0.0}
     assert found["hafo_nodes"] == {"ready": 0, "cordoned": 0, "unhealthy": 0, "down": 0}
     assert set(found["hafo_workloads"].values()) == {0}
+
+
+def labelled(registry: CollectorRegistry, name: str) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of each sample named ``name``."""
+    return [(sample.labels, sample.value)
+            for family in text_string_to_metric_families(generate_latest(registry).decode())
+            for sample in family.samples if sample.name == name]
+
+
+def test_per_node_and_per_workload_series_name_what_alerts_are_about() -> None:
+    registry = CollectorRegistry()
+    source = Source(sample_cluster())
+    ControllerMetrics(source, registry, lease_ttl=3.0, clock=Clock())
+    nodes = labelled(registry, "hafo_node_state")
+    assert {labels["node"]: labels["state"] for labels, _ in nodes} == {
+        "a": "ready", "b": "cordoned", "c": "down", "d": "unhealthy"}
+    assert {value for _, value in nodes} == {1.0}
+    workloads = labelled(registry, "hafo_workload_state")
+    assert sorted((labels["workload"], labels["name"], labels["state"], value)
+                  for labels, value in workloads) == [
+        ("new", "new", "pending", 1.0), ("run", "run", "running", 1.0),
+        ("wait", "wait", "pending", 1.0)]
+    # restarts: from each assignment (``new`` has none yet)
+    assert sorted((labels["workload"], value) for labels, value in
+                  labelled(registry, "hafo_workload_restarts_total")) == [
+        ("run", 1.0), ("wait", 0.0)]
+    assert value(registry, "hafo_failsafe_active") == 0
+    source.failsafe.allowed = False  # it told an agent etcd is unavailable to it too
+    assert value(registry, "hafo_failsafe_active") == 1
+    source.current = running_on_a(down=("a",))  # a state change: the old series is gone
+    assert [(labels["node"], labels["state"]) for labels, _ in
+            labelled(registry, "hafo_node_state")] == [("a", "down"), ("b", "ready")]
 
 
 def test_gpu_counts_partition_by_health() -> None:
