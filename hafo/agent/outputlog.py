@@ -141,6 +141,7 @@ class OutputPump:
         for fd in self._fds:
             selector.register(fd, selectors.EVENT_READ)
         open_fds = len(self._fds)
+        partial: dict[int, bytes] = {}  # fd -> the start of a line not yet ended
         try:
             while open_fds:
                 for key, _ in selector.select():
@@ -150,10 +151,24 @@ class OutputPump:
                         selector.unregister(fd)
                         os.close(fd)
                         open_fds -= 1
-                        continue
-                    if self._fds[fd]:
-                        with self._lock:
-                            self._stderr = keep_tail(self._stderr, data)
+                        data, partial[fd] = partial.get(fd, b""), b""
+                        if not data:
+                            continue
+                    else:
+                        if self._fds[fd]:
+                            with self._lock:
+                                self._stderr = keep_tail(self._stderr, data)
+                        # whole lines only, so stdout and stderr interleave line by line
+                        # (a partial line waits for its end, up to one chunk)
+                        data = partial.get(fd, b"") + data
+                        cut = data.rfind(b"\n") + 1
+                        if cut == 0 and len(data) < CHUNK:
+                            partial[fd] = data
+                            continue
+                        if cut:
+                            data, partial[fd] = data[:cut], data[cut:]
+                        else:
+                            partial[fd] = b""
                     try:
                         self.writer.write(data)
                     except OSError as exc:  # a full disk: keep draining, say why once

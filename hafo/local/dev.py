@@ -504,6 +504,10 @@ class DevCluster:
             left = await self._stop()
             if left:
                 code = 1
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                # stopped: a late Ctrl-C must not kill the exit itself (status -2)
+                loop.remove_signal_handler(signum)
+                signal.signal(signum, signal.SIG_IGN)
         return code
 
     async def _start_and_serve(self) -> int:
