@@ -37,7 +37,7 @@ __all__ = ["EXIT_NOT_FOUND", "EXIT_REFUSED", "EXIT_TIMEOUT", "EXIT_UNAVAILABLE",
            "CliError", "build_parser", "dispatch", "etcd_settings", "load_config", "main"]
 
 #: Subcommands with a module of their own in hafo.commands (``register`` and ``run``).
-COMMAND_MODULES = ("logs", "show", "dev", "completion")
+COMMAND_MODULES = ("logs", "show", "dev", "completion", "events")
 
 
 def build_parser() -> Parser:
@@ -61,18 +61,25 @@ def build_parser() -> Parser:
     p.add_argument("instance_dir")
     p = sub.add_parser("submit", help="submit a workload; prints its id")
     p.add_argument("spec", help="workload spec YAML")
+    p.add_argument("--allow-unknown-checks", action="store_true",
+                   help="submit checks whose type is not installed here (only a warning; "
+                        "the agents must have its plugin)")
     _store_args(p)
     _json_arg(p)
     add_wait_args(p, "it runs (or completed)")
     for name, text in (("status", "cluster summary"), ("nodes", "nodes and their GPUs"),
-                       ("workloads", "workloads"), ("events", "recent events")):
+                       ("workloads", "workloads")):
         p = sub.add_parser(name, help=text)
         _store_args(p)
         _json_arg(p)
-        if name != "events":
-            _watch_arg(p)
-        if name == "events":
-            p.add_argument("--limit", type=int, default=50, help="newest N events")
+        _watch_arg(p)
+        if name == "nodes":
+            p.add_argument("node", nargs="?", metavar="NODE",
+                           help="show this node in detail: every GPU, its workloads")
+        if name == "workloads":
+            p.add_argument("workload", nargs="?", metavar="WORKLOAD",
+                           help="show this workload (name or id) in detail, its reason in "
+                                "full")
     p = sub.add_parser("endpoints", help="where a workload's replicas serve, and which are "
                                           "ready")
     p.add_argument("workload", help="a workload's name or id")
@@ -163,24 +170,58 @@ def _run(coro: Coroutine[Any, Any, int]) -> int:
     return asyncio.run(coro)
 
 
+def _no_node(snapshot: Any, name: str) -> CliError:
+    """``hafo nodes NAME`` for a node that is not registered: exit 4, naming a few that are."""
+    known = sorted(snapshot.nodes)
+    some = ", ".join(known[:10]) + (f" and {len(known) - 10} more" if len(known) > 10 else "")
+    return CliError(f"no node {name!r}" + (f" (nodes: {some})" if known else ""),
+                    EXIT_NOT_FOUND)
+
+
 async def _cmd_read(args: argparse.Namespace) -> int:
+    import shutil
+
     from hafo import render
     from hafo.model import views
-    from hafo.store import read_events, read_snapshot
+    from hafo.model.endpoints import resolve
+    from hafo.store import read_snapshot
+
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    warned = False
+
+    def warn_if_empty(snapshot: Any, cluster: str) -> None:
+        nonlocal warned
+        if not warned and views.empty_cluster(snapshot):
+            print(f"warning: no node or controller has registered in cluster {cluster!r} "
+                  "(check --cluster / $HAFO_CLUSTER)", file=sys.stderr, flush=True)
+        warned = True
 
     async def once(store: Any, keys: Any) -> tuple[Any, str]:
-        if args.command == "events":
-            data: Any = [e.to_dict() for e in await read_events(store, keys, args.limit)]
-            return data, render.render_events(data) if data else "no events"
         snapshot = await read_snapshot(store, keys)
+        warn_if_empty(snapshot, keys.cluster)
+        data: Any
         if args.command == "status":
             data = views.status_view(snapshot)
             return data, render.render_status(data)
+        node, workload = getattr(args, "node", None), getattr(args, "workload", None)
+        if args.command == "nodes" and node is not None:
+            if node not in snapshot.nodes:
+                raise _no_node(snapshot, node)
+            data = views.node_view(snapshot, node)
+            here = [views.workload_view(snapshot, w) for w in data["workloads"]
+                    if w in snapshot.workloads]
+            return data, render.render_node(data, here)
         if args.command == "nodes":
             data = views.all_nodes(snapshot)
             return data, render.render_nodes(data) if data else "no nodes"
+        if workload is not None:
+            wid, why = resolve(snapshot, workload)
+            if wid is None:
+                raise CliError(why, EXIT_NOT_FOUND)
+            data = views.workload_view(snapshot, wid)
+            return data, render.render_workload(data)
         data = views.all_workloads(snapshot)
-        return data, render.render_workloads(data) if data else "no workloads"
+        return data, render.render_workloads(data, width) if data else "no workloads"
 
     async def body(store: Any, keys: Any) -> int:
         if getattr(args, "watch", None):
@@ -221,18 +262,22 @@ async def _watch(args: argparse.Namespace,
 
 
 async def _cmd_submit(args: argparse.Namespace) -> int:
+    from hafo.commands.base import resolve_workdir
     from hafo.commands.wait import check_wait_args, wait_and_report
     from hafo.decisions.waiting import submit_goal
     from hafo.model import ValidationError, parse_spec
     from hafo.store import intents, read_snapshot
 
     check_wait_args(args)
-    raw = _load_yaml(args.spec, "spec")
+    raw = resolve_workdir(_load_yaml(args.spec, "spec"), args.spec)
+    if raw is None:
+        raise CliError(f"{args.spec}: the file is empty (a workload spec is a mapping with "
+                       "at least name and command)", EXIT_USAGE)
     try:
         spec = parse_spec(raw)
     except ValidationError as exc:
-        raise CliError(f"{args.spec}: {exc}", EXIT_USAGE) from None
-    _check_types(args.spec, spec)
+        raise CliError("\n".join(exc.lines(f"{args.spec}: ")), EXIT_USAGE) from None
+    _check_types(args.spec, spec, args.allow_unknown_checks)
 
     async def body(store: Any, keys: Any) -> int:
         try:
@@ -255,13 +300,18 @@ async def _cmd_submit(args: argparse.Namespace) -> int:
     return await _with_store(args, body)
 
 
-def _check_types(path: str, spec: Any) -> None:
-    """Validate each check's options with its check type, where that type is installed here;
-    a type that is not installed here only warns (the agents may have the plugin)."""
+def _check_types(path: str, spec: Any, allow_unknown: bool = False) -> None:
+    """Refuse a check type that is not installed here (exit 2, every such check named),
+    unless ``allow_unknown`` (then only a warning: the agents may have the plugin); validate
+    each check's options with its check type where that type is installed here."""
     from hafo.checks.api import CheckOptionError
     from hafo.checks.registry import CheckLoadError, available_types, load_check
+    from hafo.model.spec import unknown_check_types
 
     types = available_types()
+    unknown = unknown_check_types(spec, types, "--allow-unknown-checks")
+    if unknown and not allow_unknown:
+        raise CliError("\n".join(f"{path}: {e}" for e in unknown), EXIT_USAGE)
     for i, check in enumerate(spec.checks):
         if check.type not in types:
             print(f"warning: {path}: spec.checks[{i}].type: {check.type!r} is not installed "
@@ -365,10 +415,13 @@ async def _cmd_change(args: argparse.Namespace) -> int:
                     raise intents.NotFound(why)
                 wid = target
                 replica = snapshot.workloads[wid].service is not None
-                refused = await intents.migrate_refusal(store, keys, wid, args.to, member,
+                refusal = await intents.migrate_refusal(store, keys, wid, args.to, member,
                                                         snapshot)
-                if refused:
-                    raise CliError(f"cannot move {args.workload}: {refused}", EXIT_REFUSED)
+                if refusal is not None and refusal.not_found:
+                    raise intents.NotFound(refusal.reason)
+                if refusal is not None:
+                    raise CliError(f"cannot move {args.workload}: {refusal.reason}",
+                                   EXIT_REFUSED)
                 await intents.migrate(store, keys, wid, args.to, node=member)
                 if not args.json:
                     print(f"replacing {wid}, a replica of a service: its replacement starts "
@@ -384,8 +437,7 @@ async def _cmd_change(args: argparse.Namespace) -> int:
                 before = await read_snapshot(store, keys) if args.wait else None
                 moved = await intents.drain(store, keys, args.node)
                 if not args.json:
-                    print(f"drained {args.node}: cordoned, moving {len(moved)} workload(s)"
-                          + (f": {', '.join(moved)}" if moved else ""), flush=True)
+                    print(drain_summary(args.node, moved), flush=True)
                 goal = drain_goal(before, args.node, moved) if before is not None else None
                 return await wait_and_report(
                     store, keys, goal, args, subject=f"drain {args.node}",
@@ -399,6 +451,14 @@ async def _cmd_change(args: argparse.Namespace) -> int:
         return 0
 
     return await _with_store(args, body)
+
+
+def drain_summary(node: str, moving: list[str]) -> str:
+    """What ``hafo drain`` did, said as such (the moves are requested, not done yet)."""
+    if not moving:
+        return f"cordoned {node}; nothing to move"
+    plural = "move" if len(moving) == 1 else "moves"
+    return f"cordoned {node}; {len(moving)} planned {plural} requested: {', '.join(moving)}"
 
 
 async def _serve_until_signal(main: Coroutine[Any, Any, None], ready: asyncio.Event,
@@ -447,10 +507,20 @@ def _api_settings(config: Any) -> tuple[str | None, Any]:
     return token, tls
 
 
+def _check_state_dir(path: str, config: Any) -> None:
+    """CliError (exit 2) naming ``node.state_dir`` if the agent could not use it."""
+    from hafo.model.config import state_dir_problem
+
+    problem = state_dir_problem(config.node.state_dir)
+    if problem:
+        raise CliError(f"{path}: node.state_dir: {problem}", EXIT_USAGE)
+
+
 async def _cmd_agent(args: argparse.Namespace) -> int:
     from hafo import logs
 
     config = load_config(args.config, "agent")
+    _check_state_dir(args.config, config)
     logs.configure(config.log_format, node=config.node.name)
     # Before the heavy imports and the GPU backend: one agent per state directory, and the
     # lease of a crashed predecessor renewed at once (hafo.agent.early_renewal).
@@ -472,6 +542,7 @@ async def _cmd_agent(args: argparse.Namespace) -> int:
     agent = Agent(config)
     agent.api_address = config.api.listen
     runner = await _listen(make_agent_app(agent, token), config, tls)
+    _announce("agent", config.node.name, config, runner, token)
     ready = asyncio.Event()
     try:
         await _serve_until_signal(agent.run(ready), ready, f"agent {config.node.name}")
@@ -491,6 +562,23 @@ async def _listen(app: Any, config: Any, tls: Any) -> Any:
                        f"{exc.strerror or exc}", EXIT_USAGE) from None
 
 
+def _announce(role: Any, name: str, config: Any, runner: Any, token: str | None) -> None:
+    """Log the daemon's one start-up line (once it listens: the port it got for port 0), and
+    a warning when its API is open to other hosts without a token (hafo.model.exposure)."""
+    import structlog
+
+    from hafo.model.exposure import TOKEN_FIELD, api_url, open_api_warning, serving_line
+
+    port = config.api.port or next(
+        (a[1] for a in runner.addresses if isinstance(a, tuple) and len(a) > 1), 0)
+    line = serving_line(role, name, api_url(config.api.scheme, config.api.host, port))
+    log = structlog.get_logger(f"hafo.{role}")
+    log.info(line.text, api=line.api, dashboard=line.dashboard, version=_version())
+    warning = open_api_warning(role, config.api.listen, config.api.host, token is not None)
+    if warning:
+        log.warning(warning, field=TOKEN_FIELD, address=config.api.listen)
+
+
 async def _cmd_controller(args: argparse.Namespace) -> int:
     from hafo import logs
     from hafo.api import make_controller_app
@@ -501,6 +589,7 @@ async def _cmd_controller(args: argparse.Namespace) -> int:
     logs.configure(config.log_format, controller=config.controller_name)
     controller = Controller(config)
     runner = await _listen(make_controller_app(controller, token), config, tls)
+    _announce("controller", config.controller_name, config, runner, token)
     ready = asyncio.Event()
     try:
         await _serve_until_signal(controller.run(ready), ready,
@@ -518,7 +607,9 @@ def dispatch(args: argparse.Namespace) -> int:
 
         return guard.main([args.instance_dir])
     if args.command in ("agent", "controller") and args.check:
-        load_config(args.config, args.command)
+        checked = load_config(args.config, args.command)
+        if args.command == "agent":
+            _check_state_dir(args.config, checked)
         print(f"{args.config}: a valid {args.command} config")
         return 0
     if args.command not in ("agent", "controller"):
@@ -538,12 +629,30 @@ def dispatch(args: argparse.Namespace) -> int:
     handlers: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
         "agent": _cmd_agent, "controller": _cmd_controller, "submit": _cmd_submit,
         "sim": _cmd_sim,
-        "status": _cmd_read, "nodes": _cmd_read, "workloads": _cmd_read, "events": _cmd_read,
+        "status": _cmd_read, "nodes": _cmd_read, "workloads": _cmd_read,
         "delete": _cmd_change, "cordon": _cmd_change, "uncordon": _cmd_change,
         "drain": _cmd_change, "migrate": _cmd_change, "endpoints": _cmd_endpoints,
         "lb": _cmd_lb,
     }
     return _run(handlers[args.command](args))
+
+
+#: The exit status when stdout's reader has gone (128 + SIGPIPE, as a shell reports a
+#: program that SIGPIPE ended): ``set -o pipefail`` sees it as it would for ``cat``.
+EXIT_BROKEN_PIPE = 141
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe (or socket) whose reader has closed it."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP)
+                   for _fd, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -559,11 +668,20 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         return dispatch(args)
     except CliError as exc:
-        text = str(exc)
-        print(text if text.startswith("hafo") else f"hafo: {text}", file=sys.stderr)
+        for line in str(exc).splitlines() or [""]:  # one line per error, each said as such
+            print(line if line.startswith("hafo") else f"hafo: {line}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError as exc:
+        if not _stdout_gone():
+            print(f"hafo: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+        # The reader left (``hafo events | head``): nothing to say, and no second error when
+        # Python flushes stdout at exit (the Python docs' recipe, "Note on SIGPIPE").
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except OSError as exc:
         print(f"hafo: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
         return 1

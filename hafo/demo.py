@@ -9,17 +9,41 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from hafo.local.cluster import LocalCluster, demo_workload_spec
-from hafo.local.progress import overlaps
+from hafo.local.progress import Resumption, overlaps, resumption
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.views import workload_view
 from hafo.store import read_events
+
+#: checkpoint interval of the demo workload, in steps
+EVERY = 10
+#: how long to wait for the new instance's first progress record after it runs
+START_RECORD_WAIT = 10.0
 
 
 def say(text: str) -> None:
     """Print a demo line at once."""
     print(text, flush=True)
+
+
+def _known(value: int | None) -> str:
+    return "unknown" if value is None else str(value)
+
+
+async def _wait_for_start(cluster: LocalCluster, wid: str, new_epoch: int,
+                          timeout: float) -> tuple[list[dict[str, Any]], Resumption]:
+    """The progress log once the new epoch has written its ``start`` record (or ``timeout``
+    passed), and what it says about the move from the epoch before."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = cluster.progress_log(wid)
+        older = [int(ln["epoch"]) for ln in lines if int(ln["epoch"]) < new_epoch]
+        moved_by = resumption(lines, max(older, default=new_epoch - 1), new_epoch)
+        if moved_by.resumed_from is not None or time.monotonic() >= deadline:
+            return lines, moved_by
+        await asyncio.sleep(0.05)
 
 
 async def _demo(cluster: LocalCluster) -> int:
@@ -30,8 +54,8 @@ async def _demo(cluster: LocalCluster) -> int:
     say(f"  cluster ready in {time.monotonic() - started:.1f}s: leader {snapshot.leader}, "
         f"nodes {', '.join(sorted(snapshot.alive))}; lease TTL {cluster.lease_ttl}s")
 
-    wid = await cluster.submit(demo_workload_spec(every=10))
-    say(f"submitted {wid}: a training loop that checkpoints every 10 steps (1 GPU)")
+    wid = await cluster.submit(demo_workload_spec(every=EVERY))
+    say(f"submitted {wid}: a training loop that checkpoints every {EVERY} steps (1 GPU)")
 
     def running(s: ClusterSnapshot) -> bool:
         return bool(workload_view(s, wid)["state"] == "running")
@@ -60,22 +84,26 @@ async def _demo(cluster: LocalCluster) -> int:
     status = snapshot.current_status(wid)
     events = await read_events(cluster.store, cluster.keys, 200)
     detected = next((e for e in events if e.kind == "failover" and e.workload == wid), None)
-    lines = cluster.progress_log(wid)
-    last_before = max((ln.get("step", 0) for ln in lines if ln["epoch"] == old_epoch), default=0)
-    resumed = next((ln for ln in lines if ln["epoch"] == view["epoch"]
-                    and ln.get("event") == "start"), None)
-    resumed_from = resumed["resumed_from"] if resumed else 0
+    # "running" is the guard's word; the workload says where it resumed once it has loaded its
+    # checkpoint: wait (bounded) for that record rather than guess
+    new_epoch = view["epoch"]
+    assert new_epoch is not None  # running: it has an epoch
+    lines, moved_by = await _wait_for_start(cluster, wid, new_epoch, START_RECORD_WAIT)
     running_at = status.started_at if status and status.started_at else time.time()
     say("timeline:")
-    say(f"  +0.00s  {victim} lost power (workload was at step {last_before})")
+    say(f"  +0.00s  {victim} lost power (workload was at step {_known(moved_by.last_step)})")
     if detected is not None:
         say(f"  +{detected.ts - killed_at:.2f}s  controller: {detected.message}")
+    resumed = (f"resumed from checkpoint step {moved_by.resumed_from}"
+               if moved_by.resumed_from is not None
+               else f"resumed from an unknown step (the workload wrote no start record within "
+                    f"{START_RECORD_WAIT:g}s)")
     say(f"  +{running_at - killed_at:.2f}s  running again on {view['node']} "
-        f"(epoch {view['epoch']}), resumed from checkpoint step {resumed_from}")
+        f"(epoch {view['epoch']}), {resumed}")
     found = overlaps(lines)
-    lost = max(0, last_before - resumed_from)
+    lost = moved_by.lost
     say(f"summary: recovered in {running_at - killed_at:.2f}s with a {cluster.lease_ttl}s lease "
-        f"TTL; {lost} step(s) lost (checkpoint every 10); "
+        f"TTL; {_known(lost)} step(s) lost (checkpoint every {EVERY}); "
         + ("never two copies at once" if not found else f"OVERLAP: {found}"))
     await asyncio.sleep(1.0)
     final = workload_view(await cluster.snapshot(), wid)

@@ -55,9 +55,27 @@ def render_nodes(nodes: list[dict[str, Any]]) -> str:
                   "LABELS", "REASON"], rows)
 
 
-def render_workloads(workloads: list[dict[str, Any]]) -> str:
-    """``hafo workloads``."""
+#: The fewest characters of REASON ``render_workloads`` shows, however narrow the terminal.
+MIN_REASON = 40
+
+
+def shorten(text: str, width: int | None) -> str:
+    """``text`` cut to ``width`` characters with "..." (None: as it is)."""
+    if width is None or len(text) <= width:
+        return text
+    return text[:max(0, width - 3)].rstrip() + "..."
+
+
+def _gpus(allocated: int, requested: int | None) -> str:
+    return f"{allocated}/{requested}" if requested is not None else str(allocated)
+
+
+def render_workloads(workloads: Sequence[Mapping[str, Any]], width: int | None = None) -> str:
+    """``hafo workloads``: one row per workload (a service's replicas below it); GPUS is
+    allocated/requested; REASON is cut with "..." to fit ``width`` columns (a terminal's;
+    at least ``MIN_REASON`` characters), shown whole when ``width`` is None."""
     rows = []
+    reasons = []
     for w in workloads:
         ck = w["checkpoint"]
         members = w.get("members") or []
@@ -67,23 +85,148 @@ def render_workloads(workloads: list[dict[str, Any]]) -> str:
         if service is not None:  # a service: n/N ready, then one row per replica
             rows.append([w["id"], w["state"], f"{service['ready']}/{service['desired']} ready",
                          "-", w["restarts"], "-", "-"])
+            reasons.append(w.get("reason") or "-")
             for r in service["items"]:
                 flag = "ready" if r["ready"] else ("retiring" if r["retiring"] else "not ready")
                 rows.append([f"  {r['id']}", r["state"], r["node"] or "-", "-", r["restarts"],
-                             "-", flag + ("" if r["current"] else ", old spec")])
+                             "-", "-"])
+                reasons.append(flag + ("" if r["current"] else ", old spec")
+                               + (f": {r['reason']}" if r.get("reason") else ""))
             continue
         if members:  # a gang: every member, rank:node(state)
             node = " ".join(f"{m['rank']}:{m['node']}({m['state']})" for m in members)
             gpus = sum(len(m["gpus"]) for m in members)
         elif w.get("nodes", 1) > 1:
             node = f"(gang of {w['nodes']})"
-        rows.append([w["id"], w["state"], node, w["epoch"], w["restarts"], gpus,
-                     f"step {ck['step']}" if ck else "-"])
-    return table(["ID", "STATE", "NODE", "EPOCH", "RESTARTS", "GPUS", "CHECKPOINT"], rows)
+        rows.append([w["id"], w["state"], node, w["epoch"], w["restarts"],
+                     _gpus(gpus, w.get("gpus_requested")), f"step {ck['step']}" if ck else "-"])
+        reasons.append(w.get("reason") or "-")
+    headers = ["ID", "STATE", "NODE", "EPOCH", "RESTARTS", "GPUS", "CHECKPOINT"]
+    room = None
+    if width is not None:  # REASON starts after the widest line of the other columns
+        start = max(len(line) for line in table(headers, rows).splitlines()) + 2
+        room = max(MIN_REASON, width - start)
+    return table([*headers, "REASON"],
+                 [[*r, shorten(why, room)] for r, why in zip(rows, reasons, strict=True)])
 
 
 def _clock(ts: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d}"
+
+
+def _fields(pairs: Sequence[tuple[str, Any]]) -> list[str]:
+    """``key:  value`` lines, the values aligned."""
+    return [f"{key + ':':<12}{'-' if value is None or value == '' else value}"
+            for key, value in pairs]
+
+
+def _when(ts: float | None, now: float | None) -> str | None:
+    if ts is None:
+        return None
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) + f" ({ago(ts, now)})"
+
+
+def _checkpoint(ck: Mapping[str, Any] | None) -> str:
+    if not ck:
+        return "none reported"
+    return f"step {ck['step']} (epoch {ck['epoch']})" + (f" at {ck['path']}" if ck.get("path")
+                                                          else "")
+
+
+def render_workload(view: Mapping[str, Any], now: float | None = None) -> str:
+    """``hafo workloads WORKLOAD``: one workload's view as ``key: value`` lines (the reason
+    in full), a gang's members, a service's replicas, the last lines of stderr of its newest
+    ended instance, and where to look next."""
+    members = view.get("members") or []
+    gpus = sum(len(m["gpus"]) for m in members) if members else len(view["gpus"])
+    uuids = [u for m in members for u in m["gpus"]] if members else list(view["gpus"])
+    requested = view.get("gpus_requested")
+    ports = " ".join(f"{k}={v}" for k, v in sorted((view.get("ports") or {}).items()))
+    node = view["node"]
+    if view.get("nodes", 1) > 1:
+        node = f"gang of {view['nodes']}" + (f", rank 0 on {node}" if node else "")
+    lines = _fields([
+        ("workload", f"{view['name']} ({view['id']})"),
+        ("state", view["state"]),
+        ("node", node),
+        ("epoch", view["epoch"]),
+        ("gpus", (f"{gpus} of {requested} allocated" if requested is not None
+                  else f"{gpus} allocated") + (f": {', '.join(uuids)}" if uuids else "")),
+        ("restarts", view["restarts"]),
+        ("priority", view.get("priority")),
+        ("submitted", _when(view.get("submitted_at"), now)),
+        ("reason", view["reason"]),
+        ("ports", ports),
+        ("checkpoint", _checkpoint(view["checkpoint"])),
+    ])
+    if members:
+        lines += ["", "members:", table(["RANK", "NODE", "STATE", "GPUS"], [
+            [m["rank"], m["node"], m["state"], ", ".join(m["gpus"]) or "-"] for m in members])]
+    service = view.get("replicas")
+    if service is not None:
+        lines += ["", f"replicas: {service['ready']} of {service['desired']} ready, "
+                      f"{service['current']} on the current spec",
+                  table(["ID", "STATE", "NODE", "READY", "RESTARTS", "REASON"], [
+                      [r["id"], r["state"], r["node"], "yes" if r["ready"] else "no",
+                       r["restarts"], r["reason"] or "-"] for r in service["items"]])
+                  if service["items"] else "  none"]
+    tail = (view.get("stderr_tail") or "").rstrip("\n")
+    if tail:
+        lines += ["", "stderr of its newest ended instance (last lines):"]
+        lines += [f"  | {line}" for line in tail.splitlines()]
+    wid = view["id"]
+    lines += ["", f"more:       hafo show {wid}  (every epoch and its events)",
+              f"            hafo logs {wid}  (its output)"]
+    return "\n".join(lines)
+
+
+def _health(gpu: Mapping[str, Any]) -> str:
+    if not gpu["healthy"]:
+        return "unhealthy"
+    return "degraded" if gpu.get("degraded") else "healthy"
+
+
+def _gpu_index(gpu: Mapping[str, Any]) -> str:
+    if gpu.get("profile"):
+        return f"{gpu['index']} ({gpu['profile']} of GPU {gpu.get('parent')})"
+    return str(gpu["index"])
+
+
+def render_node(node: Mapping[str, Any], workloads: Sequence[Mapping[str, Any]] = ()) -> str:
+    """``hafo nodes NODE``: one node's view as ``key: value`` lines, every GPU (health, why,
+    utilization, which workload it is allocated to) and its workloads (``workloads``: their
+    views, for their names and states)."""
+    gpus = node["gpus"]
+    labels = ", ".join(f"{k}={v}" for k, v in sorted(node["labels"].items()))
+    used = sum(1 for g in gpus if g["allocated_to"])
+    healthy = sum(1 for g in gpus if g["healthy"])
+    lines = _fields([
+        ("node", f"{node['name']} ({node['state']})"),
+        ("address", node.get("address")),
+        ("api", node.get("api")),
+        ("labels", labels),
+        ("reason", node.get("reason")),
+        ("gpus", f"{used} of {len(gpus)} allocated, {healthy} of {len(gpus)} healthy"),
+    ])
+    if gpus:
+        lines.append(table(
+            ["  INDEX", "UUID", "MODEL", "MEMORY", "HEALTH", "UTIL", "ALLOCATED-TO", "REASON"],
+            [[f"  {_gpu_index(g)}", g["uuid"], g["model"], f"{g['memory_mib']} MiB",
+              _health(g), f"{g['utilization']:.0f}%" if g.get("utilization") is not None
+              else "-", g["allocated_to"], g.get("reason") or "-"] for g in gpus]))
+    by_id = {w["id"]: w for w in workloads}
+    lines += ["", f"workloads:  {len(node['workloads'])}"]
+    if node["workloads"]:
+        rows = []
+        for wid in node["workloads"]:
+            view = by_id.get(wid)
+            here = sum(1 for g in gpus if g["allocated_to"] == wid)
+            rows.append([f"  {wid}", view["name"] if view else "-",
+                         view["state"] if view else "-", here])
+        lines.append(table(["  ID", "NAME", "STATE", "GPUS HERE"], rows))
+    lines += ["", "more:       hafo workloads WORKLOAD  (one of its workloads), hafo events  "
+                  "(what happened)"]
+    return "\n".join(lines)
 
 
 def render_events(events: list[dict[str, Any]]) -> str:

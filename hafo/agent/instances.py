@@ -6,7 +6,8 @@ finds its guards again (docs/contract.md, "Files on a node"):
                   fence_file, checkpoint_mode, launched_at
     state.json    written by the guard (by the agent once the guard is gone): guard_pid, pid,
                   state, exit_code, started_at, finished_at, reason, ended (how it ended:
-                  hafo.model.ends.InstanceEnd), stop_checkpoint, transparent
+                  hafo.model.ends.InstanceEnd), stop_checkpoint, transparent, stderr_tail
+                  (the last lines of the workload's stderr, once it exited)
     output.log    the workload's stdout and stderr
     guard.log     the guard's own stderr
 
@@ -55,10 +56,27 @@ class GuardState:
     transparent: str | None = None  # why a transparent checkpoint was refused
     ended: InstanceEnd | None = None  # how it ended (exited instances)
     stop_checkpoint: int | None = None  # the step committed for a stop (None: none)
+    stderr_tail: str = ""  # the last lines of the workload's stderr, once it exited
+
+    @property
+    def never_started(self) -> bool:
+        """It exited by itself without ever having a process: its command could not be
+        started (no such file, not executable, the launch failed); ``reason`` says why."""
+        return self.state == "exited" and self.pid is None and self.ended is InstanceEnd.EXIT
+
+    @property
+    def last_words(self) -> str:
+        """What the workload said last, for its report's ``stderr_tail``: its stderr's last
+        lines; for one that never started, the reason why not."""
+        return self.stderr_tail or (self.reason if self.never_started else "")
 
 
 def _int_or_none(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def instance_dir(state_dir: Path, key: InstanceKey) -> Path:
@@ -97,4 +115,5 @@ def read_guard_state(path: Path) -> GuardState | None:
                       started_at=data.get("started_at"), finished_at=data.get("finished_at"),
                       reason=str(data.get("reason", "")), transparent=data.get("transparent"),
                       ended=instance_end(data.get("ended")),
-                      stop_checkpoint=_int_or_none(data.get("stop_checkpoint")))
+                      stop_checkpoint=_int_or_none(data.get("stop_checkpoint")),
+                      stderr_tail=_text(data.get("stderr_tail")))

@@ -43,6 +43,7 @@ from hafo.model.cluster import (
     Submission,
 )
 from hafo.model.config import NodeLogs, PortRange
+from hafo.model.exits import bounded_tail
 from hafo.model.names import checkpoint_dir as workload_checkpoint_dir
 from hafo.model.output import MIB
 
@@ -264,7 +265,9 @@ class Supervisor:
                               started_at=state.started_at, finished_at=state.finished_at,
                               checkpoint=self.checkpoint_info(key.workload),
                               ended=state.ended if state.state == "exited" else None,
-                              ports=self.ports_of(key))
+                              ports=self.ports_of(key),
+                              stderr_tail=bounded_tail(state.last_words)
+                              if state.state == "exited" else "")
 
 
 def newest_per_workload(states: Mapping[InstanceKey, GuardState]) -> dict[str, InstanceKey]:

@@ -28,11 +28,20 @@ class NotFound(Exception):
     """A path names a node or workload that does not exist (404 with this message)."""
 
 
+class FieldErrorBody(TypedDict):
+    """One bad field of the input."""
+
+    field: str
+    error: str
+
+
 class ErrorBody(TypedDict):
-    """Every error response: what went wrong, and the field at fault for bad input."""
+    """Every error response: what went wrong, and the field at fault for bad input (the
+    first one; ``errors``: every bad field, the first one included)."""
 
     error: str
     field: NotRequired[str]
+    errors: NotRequired[list[FieldErrorBody]]
 
 
 def error(status: int, message: str, field: str | None = None,
@@ -45,8 +54,11 @@ def error(status: int, message: str, field: str | None = None,
 
 
 def bad_input(exc: ValidationError) -> web.Response:
-    """400 naming the field."""
-    return error(400, str(exc), exc.field)
+    """400 naming the field (the first bad one), with every bad field in ``errors``."""
+    body: ErrorBody = {"error": str(exc), "field": exc.field,
+                       "errors": [FieldErrorBody(field=e.field, error=e.message)
+                                  for e in exc.errors]}
+    return web.json_response(body, status=400)
 
 
 def _http_error(exc: web.HTTPException, request: web.Request) -> web.Response:

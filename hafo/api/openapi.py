@@ -153,7 +153,12 @@ def _document(title: str, paths: dict[str, Any]) -> dict[str, Any]:
 def _submit() -> dict[str, Any]:
     op = _mutation("submit a workload: create it (201), or update the one of that name "
                    "(200: a rolling update, a planned move, or nothing for the same spec)", 201,
-                   _ref("Workload"), 400, 409, body=_ref("WorkloadSpec"), body_required=True)
+                   _ref("Workload"), 400, 409, body=_ref("WorkloadSpec"), body_required=True,
+                   params=[{"name": "allow_unknown_checks", "in": "query", "required": False,
+                            "description": "accept checks whose type is not installed on the "
+                            "controller (the agents must have its plugin); else 400 naming "
+                            "`spec.checks[i].type`", "schema": {"type": "boolean",
+                                                                "default": False}}])
     op["responses"]["200"] = _json(_ref("Workload"), "updated, or unchanged")
     return op
 

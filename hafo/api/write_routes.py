@@ -14,11 +14,13 @@ from aiohttp import web
 
 from hafo.api.body import MIGRATE, Deleted, Moving, NodeChange, json_object
 from hafo.api.errors import NotFound, error
-from hafo.decisions.moves import move_refusal
+from hafo.checks.registry import available_types
+from hafo.decisions.moves import requested_move_refusal
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.endpoints import move_target, resolve
+from hafo.model.errors import ValidationError
 from hafo.model.names import is_node_name, is_workload_id, is_workload_ref
-from hafo.model.spec import parse_spec
+from hafo.model.spec import parse_spec, unknown_check_types
 from hafo.model.views import submitted_view
 from hafo.store import Keys, Store, intents
 
@@ -63,14 +65,29 @@ def node_name(request: web.Request) -> str:
     return name
 
 
+def _flag(request: web.Request, name: str) -> bool:
+    """A boolean query parameter (``true`` or ``false``; absent: false); 400 otherwise."""
+    value = request.query.get(name)
+    if value is None or value == "false":
+        return False
+    if value == "true":
+        return True
+    raise ValidationError(name, f"must be true or false, got {value!r}")
+
+
 def write_routes(target: WriteTarget) -> web.RouteTableDef:
     """The mutating routes of a controller."""
     routes = web.RouteTableDef()
 
     @routes.post("/v1/workloads")
     async def submit(request: web.Request) -> web.Response:
+        allow_unknown = _flag(request, "allow_unknown_checks")
         body = await json_object(request, required=True)
         spec = parse_spec(body)
+        unknown = unknown_check_types(spec, available_types(), "allow_unknown_checks=true") \
+            if spec.checks and not allow_unknown else []
+        if unknown:
+            raise ValidationError.of(unknown)  # 400, as `hafo submit` refuses it (exit 2)
         try:
             done = await intents.submit(target.store, target.keys, spec)
         except intents.Refused as exc:
@@ -99,9 +116,11 @@ def write_routes(target: WriteTarget) -> web.RouteTableDef:
         if moved is None:
             return error(404, why)
         wid = moved
-        conflict = _migrate_conflict(snapshot, wid, to, node)
-        if conflict:
-            return error(409, conflict)
+        refusal = requested_move_refusal(snapshot, wid, to, node, time.time())
+        if refusal is not None and not refusal.not_found:
+            return error(409, refusal.reason)
+        # A name this controller's cache does not know yet is left to the intent, which
+        # reads etcd itself (404 if it is not there either).
         try:
             await intents.migrate(target.store, target.keys, wid, to, node=node)
         except intents.NotFound as exc:
@@ -137,12 +156,3 @@ def write_routes(target: WriteTarget) -> web.RouteTableDef:
         return await set_cordon(request, False)
 
     return routes
-
-
-def _migrate_conflict(snapshot: ClusterSnapshot, wid: str, to: str | None,
-                      node: str | None = None) -> str:
-    """Why a planned move cannot be asked for now ("" if it can). Names this controller's
-    cache does not know yet are left to the intent, which reads etcd itself (404)."""
-    if wid not in snapshot.workloads or (to is not None and to not in snapshot.nodes):
-        return ""
-    return move_refusal(snapshot, wid, to, time.time(), node)

@@ -49,15 +49,32 @@ def load_yaml(path: str, what: str) -> Any:
         raise CliError(f"{path}: invalid YAML{where}", EXIT_USAGE) from None
 
 
+def resolve_workdir(raw: Any, spec_path: str) -> Any:
+    """A spec file's relative ``workdir`` made absolute against the directory of the file
+    (docs/contract.md, "Workload spec"), so ``workdir: ..`` in ``examples/train.yaml`` names
+    the repository wherever ``hafo submit`` runs. Anything else is returned as it is (the spec
+    parser judges it)."""
+    if not isinstance(raw, dict):
+        return raw
+    workdir = raw.get("workdir")
+    if not isinstance(workdir, str) or not workdir or os.path.isabs(workdir) or "\0" in workdir:
+        return raw
+    base = Path(spec_path).absolute().parent
+    return {**raw, "workdir": os.path.normpath(base / workdir)}
+
+
 def load_config(path: str, role: str) -> Any:
     """Read and validate a daemon config file."""
     from hafo.model import ValidationError, parse_config
 
     raw = load_yaml(path, "config")
+    if raw is None:
+        raise CliError(f"{path}: the file is empty (a config is a mapping: see "
+                       "docs/contract.md, \"Config files\")", EXIT_USAGE)
     try:
         return parse_config(raw, role)
     except ValidationError as exc:
-        raise CliError(f"{path}: {exc}", EXIT_USAGE) from None
+        raise CliError("\n".join(exc.lines(f"{path}: ")), EXIT_USAGE) from None
 
 
 def store_args(p: argparse.ArgumentParser) -> None:

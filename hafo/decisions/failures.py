@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hafo.model.cluster import Assignment
+from hafo.model.exits import failure_subject
 from hafo.model.spec import RestartPolicy
 
 
@@ -31,9 +32,11 @@ class AfterFailure:
 
 
 def after_failure(current: Assignment, policy: RestartPolicy, node: str, what: str,
-                  failed_at: float, now: float) -> AfterFailure:
+                  failed_at: float, now: float, detail: str = "") -> AfterFailure:
     """Decide for ``current`` (placed on ``node``), which failed at ``failed_at`` because of
-    ``what`` (e.g. "exited with code 3")."""
+    ``what`` (e.g. "exited with code 3"); ``detail``: what it said (the last line of its
+    stderr, ``hafo.model.exits.stderr_line``), quoted after the node."""
+    subject = failure_subject(what, node, detail)
     recent = tuple(t for t in current.restart_times if now - t < policy.window)
     failed_on = {n: t for n, t in current.failed_on.items() if t > now}
     if len(recent) < policy.max_restarts:
@@ -41,10 +44,10 @@ def after_failure(current: Assignment, policy: RestartPolicy, node: str, what: s
         wait = f" after a {delay:g}s backoff" if delay else ""
         return AfterFailure("restart", current.restarts + 1, (*recent, now), failed_on,
                             failed_at + delay,
-                            f"{what} on {node}; restart {len(recent) + 1}/"
+                            f"{subject}; restart {len(recent) + 1}/"
                             f"{policy.max_restarts} in place{wait}")
     failed_on[node] = now + policy.window
     return AfterFailure("move", current.restarts + 1, (), failed_on, now,
-                        f"{what} on {node}; {len(recent)} restarts within "
+                        f"{subject}; {len(recent)} restarts within "
                         f"{policy.window:g}s (max {policy.max_restarts}): moving to another "
                         f"node, {node} excluded for {policy.window:g}s")

@@ -109,7 +109,7 @@ def assess_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
                              urgent=False)
         after = after_failure(current, spec.restart, member.node,
                               f"member {member.rank} exited with code {status.exit_code}",
-                              status.finished_at or now, now)
+                              status.finished_at or now, now, detail=status.stderr_line)
         return stop_gang(current, after.why, Cause.EXITED, urgent=False, after=after,
                          leave=(member.node,) if after.kind == "move" else ())
     if len(exited) == len(current.members):

@@ -121,8 +121,8 @@ def _report_end(report: InstanceStatus, stop: EpochEnd | None, exists: bool) -> 
     if code is None:
         return EpochEnd("unknown")
     if code < 0:
-        return EpochEnd("signal", code=-code)
-    return EpochEnd("exit", code=code)
+        return EpochEnd("signal", code=-code, detail=report.stderr_line)
+    return EpochEnd("exit", code=code, detail=report.stderr_line)
 
 
 def _exited_end(reports: Sequence[InstanceStatus], stop: EpochEnd | None,

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from hafo.decisions.failures import AfterFailure
 from hafo.decisions.gangs import gang_move_refusal, start_gang_move
@@ -76,6 +77,31 @@ def move_refusal(snapshot: ClusterSnapshot, wid: str, to: str | None, now: float
     if isinstance(fit, Unplaceable):
         return f"{to} cannot take it ({fit.reason})"
     return ""
+
+
+@dataclass(frozen=True)
+class MoveRefusal:
+    """Why a requested planned move is not made: ``not_found`` (a name that does not exist:
+    exit 4 on the CLI, 404 on the API) or else refused (exit 5, 409); ``reason`` is the same
+    text on both."""
+
+    reason: str
+    not_found: bool = False
+
+
+def requested_move_refusal(snapshot: ClusterSnapshot, wid: str, to: str | None,
+                           node: str | None, now: float) -> MoveRefusal | None:
+    """The one rule ``hafo migrate`` and ``POST /v1/workloads/{id}/migrate`` apply before
+    they write a move request (None: it would start): an unknown workload or node is not
+    found; anything ``move_refusal`` says (already on ``to``, ``to`` not ready or too small,
+    not running, a gang member not named, a service's replica with ``to``) is refused."""
+    if wid not in snapshot.workloads:
+        return MoveRefusal(f"no workload {wid!r}", not_found=True)
+    for name in (to, node):
+        if name is not None and name not in snapshot.nodes:
+            return MoveRefusal(f"no node {name!r}", not_found=True)
+    why = move_refusal(snapshot, wid, to, now, node)
+    return MoveRefusal(why) if why else None
 
 
 def start_move(snapshot: ClusterSnapshot, wid: str, move: MoveRequest, now: float) -> Action:

@@ -145,7 +145,7 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
                                        f"instance {current.epoch} on {node} was {how}")
     failed_at = status.finished_at or now
     after = after_failure(current, spec.restart, node, f"exited with code {status.exit_code}",
-                          failed_at, now)
+                          failed_at, now, detail=status.stderr_line)
     if now < after.not_before:
         return None  # backing off; a later cycle restarts it
     avoid = {n: t for n, t in current.avoid.items() if t > now}
@@ -341,7 +341,10 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
             continue
         previous = need.previous
         if result.exhausted:
-            reason = f"{need.why}; it failed on every node that can run it"
+            what = _last_failure(snapshot, need)
+            reason = failed_everywhere(what, sorted(failed_on),
+                                       need.request.spec.restart.max_restarts,
+                                       _last_words(snapshot, need) if what else "")
             failed = Assignment(workload=wid, phase="failed", node=None,
                                 restarts=need.restarts, restart_times=need.restart_times,
                                 reason=reason, failed_on=failed_on)
@@ -366,6 +369,37 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
                               assignment=pending, known_since=need.known_since))
     actions.extend(_victim_actions(snapshot, preemptions))
     return Plan(tuple(actions), replicas)
+
+
+def failed_everywhere(what: str, nodes: list[str], restarts: int, said: str = "") -> str:
+    """The one sentence of a workload's final ``failed``: what it did (``what``, e.g.
+    "exited with code 1"; "" if not known), where, what it said last (``said``: the last line
+    of its stderr, "" if none) and that no other node can run it."""
+    said = f": {said}" if said else ""
+    if not nodes:
+        return f"failed: {what or 'it failed'}{said}; no node can run it"
+    where = nodes[0] if len(nodes) == 1 else f"{', '.join(nodes[:-1])} and {nodes[-1]}"
+    tries = ("no restarts" if restarts == 0 else
+             f"{restarts} restart{'s' if restarts > 1 else ''} each" if len(nodes) > 1 else
+             f"{restarts} restart{'s' if restarts > 1 else ''}")
+    return (f"failed: {what or 'it failed'} on {where} ({tries}){said}; no other node can run "
+            "it")
+
+
+def _last_failure(snapshot: ClusterSnapshot, need: Need) -> str:
+    """What the instance that failed last did, where its report says so (an exit)."""
+    previous = need.previous
+    status = snapshot.current_status(need.request.workload)
+    if previous is None or previous.phase != "placed" or previous.is_gang or status is None \
+            or status.state != "exited" or not status.exit_code:
+        return ""
+    return f"exited with code {status.exit_code}"
+
+
+def _last_words(snapshot: ClusterSnapshot, need: Need) -> str:
+    """The last line of stderr of the instance that failed last (an exit; "" if none)."""
+    status = snapshot.current_status(need.request.workload)
+    return status.stderr_line if status is not None and status.state == "exited" else ""
 
 
 def _kept_apart(snapshot: ClusterSnapshot, need: Need) -> Need:

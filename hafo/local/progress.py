@@ -51,3 +51,40 @@ def overlaps(lines: Iterable[Mapping[str, Any]]) -> list[Overlap]:
             if longest is None or end > longest[1]:
                 longest = (epoch, end)
     return found
+
+
+@dataclass(frozen=True)
+class Resumption:
+    """What the workload's own progress log says about one move from ``old_epoch`` to
+    ``new_epoch``: the last step the old instance reached and the step the new one resumed
+    from (its checkpoint). None where the log has no record of it (yet)."""
+
+    old_epoch: int
+    new_epoch: int
+    last_step: int | None
+    resumed_from: int | None
+
+    @property
+    def lost(self) -> int | None:
+        """Steps done by the old instance that the new one does again; None if unknown."""
+        if self.last_step is None or self.resumed_from is None:
+            return None
+        return max(0, self.last_step - self.resumed_from)
+
+
+def resumption(lines: Iterable[Mapping[str, Any]], old_epoch: int,
+               new_epoch: int) -> Resumption:
+    """Read a move off a progress log: the old epoch's furthest step (a ``step``, or the
+    ``resumed_from`` of its ``start`` record if it got no further) and the ``resumed_from``
+    of the new epoch's ``start`` record."""
+    last: int | None = None
+    resumed: int | None = None
+    for line in lines:
+        epoch = int(line["epoch"])
+        if epoch == old_epoch:
+            reached = line.get("step", line.get("resumed_from"))
+            if reached is not None:
+                last = max(int(reached), last if last is not None else int(reached))
+        elif epoch == new_epoch and line.get("event") == "start" and resumed is None:
+            resumed = int(line["resumed_from"])
+    return Resumption(old_epoch, new_epoch, last, resumed)

@@ -19,6 +19,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo
 from hafo.model.ends import INFRASTRUCTURE_ENDS as INFRASTRUCTURE_ENDS
 from hafo.model.ends import InstanceEnd as InstanceEnd
 from hafo.model.ends import instance_end as instance_end
+from hafo.model.exits import bounded_tail, stderr_line
 from hafo.model.schema import Record, schema_of
 from hafo.model.spec import WorkloadSpec
 
@@ -272,7 +273,9 @@ class InstanceStatus(Record):
     threshold, an application XID on its GPU), "" when it is fine. ``ended``: how an exited
     instance ended (``InstanceEnd``), null while it runs (and for an end this version does
     not know). ``ready``: it runs and every readiness check's last probe passed, since
-    ``ready_since``; ``ports``: its declared ports by name, as bound on this node."""
+    ``ready_since``; ``ports``: its declared ports by name, as bound on this node.
+    ``stderr_tail``: once it exited, the last lines of its stderr (at most 20 lines and 4 KiB,
+    longer values are cut to their last 4 KiB; "" while it runs, and from agents before it)."""
 
     workload: str
     node: str
@@ -288,6 +291,12 @@ class InstanceStatus(Record):
     ready: bool = False
     ready_since: float | None = None
     ports: Mapping[str, int] = field(default_factory=dict)
+    stderr_tail: Annotated[str, BeforeValidator(_or_empty), AfterValidator(bounded_tail)] = ""
+
+    @property
+    def stderr_line(self) -> str:
+        """The line of ``stderr_tail`` that says most, bounded (``hafo.model.exits``)."""
+        return stderr_line(self.stderr_tail)
 
     @property
     def ended_by_infrastructure(self) -> bool:

@@ -6,6 +6,7 @@ validates with them; each dataclass mirrors its section of the YAML.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ __all__ = ["ELECTION_ROUND_TRIPS", "ETCD_ELECTION_TIMEOUT_MS", "ETCD_HEARTBEAT_I
            "STRATEGIES", "ApiConfig", "Config", "EtcdConfig", "GpuSource", "NodeConfig",
            "NodeLogs",
            "SimulatedGpus", "TimingConfig", "check_etcd_security", "election_problem",
-           "election_slack", "parse_config", "parse_endpoints"]
+           "election_slack", "parse_config", "parse_endpoints", "state_dir_problem"]
 
 ENDPOINT = r"(https?)://([^/:]+|\[[0-9a-fA-F:]+\]):(\d{1,5})/?"
 LISTEN = r"([^:]+|\[[0-9a-fA-F:]+\]):(\d{1,5})"
@@ -410,6 +411,36 @@ class Config(Section):
 
 
 CONFIG: Schema[Config] = Schema(Config, "config", prefix="")
+
+
+def state_dir_problem(path: str) -> str:
+    """Why ``node.state_dir`` cannot be used ("" if it can): it must be a directory this
+    process can create files in, or one it can create. Directories made to find out are
+    removed again (``hafo agent --check`` leaves nothing behind)."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    target = Path(path)
+    made: list[Path] = []
+    try:
+        missing = [p for p in (target, *target.parents) if not p.exists()]
+        for directory in reversed(missing):
+            directory.mkdir()
+            made.append(directory)
+        if not target.is_dir():
+            return f"{path} is not a directory"
+        with tempfile.TemporaryFile(dir=target):
+            pass
+        return ""
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != path else ""
+        verb = "create" if not made and not target.exists() else "write to"
+        return f"cannot {verb} {path}: {exc.strerror or exc}{where}"
+    finally:
+        for directory in reversed(made):
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
 
 
 def parse_config(raw: Any, role: str) -> Config:

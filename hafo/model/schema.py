@@ -3,13 +3,14 @@
 A format is declared once, as a frozen dataclass whose fields carry their constraints
 (``Annotated[int, Field(ge=0), INTEGER]``). ``Schema`` validates untrusted input into that
 very dataclass, dumps it to its JSON form and writes its JSON Schema (2020-12, what OpenAPI
-3.1 uses). Every failure becomes the one ``ValidationError``: the first error, naming the
-field by its dotted path (``spec.restart.window``, ``spec.command[1]``).
+3.1 uses). Every failure becomes the one ``ValidationError``: every error, each naming its
+field by its dotted path (``spec.restart.window``, ``spec.command[1]``), the first one first.
 
 Two kinds of declarations:
 
 - ``Section``: what people write (config file, workload spec, check options). Unknown keys
-  are refused first (``unknown field (allowed: ...)``), ``null`` is the same as leaving the
+  are refused first (``unknown field, did you mean 'gpus'? (allowed: ...)``), with the
+  section's other errors after them, ``null`` is the same as leaving the
   key out, and ``_check`` holds the rules between fields.
 - ``Record``: what hafo writes to etcd itself. Unknown keys are ignored (a newer writer may
   add some); ``to_dict`` and ``from_dict`` are derived from the declaration.
@@ -44,7 +45,7 @@ from pydantic_core import (
     core_schema,
 )
 
-from hafo.model.errors import ValidationError
+from hafo.model.errors import FieldError, ValidationError, did_you_mean
 from hafo.model.names import MIG_PROFILE, NODE_NAME_RE, WORKLOAD_NAME
 
 T = TypeVar("T")
@@ -127,14 +128,38 @@ def field_path(prefix: str, loc: Loc, root: str) -> str:
     return out or root
 
 
-def as_validation_error(exc: PydanticError, prefix: str, root: str) -> ValidationError:
-    """pydantic's first error as hafo's one-line ``ValidationError``."""
-    error = exc.errors(include_url=False)[0]
+def _located(error: Mapping[str, Any]) -> tuple[Loc, str]:
+    """Where one pydantic error is (relative) and hafo's wording of it."""
     loc: Loc = tuple(error["loc"])
     if error["type"] == "invalid_key":  # a non-string key: the mapping is at fault
-        return ValidationError(field_path(prefix, loc[:-1], root),
-                               f"keys must be strings, got {loc[-1]!r}")
-    return ValidationError(field_path(prefix, loc, root), _message(error))
+        return loc[:-1], f"keys must be strings, got {loc[-1]!r}"
+    return loc, _message(error)
+
+
+def as_validation_error(exc: PydanticError, prefix: str, root: str) -> ValidationError:
+    """pydantic's errors as hafo's ``ValidationError``: every error, once each, the first
+    one first (unknown fields of a section come before its other errors). An error about a
+    value that holds an error already reported (a list left too short once its bad item is
+    dropped) is a consequence: left out."""
+    found: list[FieldError] = []
+    for error in exc.errors(include_url=False):
+        loc, message = _located(error)
+        item = FieldError(field_path(prefix, loc, root), message)
+        inside = any(f.field.startswith((f"{item.field}.", f"{item.field}[")) for f in found)
+        if item not in found and not inside:
+            found.append(item)
+    return ValidationError.of(found)
+
+
+def _reraised(errors: list[InitErrorDetails], exc: PydanticError | None) -> NoReturn:
+    """Raise ``errors`` and then those of ``exc``, as one pydantic error (kept in hafo's
+    wording, so that nothing is lost in the merge)."""
+    merged = list(errors)
+    for error in exc.errors(include_url=False) if exc is not None else ():
+        loc, message = _located(error)
+        merged.append(InitErrorDetails(type=PydanticCustomError("hafo", message), loc=loc,
+                                       input=error.get("input")))
+    raise PydanticError.from_exception_data("hafo", merged)
 
 
 # --- JSON Schema ---------------------------------------------------------------------------
@@ -348,9 +373,11 @@ class Section:
         """Rules between fields (none by default)."""
 
     @classmethod
-    def _prepare(cls, raw: Any, names: Mapping[str, str], forbid: bool) -> Any:
+    def _prepare(cls, raw: Any, names: Mapping[str, str], forbid: bool,
+                 unknown: list[InitErrorDetails]) -> Any:
         """A mapping with string keys and known keys (``names``, unless not ``forbid``);
-        null values dropped (= not given)."""
+        null values dropped (= not given). Each unknown key is added to ``unknown`` (with
+        the closest known name) and left out, so that the other fields are checked too."""
         if type(raw) is not dict:
             if isinstance(raw, cls):
                 return raw
@@ -358,14 +385,21 @@ class Section:
                 invalid((), f"must be a mapping, got {_show(raw)}", raw)
             raw = dict(raw)
         nulls = False
+        strange = []
         for key, value in raw.items():
             if key not in names:
                 if not isinstance(key, str):
                     invalid((), f"keys must be strings, got {key!r}", raw)
                 if forbid:
-                    invalid(key, f"unknown field (allowed: {', '.join(sorted(names))})")
+                    hint = did_you_mean(key, names)
+                    unknown.append(InitErrorDetails(type=PydanticCustomError(
+                        "hafo", f"unknown field{', ' + hint if hint else ''} "
+                        f"(allowed: {', '.join(sorted(names))})"), loc=(key,), input=value))
+                    strange.append(key)
             nulls = nulls or value is None
-        return {k: v for k, v in raw.items() if v is not None} if nulls else raw
+        if strange or nulls:
+            return {k: v for k, v in raw.items() if v is not None and k not in strange}
+        return raw
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any,
@@ -383,8 +417,21 @@ class Section:
         serialization = (core_schema.wrap_serializer_function_ser_schema(dump)
                          if omitted else None)
         names, forbid = _json_names(cls), cls.__pydantic_config__.get("extra") == "forbid"
-        prepared = core_schema.no_info_before_validator_function(
-            lambda raw: cls._prepare(raw, names, forbid), inner)
+
+        def prepare(raw: Any, validate: Callable[[Any], Any]) -> Any:
+            unknown: list[InitErrorDetails] = []
+            known = cls._prepare(raw, names, forbid, unknown)
+            try:
+                value = validate(known)
+            except PydanticError as exc:
+                if unknown:
+                    _reraised(unknown, exc)
+                raise
+            if unknown:
+                _reraised(unknown, None)
+            return value
+
+        prepared = core_schema.no_info_wrap_validator_function(prepare, inner)
         if cls._check is Section._check:  # no rules between fields: nothing to call after
             return {**prepared, "serialization": serialization} if serialization else prepared
 

@@ -7,13 +7,14 @@ CLI and the API both call it), ``to_dict`` writes its JSON form and the OpenAPI 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, Strict
 
 from hafo.model.checks import BUILTIN_CHECK_TYPES, PORT_NAME, CheckSpec
+from hafo.model.errors import FieldError, did_you_mean
 from hafo.model.schema import (
     INTEGER,
     OMIT_DEFAULT,
@@ -33,7 +34,7 @@ from hafo.model.schema import (
 
 __all__ = ["BUILTIN_CHECK_TYPES", "MAX_GANG_NODES", "MAX_REPLICAS", "SPEC", "STRATEGIES",
            "CheckSpec", "CheckpointPolicy", "PortName", "RestartPolicy", "Topology",
-           "UpdatePolicy", "WorkloadSpec", "parse_spec"]
+           "UpdatePolicy", "WorkloadSpec", "parse_spec", "unknown_check_types"]
 
 Strategy = Literal["spread", "binpack"]
 STRATEGIES: tuple[Strategy, ...] = ("spread", "binpack")
@@ -174,6 +175,23 @@ class WorkloadSpec(Section):
 
 
 SPEC: Schema[WorkloadSpec] = Schema(WorkloadSpec, "spec")
+
+
+def unknown_check_types(spec: WorkloadSpec, known: Collection[str], allow: str,
+                        field_prefix: str = "spec") -> list[FieldError]:
+    """An error for each check of ``spec`` whose type is not in ``known`` (the types
+    installed where it is submitted), with the closest known type, the list of them and
+    ``allow``: how to submit it anyway (the agents may have the plugin)."""
+    out = []
+    for i, check in enumerate(spec.checks):
+        if check.type not in known:
+            hint = did_you_mean(check.type, known)
+            out.append(FieldError(
+                f"{field_prefix}.checks[{i}].type",
+                f"unknown check type {check.type!r}{', ' + hint if hint else ''} (known: "
+                f"{', '.join(sorted(known))}; a plugin's type: install the plugin here too, "
+                f"or allow it with {allow})"))
+    return out
 
 
 def parse_spec(raw: Any, field_prefix: str = "spec") -> WorkloadSpec:

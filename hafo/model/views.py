@@ -9,14 +9,17 @@ from typing import Annotated, Any, NotRequired, get_args
 from typing_extensions import TypedDict  # pydantic reads this one on Python 3.11
 
 from hafo.model.cluster import (
+    Assignment,
     CheckpointInfo,
     ClusterSnapshot,
     Event,
+    InstanceStatus,
     NodeState,
     Submission,
     WorkloadState,
 )
 from hafo.model.endpoints import instance_ready
+from hafo.model.exits import failure_subject
 from hafo.model.schema import JsonOf
 from hafo.model.service_state import service_state
 
@@ -66,7 +69,11 @@ class WorkloadView(TypedDict):
     ``nodes``: the members wanted (1 for a single-node workload); ``members``: a gang's, by
     rank (empty while it is not placed, and for a single-node workload); ``replicas``: a
     service's (null for any other workload; its ``state`` is then ``running``, ``updating``,
-    ``degraded`` or ``pending``, docs/contract.md, "Services")."""
+    ``degraded`` or ``pending``, docs/contract.md, "Services"). ``gpus_requested``: the GPUs
+    it needs in all (``gpus`` x ``nodes``; a service: x its replicas); ``ports``: its
+    instance's ports by name (rank 0's for a gang); ``stderr_tail``: the last lines of stderr
+    of its newest instance that exited and is still reported ("" if none); ``reason``: why it
+    is where it is (``shown_reason``)."""
 
     id: str
     name: str
@@ -82,6 +89,9 @@ class WorkloadView(TypedDict):
     nodes: int
     members: list[MemberView]
     replicas: ServiceView | None
+    gpus_requested: int
+    ports: dict[str, int]
+    stderr_tail: str
 
 
 class GpuView(TypedDict):
@@ -101,7 +111,8 @@ class GpuView(TypedDict):
 
 
 class NodeView(TypedDict):
-    """A node as the API and ``hafo nodes`` show it."""
+    """A node as the API and ``hafo nodes`` show it; ``api``: its agent's API URL ("" when it
+    has none)."""
 
     name: str
     state: NodeState
@@ -110,6 +121,7 @@ class NodeView(TypedDict):
     workloads: list[str]
     reason: str
     address: str
+    api: str
 
 
 class StatusView(TypedDict):
@@ -161,6 +173,79 @@ def _member_state(snapshot: ClusterSnapshot, workload_id: str, epoch: int, node:
     return status.state
 
 
+#: The reason shown before the controller has decided anything for a workload.
+NOT_DECIDED = "waiting for the controller"
+
+
+def current_statuses(snapshot: ClusterSnapshot, workload_id: str) -> list[InstanceStatus]:
+    """The agents' reports for the workload's current instance (each gang member's), those
+    there are."""
+    assignment = snapshot.assignments.get(workload_id)
+    if assignment is None or not assignment.holds_node:
+        return []
+    out = []
+    for node in assignment.nodes:
+        status = snapshot.statuses.get((workload_id, node))
+        if status is not None and status.epoch == assignment.epoch:
+            out.append(status)
+    return out
+
+
+def shown_reason(state: str, assignment: Assignment | None,
+                 statuses: list[InstanceStatus]) -> str:
+    """Why a workload is where it is, as the views show it: its assignment's reason, except
+    that it never shows a failure that is over. ``statuses``: the reports of its current
+    instance (``current_statuses``).
+
+    - running: "running" while it has never failed (no restart counted, no node to avoid),
+      else "running again after: <why it was placed again>" (a restart's, a failover's
+      reason); "running, but failing: <why>" while a check or an application XID fails it;
+    - failed or completed by its instance's report while the controller has not acted yet
+      (e.g. during a restart's backoff): how it exited ("exited with code 1 on n1: <the last
+      line of its stderr>");
+    - no assignment yet: "waiting for the controller"."""
+    if assignment is None:
+        return NOT_DECIDED
+    if assignment.phase != "placed":
+        return assignment.reason
+    if state == "running":
+        failing = next((s for s in statuses if s.failing and s.state == "running"), None)
+        if failing is not None:
+            return f"running, but failing: {failing.failing}"
+        if (assignment.restarts == 0 and not assignment.avoid) or not assignment.reason:
+            return "running"
+        return f"running again after: {assignment.reason}"
+    if state in ("failed", "completed"):
+        exited = [s for s in statuses if s.state == "exited"]
+        ended = next((s for s in exited if s.exit_code != 0), exited[0] if exited else None)
+        if ended is not None:
+            return failure_subject(f"exited with code {ended.exit_code}", ended.node,
+                                   ended.stderr_line)
+    return assignment.reason
+
+
+def newest_stderr_tail(snapshot: ClusterSnapshot, workload_id: str) -> str:
+    """The stderr tail of the workload's newest instance that exited with one and is still
+    reported (of a gang's members, one that failed first); "" if none."""
+    best: tuple[int, bool, float] | None = None
+    tail = ""
+    for (wid, _node), status in snapshot.statuses.items():
+        if wid != workload_id or status.state != "exited" or not status.stderr_tail:
+            continue
+        key = (status.epoch, status.exit_code != 0, -(status.finished_at or 0.0))
+        if best is None or key > best:
+            best, tail = key, status.stderr_tail
+    return tail
+
+
+def gpus_requested(submission: Submission) -> int:
+    """The GPUs a workload needs in all: per node x nodes (a service: x its replicas)."""
+    spec = submission.spec
+    if spec.is_service and submission.service is None:
+        return spec.template.gpus * spec.template.nodes * (spec.replicas or 0)
+    return spec.gpus * spec.nodes
+
+
 def _uuids(snapshot: ClusterSnapshot, node: str, gpus: tuple[int, ...]) -> list[str]:
     record = snapshot.nodes.get(node)
     by_index = {g.index: g.uuid for g in record.gpus} if record else {}
@@ -202,13 +287,14 @@ def replicas_view(snapshot: ClusterSnapshot, service_id: str) -> ServiceView:
         replica = snapshot.workloads[rid]
         assignment = snapshot.assignments.get(rid)
         node = assignment.node if assignment is not None and assignment.holds_node else None
-        items.append({"id": rid, "node": node, "state": workload_state(snapshot, rid),
+        state = workload_state(snapshot, rid)
+        items.append({"id": rid, "node": node, "state": state,
                       "ready": instance_ready(snapshot, rid),
                       "current": replica.spec == template,
                       "retiring": replica.retiring is not None,
                       "restarts": assignment.restarts if assignment is not None else 0,
-                      "reason": assignment.reason if assignment is not None
-                      else "waiting for the controller"})
+                      "reason": shown_reason(state, assignment,
+                                             current_statuses(snapshot, rid))})
     return {"desired": service.spec.replicas or 0, "ready": sum(r["ready"] for r in items),
             "current": sum(r["ready"] and r["current"] for r in items), "items": items}
 
@@ -225,7 +311,9 @@ def _service_view(snapshot: ClusterSnapshot, submission: Submission,
             "submitted_at": submission.submitted_at,
             "reason": state.reason or f"{state.ready} of {state.desired} replicas ready on "
                       f"{', '.join(nodes) or 'no node'}",
-            "nodes": submission.spec.nodes, "members": [], "replicas": replicas}
+            "nodes": submission.spec.nodes, "members": [], "replicas": replicas,
+            "gpus_requested": gpus_requested(submission), "ports": {},
+            "stderr_tail": ""}
 
 
 def workload_view(snapshot: ClusterSnapshot, workload_id: str,
@@ -242,10 +330,13 @@ def workload_view(snapshot: ClusterSnapshot, workload_id: str,
     if placed and assignment is not None and node is not None:
         gpu_uuids = _uuids(snapshot, node, assignment.gpus)
     checkpoint = latest_checkpoint(snapshot, workload_id)
+    state = workload_state(snapshot, workload_id)
+    statuses = current_statuses(snapshot, workload_id)
+    ports = next((dict(s.ports) for s in statuses if s.node == node), {})
     view: WorkloadView = {
         "id": workload_id,
         "name": submission.spec.name,
-        "state": workload_state(snapshot, workload_id),
+        "state": state,
         "node": node,
         "epoch": (assignment.stopping or assignment.epoch) if placed and assignment is not None
         else None,
@@ -254,10 +345,13 @@ def workload_view(snapshot: ClusterSnapshot, workload_id: str,
         "checkpoint": checkpoint.to_dict() if checkpoint else None,
         "priority": submission.spec.priority,
         "submitted_at": submission.submitted_at,
-        "reason": assignment.reason if assignment is not None else "waiting for the controller",
+        "reason": shown_reason(state, assignment, statuses),
         "nodes": submission.spec.nodes,
         "members": members_view(snapshot, workload_id),
         "replicas": None,
+        "gpus_requested": gpus_requested(submission),
+        "ports": ports,
+        "stderr_tail": newest_stderr_tail(snapshot, workload_id),
     }
     return view
 
@@ -267,10 +361,11 @@ def submitted_view(submission: Submission) -> WorkloadView:
     return {"id": submission.id, "name": submission.spec.name, "state": "pending",
             "node": None, "epoch": None, "restarts": 0, "gpus": [], "checkpoint": None,
             "priority": submission.spec.priority, "submitted_at": submission.submitted_at,
-            "reason": "waiting for the controller", "nodes": submission.spec.nodes,
+            "reason": NOT_DECIDED, "nodes": submission.spec.nodes,
             "members": [],
             "replicas": {"desired": submission.spec.replicas or 0, "ready": 0, "current": 0,
-                         "items": []} if submission.spec.is_service else None}
+                         "items": []} if submission.spec.is_service else None,
+            "gpus_requested": gpus_requested(submission), "ports": {}, "stderr_tail": ""}
 
 
 def allocations(snapshot: ClusterSnapshot, node: str) -> dict[int, str]:
@@ -302,6 +397,7 @@ def node_view(snapshot: ClusterSnapshot, name: str) -> NodeView:
         "workloads": sorted(snapshot.holders.get(name, ())),
         "reason": record.reason,
         "address": record.address,
+        "api": record.api,
     }
 
 
@@ -331,6 +427,12 @@ def all_workloads(snapshot: ClusterSnapshot, now: float | None = None) -> list[W
     order = sorted((s for s in snapshot.workloads.values() if s.service is None),
                    key=lambda s: (s.submitted_at, s.id))
     return [workload_view(snapshot, s.id, now) for s in order]
+
+
+def empty_cluster(snapshot: ClusterSnapshot) -> bool:
+    """No node and no controller has ever registered in the cluster (or none is left): most
+    likely the wrong cluster name."""
+    return not snapshot.nodes and not snapshot.controllers and snapshot.leader is None
 
 
 def event_view(event: Event) -> dict[str, Any]:

@@ -124,6 +124,10 @@ class EtcdStore:
         self._lock = asyncio.Lock()
         self._closed = False
         self._closing: set[asyncio.Task[None]] = set()
+        # Endpoint logging, one line per change of state (never one per retry): the indices
+        # that failed since the last answer, and since when none answers (None: one does).
+        self._failed: set[int] = set()
+        self._unreachable_since: float | None = None
 
     @classmethod
     def from_config(cls, config: EtcdConfig, **kwargs: Any) -> EtcdStore:
@@ -160,14 +164,49 @@ class EtcdStore:
                 host, port = self.endpoints[self._index]
                 client = self._new_client(host, port, self.timeout)
                 try:
-                    await client.connect()
+                    # With credentials, connecting is an Authenticate call, which a
+                    # powered-off member only lets time out.
+                    await asyncio.wait_for(client.connect(), self.timeout + 0.5)
                 except (etcd_errors.UnauthenticatedError,
                         etcd_errors.InvalidArgumentError) as exc:
                     raise StoreAuthError(f"etcd refused the credentials: {exc}") from None
+                except TRANSIENT as exc:
+                    # Move on, as a failed call does: retrying a dead endpoint forever kept a
+                    # daemon off etcd although the other members served.
+                    failed = self._index
+                    self._index = (self._index + 1) % len(self.endpoints)
+                    self._log_failure(failed, type(exc).__name__)
+                    self._closing.add(asyncio.get_running_loop().create_task(
+                        self._close_quietly(client)))
+                    raise
                 adapter.require_leader(client)  # watches fail, not stall, without a leader
                 self._client = client
                 self._generation += 1
             return self._client, self._generation
+
+    def _log_failure(self, failed: int, error: str) -> None:
+        """Log the move away from endpoint ``failed`` (now at ``self._index``), once per
+        change of state: an info line when the store moves to an endpoint that has not failed
+        since the last answer, one warning when every endpoint has failed, then nothing until
+        an endpoint answers again (``_answered``)."""
+        self._failed.add(failed)
+        if self._unreachable_since is not None:
+            return  # already said: no endpoint answers
+        previous = "{}:{}".format(*self.endpoints[failed])
+        if len(self._failed) >= len(self.endpoints):
+            self._unreachable_since = time.monotonic()
+            log.warning("etcd unreachable: no endpoint answers", failed=previous,
+                        endpoints=",".join(f"{h}:{p}" for h, p in self.endpoints), error=error)
+        else:
+            log.info("etcd endpoint failover", failed=previous, next=self.endpoint, error=error)
+
+    def _answered(self) -> None:
+        """An endpoint answered: after an outage, say so once (``_log_failure``)."""
+        if self._unreachable_since is not None:
+            log.info(f"etcd reachable again via {self.endpoint}", endpoint=self.endpoint,
+                     unreachable_for=round(time.monotonic() - self._unreachable_since, 3))
+            self._unreachable_since = None
+        self._failed.clear()
 
     async def _rotate(self, generation: int, error: BaseException) -> None:
         """Drop the connection of ``generation`` and move to the next endpoint."""
@@ -176,10 +215,14 @@ class EtcdStore:
                 return  # someone else already rotated
             old = self._client
             self._client = None
-            previous = self.endpoint
+            failed = self._index
             self._index = (self._index + 1) % len(self.endpoints)
-            log.info("etcd endpoint failover", failed=previous, next=self.endpoint,
-                     error=type(error).__name__)
+            if isinstance(error, etcd_errors.UnauthenticatedError):
+                # An expired auth token (etcd's simple tokens last minutes): the endpoint
+                # answered; the next connection authenticates again.
+                log.debug("etcd auth token refused: reconnecting", endpoint=self.endpoint)
+            else:
+                self._log_failure(failed, type(error).__name__)
         # Calls still in flight on the old channel finish or fail on their own first.
         self._closing.add(asyncio.get_running_loop().create_task(
             self._close_quietly(old, delay=5.0)))
@@ -216,6 +259,7 @@ class EtcdStore:
                 raise StoreUnavailable(f"etcd auth token refused: {exc}") from exc
             except etcd_errors.ClientError as exc:
                 self._observe(started, exc)
+                self._answered()  # etcd answered, with a refusal
                 raise StoreError(f"etcd refused the request: {exc}") from exc
             except asyncio.CancelledError:
                 task = asyncio.current_task()
@@ -229,6 +273,7 @@ class EtcdStore:
                 self._observe(started, exc)
                 raise
             self._observe(started, None)
+            self._answered()
             return result
 
         return await with_store_retry(attempt, TRANSIENT,
@@ -308,10 +353,12 @@ class EtcdStore:
 
         client, generation = await self._current()
         try:
-            return await asyncio.wait_for(adapter.mapped_errors(op)(client), timeout)
+            ttl = await asyncio.wait_for(adapter.mapped_errors(op)(client), timeout)
         except TRANSIENT as exc:
             await self._rotate(generation, exc)
             raise
+        self._answered()
+        return ttl
 
     async def keepalive_any(self, lease_id: int, timeout: float) -> int:
         """One keepalive through every endpoint at once: the first answer wins, and the store
@@ -361,8 +408,10 @@ class EtcdStore:
                 return
             old, self._client = self._client, None
             previous, self._index = self.endpoint, index
-            log.info("etcd endpoint failover", failed=previous, next=self.endpoint,
-                     error="answered first")
+            if self._unreachable_since is None:
+                log.info("etcd endpoint failover", failed=previous, next=self.endpoint,
+                         error="answered first")
+            self._answered()
         if old is not None:
             self._closing.add(asyncio.get_running_loop().create_task(
                 self._close_quietly(old, delay=5.0)))
@@ -378,10 +427,13 @@ class EtcdStore:
 
         client, generation = await self._current()
         try:
-            return await asyncio.wait_for(adapter.mapped_errors(op)(client), timeout + 0.5)
+            ttls = await asyncio.wait_for(adapter.mapped_errors(op)(client), timeout + 0.5)
         except TRANSIENT as exc:
             await self._rotate(generation, exc)
             raise
+        if ttls:
+            self._answered()
+        return ttls
 
     async def member_view(self, host: str, port: int,
                            timeout: float) -> tuple[int, int, int] | None:
@@ -462,6 +514,7 @@ class EtcdStore:
             try:
                 watch = await client.watch_prefix(prefix.encode(), start_revision=next_revision)
                 log.debug("watch created", prefix=prefix, start_revision=next_revision)
+                self._answered()
                 failures = 0
                 async for event in watch:
                     kv = adapter.to_kv(event.kv)

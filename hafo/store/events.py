@@ -10,17 +10,28 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections.abc import Sequence
 
 import structlog
 
 from hafo.model.cluster import Event
 from hafo.store import codec
-from hafo.store.client import TRANSIENT, Put, StoreError
+from hafo.store.client import TRANSIENT, Compare, Delete, Put, StoreError, TxnResult
 from hafo.store.keys import Keys
 from hafo.store.protocol import Store
 from hafo.tasks import loop_time
 
 log = structlog.get_logger("hafo.events")
+
+#: Every kind of event hafo writes (docs/contract.md, "Events"; a test keeps both equal).
+EVENT_KINDS: tuple[str, ...] = (
+    "submitted", "updated", "delete-requested", "cordoned", "uncordoned",
+    "placed", "pending", "failover", "restarted", "moved", "checkpoint-requested",
+    "move-refused", "node-unhealthy", "gpu-unhealthy", "gpu-degraded", "app-failed",
+    "preempted", "completed", "failed", "member-lost", "member-exited", "gang-restart",
+    "deleted", "replica-created", "replica-retiring", "replica-deleted", "leader-elected",
+    "health", "stopped", "fenced", "node-reregistered", "duplicate-node",
+)
 
 
 class _SharedLease:
@@ -84,6 +95,21 @@ class EventLog:
         """The txn operation that records ``event`` (to commit it with a decision)."""
         return Put(self.keys.new_event(event.ts), codec.encode(event.to_dict()),
                    lease=await self.lease())
+
+    async def txn(self, compares: Sequence[Compare], ops: Sequence[Put | Delete],
+                  event: Event) -> TxnResult:
+        """Commit ``ops`` (if ``compares`` hold) and record ``event`` in the same
+        transaction: anyone who sees the change also finds the event, and an event written
+        in reaction to it (stamped later) sorts after it. Granted a new lease, once, if the
+        shared one is gone."""
+        op = await self.put_op(event)
+        try:
+            return await self.store.txn(compares, [*ops, op])
+        except StoreError:
+            if op.lease is None or await self.store.lease_alive(op.lease):
+                raise
+            self._forget(op.lease)
+            return await self.store.txn(compares, [*ops, await self.put_op(event)])
 
     async def append(self, event: Event) -> None:
         """Record one event on its own (under a new lease if the shared one is gone)."""

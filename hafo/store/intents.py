@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hafo.decisions.drain import workloads_to_drain
-from hafo.decisions.moves import move_refusal
+from hafo.decisions.moves import MoveRefusal, requested_move_refusal
 from hafo.model.cluster import ClusterSnapshot, Event, MoveRequest, Submission
 from hafo.model.endpoints import resolve
 from hafo.model.spec import WorkloadSpec
@@ -105,20 +105,22 @@ async def submit(store: Store, keys: Keys, spec: WorkloadSpec) -> Submitted:
 
 async def _create(store: Store, keys: Keys, spec: WorkloadSpec,
                   name_rev: int) -> Submission | None:
+    """Write the new workload, its name and its ``submitted`` event in one transaction (the
+    event stamped before it: the controller's ``pending`` or ``placed`` sorts after it)."""
     submission = Submission(id=new_workload_id(spec), spec=spec, submitted_at=time.time())
     key, name_key = keys.workload(submission.id), keys.name(spec.name)
     name_guard = (Compare(name_key, "mod", "==", name_rev) if name_rev
                   else Compare(name_key, "create", "==", 0))
-    result = await store.txn([Compare(key, "create", "==", 0), name_guard],
-                             [Put(key, codec.encode_submission(submission)),
-                              Put(name_key, submission.id.encode())])
+    what = (f"{spec.replicas} replica(s) of " if spec.is_service else "") + f"{spec.gpus} GPU(s)"
+    event = Event(ts=submission.submitted_at, kind="submitted", workload=submission.id,
+                  message=f"workload {submission.id} submitted ({what}"
+                  + (f" on each of {spec.nodes} nodes)" if spec.is_gang else ")"))
+    result = await EventLog(store, keys).txn(
+        [Compare(key, "create", "==", 0), name_guard],
+        [Put(key, codec.encode_submission(submission)), Put(name_key, submission.id.encode())],
+        event)
     if not result.succeeded:
         return None  # another submit of this name (or the same id) won: look again
-    what = (f"{spec.replicas} replica(s) of " if spec.is_service else "") + f"{spec.gpus} GPU(s)"
-    await EventLog(store, keys).append(Event(
-        ts=time.time(), kind="submitted", workload=submission.id,
-        message=f"workload {submission.id} submitted ({what}"
-        + (f" on each of {spec.nodes} nodes)" if spec.is_gang else ")")))
     return submission
 
 
@@ -145,12 +147,12 @@ async def _update(store: Store, keys: Keys, current: Submission, current_rev: in
             how = "planned move: checkpoint, stop, start with the new spec"
         else:
             how = "the new spec applies to its next start"
-    result = await store.txn([Compare(key, "mod", "==", current_rev)], ops)
+    event = Event(ts=time.time(), kind="updated", workload=current.id,
+                  message=f"workload {current.id} updated: {how}")
+    result = await EventLog(store, keys).txn([Compare(key, "mod", "==", current_rev)], ops,
+                                             event)  # before what the controller does next
     if not result.succeeded:
         return None
-    await EventLog(store, keys).append(Event(
-        ts=time.time(), kind="updated", workload=current.id,
-        message=f"workload {current.id} updated: {how}"))
     return Submitted(updated, "updated", how)
 
 
@@ -204,14 +206,12 @@ async def migrate(store: Store, keys: Keys, workload_id: str, to: str | None = N
 
 async def migrate_refusal(store: Store, keys: Keys, workload_id: str, to: str | None = None,
                           node: str | None = None,
-                          snapshot: ClusterSnapshot | None = None) -> str:
-    """Why the controller would refuse this planned move now ("" if it would start, or if
-    the workload or a node is unknown: ``migrate`` says so). ``snapshot``: one just read."""
+                          snapshot: ClusterSnapshot | None = None) -> MoveRefusal | None:
+    """Why this planned move is not asked for (None: it would start), by the rule the API
+    applies too (``hafo.decisions.moves.requested_move_refusal``). ``snapshot``: one just
+    read."""
     snapshot = snapshot or await read_snapshot(store, keys)
-    names = [n for n in (to, node) if n is not None]
-    if workload_id not in snapshot.workloads or any(n not in snapshot.nodes for n in names):
-        return ""
-    return move_refusal(snapshot, workload_id, to, time.time(), node)
+    return requested_move_refusal(snapshot, workload_id, to, node, time.time())
 
 
 async def drain(store: Store, keys: Keys, node: str) -> list[str]:

@@ -182,8 +182,12 @@ class LeaseKeeper:
                 everywhere = started - self._hedged_at >= self.heartbeat
                 if everywhere:
                     self._hedged_at = started
+                # A keepalive through every endpoint opens fresh connections, which on a
+                # busy machine take longer than a retry's timeout: it gets a heartbeat (its
+                # acknowledgement counts from its send time, so waiting longer is as safe).
                 result, *extended = await asyncio.gather(
-                    self.keepalive_once(retry, everywhere=everywhere),
+                    self.keepalive_once(self.heartbeat if everywhere else retry,
+                                        everywhere=everywhere),
                     self._extend_if_leaderless(retry),
                     self._extend_if_failsafe(max(retry, self.heartbeat)),
                     return_exceptions=True)

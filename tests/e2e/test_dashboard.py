@@ -1,10 +1,14 @@
 """The dashboard at ``GET /`` in a real headless Chromium (Debian's ``chromium`` package).
 
 1. Against a fake read API served in-process: hostile strings (labels, names, messages) stay
-   text, GPU squares carry their state, and when the API then fails the page keeps the last
-   data and shows an error banner.
+   text, GPU squares carry their state (a degraded one marked and counted), pending and failed
+   workloads show why in their rows (bounded, the whole text in the tooltip) and their GPUs as
+   allocated/requested, and when the API then fails the page keeps the last data and shows an
+   error banner.
 2. Against a live local cluster (etcd, 2 controllers, 2 agents): the page of a controller
-   shows the leader, every node and every running workload; a screenshot is taken.
+   shows the leader, every node, every running workload, a workload that needs more GPUs than
+   exist as pending with its reason and ``0/N`` GPUs, and a degraded GPU marked and counted; a
+   screenshot is taken.
 """
 
 from __future__ import annotations
@@ -110,6 +114,25 @@ async def screenshot(url: str, path: Path) -> None:
 # -- 1. a fake API: hostile data, GPU states, API failure ----------------------------------
 
 HOSTILE = '<img src=x onerror="document.body.dataset.pwned=1">'
+PENDING_REASON = "needs 64 free healthy GPUs on one node; the largest free is 2 on node-a"
+FAILED_REASON = ("exited with code 1 on node-a: " + "Traceback: ValueError bad input " * 12
+                 ).strip()
+MAX_REASON = 160  # the page's MAX_REASON
+
+
+def serialized(text: str, attribute: bool = False) -> str:
+    """``text`` as the browser serializes the DOM: in an attribute only ``&``, ``"`` and NBSP
+    are escaped, in text ``&``, ``<``, ``>`` and NBSP (HTML's serialization algorithm)."""
+    out = text.replace("&", "&amp;").replace("\xa0", "&nbsp;")
+    if attribute:
+        return out.replace('"', "&quot;")
+    return out.replace("<", "&lt;").replace(">", "&gt;")
+
+
+def reason_cell(dom: str, workload: str) -> str:
+    """The serialized row of ``workload`` (its ``<tr ...>`` up to the next ``</tr>``)."""
+    start = dom.index(f'data-workload="{workload}"')
+    return dom[start:dom.index("</tr>", start)]
 
 
 def fake_api_app(hits: dict[str, int]) -> web.Application:
@@ -121,6 +144,9 @@ def fake_api_app(hits: dict[str, int]) -> web.Application:
          "healthy": True, "allocated_to": "job-1"},
         {"index": 2, "uuid": "GPU-a-2", "model": "NVIDIA H100", "memory_mib": 81559,
          "healthy": False, "allocated_to": None},
+        {"index": 3, "uuid": "GPU-a-3", "model": "NVIDIA H100", "memory_mib": 81559,
+         "healthy": True, "degraded": True, "reason": "xid 63: row remap pending",
+         "allocated_to": None},
     ]
     bodies: dict[str, Any] = {
         "/readyz": {"status": "ready", "controller": "ctl-fake"},
@@ -148,6 +174,12 @@ def fake_api_app(hits: dict[str, int]) -> web.Application:
                   "current": True, "retiring": False, "restarts": 0, "reason": ""},
                  {"id": "web-abcdef.1", "node": HOSTILE, "state": "starting", "ready": False,
                   "current": True, "retiring": False, "restarts": 0, "reason": ""}]}},
+            {"id": "big-1", "name": "big", "state": "pending", "node": None, "epoch": None,
+             "restarts": 0, "gpus": [], "gpus_requested": 64, "checkpoint": None, "nodes": 1,
+             "members": [], "replicas": None, "reason": PENDING_REASON},
+            {"id": "crash-1", "name": "crash", "state": "failed", "node": None, "epoch": None,
+             "restarts": 3, "gpus": [], "gpus_requested": 1, "checkpoint": None, "nodes": 1,
+             "members": [], "replicas": None, "reason": FAILED_REASON},
         ],
         "/v1/events": [
             {"ts": time.time() - 5, "kind": "placed", "message": HOSTILE, "workload": "job-1",
@@ -188,6 +220,19 @@ async def test_dashboard_renders_safely_and_keeps_data_when_the_api_fails(
     # a service: how many ready, then one line per replica
     assert 'data-workload="web-abcdef"' in dom and 'data-replicas="2"' in dom
     assert "1 of 3 ready" in dom and 'data-state="degraded"' in dom
+    # a pending workload: its reason in the row, and 0 of the 64 GPUs it requested
+    row = reason_cell(dom, "big-1")
+    assert f'<div class="reason warn" title="{PENDING_REASON}">{PENDING_REASON}</div>' in row
+    assert 'data-allocated="0" data-requested="64">0/64</td>' in row
+    # a failed one: its (long) reason cut to MAX_REASON characters, all of it in the tooltip
+    row = reason_cell(dom, "crash-1")
+    shown = FAILED_REASON[:MAX_REASON - 1] + "\u2026"
+    assert f'<div class="reason bad" title="{FAILED_REASON}">{shown}</div>' in row
+    assert ">0/1</td>" in row
+    # a degraded GPU: marked (and still free/allocated underneath), counted on the GPU card
+    assert 'class="gpu degraded" data-gpu="3" data-state="free" data-degraded="1"' in dom
+    assert 'data-gpus="degraded" data-count="1"' in dom
+    assert 'data-gpus="healthy" data-count="2"' in dom
     # ... and the failures since are announced in the banner
     assert '<div id="error" role="alert">' in dom, "error banner not shown"
     assert "HTTP 503 (etcd unavailable) on every request" in dom
@@ -226,6 +271,8 @@ async def test_dashboard_on_a_live_cluster(local_cluster: Any, tmp_path: Path) -
     cluster: LocalCluster = await local_cluster.start(nodes=2, controllers=2)
     ids = [await cluster.submit(demo_workload_spec(name="train-a", gpus=1)),
            await cluster.submit(demo_workload_spec(name="train-b", gpus=2))]
+    # more GPUs than the cluster has (2 nodes of 4): pending, with the controller's reason
+    big = await cluster.submit(demo_workload_spec(name="too-big", gpus=64))
 
     def running_with_checkpoints(snapshot: Any) -> bool:
         views = [workload_view(snapshot, wid) for wid in ids]
@@ -250,6 +297,10 @@ async def test_dashboard_on_a_live_cluster(local_cluster: Any, tmp_path: Path) -
         not g["healthy"] for n in ns for g in n["gpus"]) and any(
         g.get("degraded") for n in ns for g in n["gpus"]))
     await eventually(port, "/v1/status", lambda s: s["leader"] == leader)
+    pending = await eventually(port, "/v1/workloads", lambda ws: any(
+        w["id"] == big and w["state"] == "pending" and w["reason"] not in (
+            "", "waiting for the controller") for w in ws))
+    reason = next(w["reason"] for w in pending if w["id"] == big)
     url = f"http://127.0.0.1:{port}/"
 
     dom, console = await dump_dom(url, tmp_path / "chromium")
@@ -265,6 +316,17 @@ async def test_dashboard_on_a_live_cluster(local_cluster: Any, tmp_path: Path) -
     assert 'data-state="allocated"' in dom and 'data-state="unhealthy"' in dom
     assert 'class="gpu degraded"' in dom and 'data-gpus="unhealthy" data-count="1"' in dom
     assert 'data-gpus="allocated" data-count="3"' in dom
+    # the degraded GPU: striped (data-degraded) and counted on the GPU card
+    assert dom.count('data-degraded="1"') == 1
+    assert 'data-gpus="degraded" data-count="1"' in dom
+    assert 'data-gpus="healthy" data-count="6"' in dom  # 8 - 1 unhealthy - 1 degraded
+    # the pending workload: its reason in its row (not only a tooltip) and 0 of 64 GPUs
+    row = reason_cell(dom, big)
+    assert 'data-state="pending"' in row
+    shown = reason if len(reason) <= MAX_REASON else reason[:MAX_REASON - 1] + "\u2026"
+    assert f'<div class="reason warn" title="{serialized(reason, attribute=True)}">' \
+           f"{serialized(shown)}</div>" in row, (reason, row)
+    assert 'data-allocated="0" data-requested="64">0/64</td>' in row
 
     shot = tmp_path / "dashboard.png"
     await screenshot(url, shot)

@@ -5,7 +5,9 @@ OpenAPI document cannot either: a check's ``port`` that names a port must name o
 spec's ``ports``, and an ``http`` check needs ``url`` or ``port``. A body the schema accepts
 may break them (and is then refused with 400, naming the field, as it should be); this hook
 makes generated bodies keep them, so that "bodies the schema accepts are accepted" stays
-checked for everything else.
+checked for everything else. Likewise a check type must be installed on the controller
+unless the query says ``allow_unknown_checks=true`` (which types are installed is no part of
+the schema): a body with another type is sent with that query.
 """
 
 from __future__ import annotations
@@ -13,6 +15,16 @@ from __future__ import annotations
 from typing import Any
 
 import schemathesis
+
+
+def _unknown_types(body: dict[str, Any]) -> bool:
+    from hafo.checks.registry import available_types
+
+    checks = body.get("checks")
+    known = available_types()
+    return isinstance(checks, list) and any(
+        isinstance(c, dict) and isinstance(c.get("type"), str) and c["type"] not in known
+        for c in checks)
 
 
 def _consistent(body: dict[str, Any]) -> None:
@@ -34,4 +46,6 @@ def map_case(context: Any, case: Any) -> Any:
     """Make a submitted spec's checks name only declared ports."""
     if case.method == "POST" and case.path == "/v1/workloads" and isinstance(case.body, dict):
         _consistent(case.body)
+        if _unknown_types(case.body):
+            case.query = {**(case.query or {}), "allow_unknown_checks": "true"}
     return case

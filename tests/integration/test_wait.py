@@ -156,7 +156,7 @@ def test_drain_wait_until_the_node_is_empty(cluster: LocalCluster) -> None:
     try:
         done = hafo(cluster, "drain", node, "--wait", "--timeout", "60")
         assert done.returncode == 0, done.stderr
-        assert done.stdout.startswith(f"drained {node}: cordoned")  # unchanged without --wait
+        assert done.stdout.startswith(f"cordoned {node}; ")  # unchanged without --wait
         out = lines(done.stderr)
         assert re.fullmatch(rf"drain {node}: {node} is empty: .+ {FINAL}", out[-1]), out
         after = snapshot(cluster)

@@ -30,13 +30,26 @@ def test_bad_check_options_are_refused_naming_the_field(
     assert len(err) == 1 and field in err[0], err
 
 
-def test_a_check_type_not_installed_here_only_warns(
+def test_a_check_type_not_installed_here_only_warns_when_allowed(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = tmp_path / "spec.yaml"
     spec.write_text('name: x\ncommand: ["true"]\nchecks: [{type: elsewhere}]\n')
-    assert main(["submit", str(spec), *UNREACHABLE]) == 3  # valid; then etcd is unreachable
-    err = capsys.readouterr().err
+    assert main(["submit", str(spec), "--allow-unknown-checks", *UNREACHABLE]) == 3
+    err = capsys.readouterr().err  # valid; then etcd is unreachable
     assert "'elsewhere' is not installed here" in err and "cannot reach etcd" in err
+
+
+def test_a_misspelled_check_type_is_refused_with_the_known_types(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text('name: x\ncommand: ["true"]\nchecks: [{type: exec, command: ["true"]}, '
+                    '{type: htpp, url: "http://127.0.0.1:1/"}]\n')
+    assert main(["submit", str(spec), *UNREACHABLE]) == 2  # before etcd is asked
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"hafo: {spec}: spec.checks[1].type: unknown check type 'htpp', "
+                             "did you mean 'http'? (known: "), err
+    assert "exec, http" in err[0] and "--allow-unknown-checks" in err[0]
 
 
 @pytest.mark.parametrize(("argv", "env", "config", "expected"), [

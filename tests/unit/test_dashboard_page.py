@@ -115,3 +115,47 @@ async def test_polls_the_controllers_own_read_api() -> None:
     for hook in ('id="summary"', 'id="nodes"', 'id="workloads"', 'id="events"', 'id="error"',
                  'id="updated"', "dataset.loaded", "dataset.node", "dataset.workload"):
         assert hook in html
+
+
+async def test_reasons_are_in_the_rows_bounded_with_the_full_text_in_the_tooltip() -> None:
+    _status, _headers, html = await fetch_page()
+    (script,) = re.findall(r"<script>(.*?)</script>", html, re.DOTALL)
+    bound = re.search(r"var MAX_REASON = (\d+);", script)
+    assert bound and 80 <= int(bound.group(1)) <= 300
+    reason_line = script[script.index("function reasonLine"):]
+    reason_line = reason_line[:reason_line.index("\n  }\n")]
+    assert "full.slice(0, MAX_REASON - 1)" in reason_line and "line.title = full" in reason_line
+    assert 'el("div", "reason"' in reason_line  # text, in the row
+    # pending and failed workloads (and degraded services) show theirs; nodes too
+    tones = re.search(r"var REASON_TONES = \{(.*?)\};", script, re.DOTALL)
+    assert tones and all(f"{state}:" in tones.group(1) for state in ("pending", "failed",
+                                                                      "degraded"))
+    assert "workloadReason(w)" in script and "reasonLine(node.reason" in script
+    (style,) = re.findall(r"<style>(.*?)</style>", html, re.DOTALL)
+    assert re.search(r"\.reason \{[^}]*max-width", style), "a reason's width is bounded"
+
+
+async def test_workload_gpus_are_allocated_of_requested() -> None:
+    _status, _headers, html = await fetch_page()
+    assert '<th title="allocated / requested">GPUs</th>' in html
+    (script,) = re.findall(r"<script>(.*?)</script>", html, re.DOTALL)
+    cell = script[script.index("function gpuCell"):]
+    cell = cell[:cell.index("\n  }\n")]
+    assert "w.gpus_requested" in cell and 'held + "/" + wanted' in cell
+    assert "cell.dataset.allocated" in cell and "cell.dataset.requested" in cell
+    assert "tr.appendChild(gpuCell(w, members, heldBy))" in script
+
+
+async def test_degraded_gpus_are_filled_in_the_legend_and_counted() -> None:
+    _status, _headers, html = await fetch_page()
+    (style,) = re.findall(r"<style>(.*?)</style>", html, re.DOTALL)
+    degraded = re.search(r"\.gpu\.degraded \{([^}]*)\}", style)
+    assert degraded, "no style for a degraded GPU"
+    assert "background-image: repeating-linear-gradient" in degraded.group(1), \
+        "a degraded GPU is marked by a fill, not only an outline"
+    assert re.search(r'data-legend="degraded"><span class="gpu small degraded"></span>'
+                     r"degraded</span>", html), "no legend entry for degraded GPUs"
+    (script,) = re.findall(r"<script>(.*?)</script>", html, re.DOTALL)
+    assert '["degraded", g.degraded, "s-degraded"]' in script, "the GPU card counts them"
+    assert "else if (gpu.degraded) { c.degraded += 1; }" in script
+    assert 'square.dataset.degraded = "1"' in script

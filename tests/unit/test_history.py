@@ -505,7 +505,7 @@ async def test_the_route_answers_the_view_of_show() -> None:
         assert body["history"][0]["how"] == "node down"
         assert body["history"][1]["resumed_from"]["step"] == 40
         assert body["now"] == {"phase": "placed", "state": "running", "node": "b",
-                               "nodes": ["b"], "epoch": 20, "restarts": 0, "reason": "",
+                               "nodes": ["b"], "epoch": 20, "restarts": 0, "reason": "running",
                                "checkpoint": None}
         missing = await client.get("/v1/workloads/nope/history")
         assert missing.status == 404 and "nope" in (await missing.json())["error"]

@@ -119,3 +119,22 @@ def test_move_refusal_is_what_the_leader_would_answer(assignment: Assignment | N
 
     snapshot = cluster(assignment=assignment, down=down)
     assert move_refusal(snapshot, "w", to, NOW) == refusal
+
+
+@pytest.mark.parametrize(("wid", "to", "node", "expected"), [
+    ("w", None, None, None),
+    ("w", "b", None, None),
+    ("w", "a", None, ("it already runs on a", False)),
+    ("w", "zz", None, ("no node 'zz'", True)),
+    ("w", None, "zz", ("no node 'zz'", True)),
+    ("w", None, "b", ("it does not run on b", False)),
+    ("nope-000000", None, None, ("no workload 'nope-000000'", True)),
+])
+def test_requested_move_refusal_is_the_one_rule_of_cli_and_api(
+        wid: str, to: str | None, node: str | None,
+        expected: tuple[str, bool] | None) -> None:
+    """What ``hafo migrate`` (exit 5 / 4) and the API (409 / 404) both answer."""
+    from hafo.decisions.moves import MoveRefusal, requested_move_refusal
+
+    found = requested_move_refusal(cluster(), wid, to, node, NOW)
+    assert found == (MoveRefusal(*expected) if expected else None)

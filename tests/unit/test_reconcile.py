@@ -193,7 +193,25 @@ def test_failed_on_every_node_is_failed() -> None:
     action = only(snap)
     assert (action.kind, action.event) == ("finish", "failed")
     assert action.assignment is not None and action.assignment.phase == "failed"
-    assert "failed on every node that can run it" in action.assignment.reason
+    assert action.assignment.reason == ("failed: exited with code 1 on a, b and c (2 restarts "
+                                        "each); no other node can run it")
+    assert action.why == action.assignment.reason
+
+
+@pytest.mark.parametrize(("what", "nodes", "restarts", "sentence"), [
+    ("exited with code 1", ["node-1", "node-2", "node-3"], 3,
+     "failed: exited with code 1 on node-1, node-2 and node-3 (3 restarts each); no other "
+     "node can run it"),
+    ("exited with code 2", ["a"], 1,
+     "failed: exited with code 2 on a (1 restart); no other node can run it"),
+    ("", ["a", "b"], 0, "failed: it failed on a and b (no restarts); no other node can run it"),
+    ("exited with code 1", [], 3, "failed: exited with code 1; no node can run it"),
+])
+def test_the_final_failed_event_is_one_sentence(what: str, nodes: list[str], restarts: int,
+                                                sentence: str) -> None:
+    from hafo.decisions.reconcile import failed_everywhere
+
+    assert failed_everywhere(what, nodes, restarts) == sentence
 
 
 def test_failing_check_stops_the_instance_now_then_restarts_in_place() -> None:

@@ -67,15 +67,16 @@ def test_render_nodes() -> None:
 def test_render_workloads_lists_gang_members() -> None:
     gang = {"id": "g-1", "state": "running", "node": "a", "epoch": 9, "restarts": 0,
             "gpus": ["GPU-a-0"], "checkpoint": {"step": 20, "epoch": 9, "path": "/ck"},
-            "nodes": 2, "members": [
+            "nodes": 2, "gpus_requested": 2, "reason": "running", "members": [
                 {"rank": 0, "node": "a", "state": "running", "gpus": ["GPU-a-0"]},
                 {"rank": 1, "node": "b", "state": "starting", "gpus": ["GPU-b-0"]}]}
     waiting = {"id": "w-1", "state": "pending", "node": None, "epoch": None, "restarts": 0,
-               "gpus": [], "checkpoint": None, "nodes": 4, "members": []}
+               "gpus": [], "checkpoint": None, "nodes": 4, "members": [], "gpus_requested": 32,
+               "reason": "gang of 4: only 2 of 4 nodes"}
     rows = [line.split() for line in render_workloads([gang, waiting]).splitlines()[1:]]
-    assert rows[0] == ["g-1", "running", "0:a(running)", "1:b(starting)", "9", "0", "2",
-                       "step", "20"]
-    assert rows[1][:5] == ["w-1", "pending", "(gang", "of", "4)"]
+    assert rows[0] == ["g-1", "running", "0:a(running)", "1:b(starting)", "9", "0", "2/2",
+                       "step", "20", "running"]
+    assert rows[1][:9] == ["w-1", "pending", "(gang", "of", "4)", "-", "0", "0/32", "-"]
 
 
 def test_render_nodes_says_why_a_node_or_gpu_is_bad() -> None:
@@ -92,11 +93,11 @@ def test_render_nodes_says_why_a_node_or_gpu_is_bad() -> None:
 def test_render_workloads() -> None:
     lines = render_workloads(all_workloads(sample_cluster())).splitlines()
     assert lines[0].split() == ["ID", "STATE", "NODE", "EPOCH", "RESTARTS", "GPUS",
-                                "CHECKPOINT"]
+                                "CHECKPOINT", "REASON"]
     assert [line.split() for line in lines[1:]] == [
-        ["wait", "pending", "-", "-", "0", "0", "-"],
-        ["run", "running", "a", "20", "1", "2", "step", "40"],
-        ["new", "pending", "-", "-", "0", "0", "-"],
+        ["wait", "pending", "-", "-", "0", "0/1", "-", "no", "room"],
+        ["run", "running", "a", "20", "1", "2/2", "step", "40", "running"],
+        ["new", "pending", "-", "-", "0", "0/1", "-", "waiting", "for", "the", "controller"],
     ]
 
 

@@ -1,0 +1,203 @@
+"""The store client logs etcd endpoint changes once per change of state, never once per retry.
+
+Fake per-endpoint clients (no etcd, no sockets) stand in for aetcd: an endpoint is dead (every
+call fails with a connection error) or alive (calls answer). The log lines are captured with
+structlog's ``LogCapture`` at info level and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
+import pytest
+import structlog
+from aetcd import exceptions as etcd_errors
+from structlog.testing import LogCapture
+
+from hafo.store import EtcdStore, StoreUnavailable
+
+pytestmark = pytest.mark.timeout(30)
+
+A, B, C = "http://10.0.0.1:2379", "http://10.0.0.2:2379", "http://10.0.0.3:2379"
+ENDPOINT_EVENTS = ("etcd endpoint failover", "etcd unreachable", "etcd reachable again")
+
+
+class FakeClient:
+    """An aetcd client for one endpoint: answers while its endpoint is alive."""
+
+    def __init__(self, alive: set[str], endpoint: str) -> None:
+        self.alive = alive
+        self.endpoint = endpoint
+
+    async def connect(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def _check(self) -> None:
+        if self.endpoint not in self.alive:
+            raise etcd_errors.ConnectionFailedError(f"{self.endpoint}: connection refused")
+
+    async def get(self, _key: bytes) -> None:
+        self._check()
+        return None
+
+    async def refresh_lease(self, _lease: int) -> Any:
+        self._check()
+        return type("Reply", (), {"TTL": 5})()
+
+
+class FakeStore(EtcdStore):
+    """An EtcdStore whose endpoints are the fake clients; ``alive`` says which answer."""
+
+    def __init__(self, endpoints: list[str], alive: set[str]) -> None:
+        super().__init__(endpoints, timeout=0.2, retry_budget=0.05)
+        self.alive = alive
+
+    def _new_client(self, host: str, port: int, timeout: float) -> Any:
+        return FakeClient(self.alive, f"{host}:{port}")
+
+
+def endpoint_lines(capture: LogCapture) -> list[MutableMapping[str, Any]]:
+    return [e for e in capture.entries if str(e["event"]).startswith(ENDPOINT_EVENTS)]
+
+
+@pytest.fixture
+def capture() -> Iterator[LogCapture]:
+    """Every line logged at info and above while the test runs."""
+    cap = LogCapture()
+    saved = structlog.get_config()
+    structlog.configure(processors=[cap],
+                        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    try:
+        yield cap
+    finally:
+        structlog.configure(**saved)
+
+
+async def requests(store: EtcdStore, count: int) -> int:
+    """Make ``count`` reads; returns how many failed (each retried within the budget)."""
+    failed = 0
+    for _ in range(count):
+        try:
+            await store.get("/hafo/x")
+        except (StoreUnavailable, etcd_errors.ConnectionFailedError):
+            failed += 1
+    return failed
+
+
+def summary(lines: list[MutableMapping[str, Any]]) -> list[tuple[str, str]]:
+    """(level, event) of each endpoint line."""
+    return [(e["log_level"], str(e["event"])) for e in lines]
+
+
+@pytest.mark.parametrize(("endpoints", "alive", "expected"), [
+    # every endpoint dead: the move to the next, then one warning, then silence
+    ([A, B], set(), [("info", "etcd endpoint failover"),
+                     ("warning", "etcd unreachable: no endpoint answers")]),
+    ([A, B, C], set(), [("info", "etcd endpoint failover"), ("info", "etcd endpoint failover"),
+                        ("warning", "etcd unreachable: no endpoint answers")]),
+    # one endpoint only: never "failover" to itself, one warning
+    ([A], set(), [("warning", "etcd unreachable: no endpoint answers")]),
+    # the first of two dead: one line, the move, however many requests
+    ([A, B], {"10.0.0.2:2379"}, [("info", "etcd endpoint failover")]),
+    # the first alive: nothing to say
+    ([A, B], {"10.0.0.1:2379"}, []),
+])
+async def test_lines_per_state_change_not_per_retry(
+        capture: LogCapture, endpoints: list[str], alive: set[str],
+        expected: list[tuple[str, str]]) -> None:
+    store = FakeStore(endpoints, alive)
+    try:
+        failed = await requests(store, 8)
+    finally:
+        await store.close()
+    assert failed == (8 if not alive else 0)
+    lines = endpoint_lines(capture)
+    assert summary(lines) == expected
+    for line in lines:
+        assert line.get("failed") != line.get("next"), f"failed == next: {line}"
+
+
+async def test_the_move_names_both_endpoints(capture: LogCapture) -> None:
+    store = FakeStore([A, B], {"10.0.0.2:2379"})
+    try:
+        await requests(store, 20)
+    finally:
+        await store.close()
+    (line,) = endpoint_lines(capture)
+    assert line["failed"] == "10.0.0.1:2379" and line["next"] == "10.0.0.2:2379"
+    assert line["error"] == "ConnectionFailedError"
+
+
+async def test_outage_then_recovery_then_outage(capture: LogCapture) -> None:
+    alive: set[str] = set()
+    store = FakeStore([A, B], alive)
+    try:
+        await requests(store, 5)
+        alive.add("10.0.0.2:2379")
+        await requests(store, 5)
+        await requests(store, 5)  # answered: nothing more
+        alive.clear()
+        await requests(store, 5)
+    finally:
+        await store.close()
+    lines = endpoint_lines(capture)
+    assert summary(lines) == [
+        ("info", "etcd endpoint failover"),
+        ("warning", "etcd unreachable: no endpoint answers"),
+        ("info", "etcd reachable again via 10.0.0.2:2379"),
+        ("info", "etcd endpoint failover"),
+        ("warning", "etcd unreachable: no endpoint answers"),
+    ]
+    assert lines[2]["endpoint"] == "10.0.0.2:2379" and lines[2]["unreachable_for"] >= 0
+    assert lines[1]["endpoints"] == "10.0.0.1:2379,10.0.0.2:2379"
+
+
+async def test_keepalives_on_a_dead_endpoint_warn_once(capture: LogCapture) -> None:
+    alive: set[str] = set()
+    store = FakeStore([A], alive)
+    try:
+        for _ in range(10):
+            with pytest.raises(etcd_errors.ConnectionFailedError):
+                await store.keepalive(1, 0.1)
+        alive.add("10.0.0.1:2379")
+        assert await store.keepalive(1, 0.1) == 5
+        assert await store.keepalive(1, 0.1) == 5
+    finally:
+        await store.close()
+    assert summary(endpoint_lines(capture)) == [
+        ("warning", "etcd unreachable: no endpoint answers"),
+        ("info", "etcd reachable again via 10.0.0.1:2379"),
+    ]
+
+
+class AuthenticatingClient(FakeClient):
+    """A client of an etcd with authentication: connecting is an Authenticate call, which a
+    powered-off member never answers (aetcd's own timeout ends it)."""
+
+    async def connect(self) -> None:
+        if self.endpoint not in self.alive:
+            raise etcd_errors.ConnectionTimeoutError(f"{self.endpoint}: authenticate timed out")
+
+
+class AuthenticatingStore(FakeStore):
+    def _new_client(self, host: str, port: int, timeout: float) -> Any:
+        return AuthenticatingClient(self.alive, f"{host}:{port}")
+
+
+async def test_a_connect_that_fails_moves_to_the_next_endpoint(capture: LogCapture) -> None:
+    """A store whose current endpoint is a dead machine must not retry it forever: with
+    credentials the failure comes from connecting, before any call."""
+    store = AuthenticatingStore([A, B, C], {"10.0.0.3:2379"})
+    try:
+        failed = await requests(store, 4)
+    finally:
+        await store.close()
+    assert failed < 4, "never left the dead endpoints"
+    assert store.endpoint == "10.0.0.3:2379"
+    assert summary(endpoint_lines(capture))[:2] == [("info", "etcd endpoint failover"),
+                                                    ("info", "etcd endpoint failover")]
