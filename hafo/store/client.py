@@ -79,6 +79,12 @@ def parse_endpoint(url: str) -> tuple[str, int]:
 MAX_REPLY = 512 * 1024 * 1024
 
 
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Mark a background connect's error as seen (its waiters may all have timed out)."""
+    if not task.cancelled():
+        task.exception()
+
+
 def channel_options(max_backoff: float) -> dict[str, int]:
     """gRPC channel options that bound reconnection after etcd comes back.
 
@@ -124,6 +130,8 @@ class EtcdStore:
         self._lock = asyncio.Lock()
         self._closed = False
         self._closing: set[asyncio.Task[None]] = set()
+        self._moving: set[asyncio.Task[None]] = set()  # moves to an endpoint that answered
+        self._connecting: asyncio.Task[tuple[aetcd.Client, int]] | None = None
         # Endpoint logging, one line per change of state (never one per retry): the indices
         # that failed since the last answer, and since when none answers (None: one does).
         self._failed: set[int] = set()
@@ -156,7 +164,35 @@ class EtcdStore:
         host, port = self.endpoints[self._index]
         return f"{host}:{port}"
 
-    async def _current(self) -> tuple[aetcd.Client, int]:
+    async def _current(self, timeout: float | None = None) -> tuple[aetcd.Client, int]:
+        """The connected client of the current endpoint, within ``timeout`` (default: the
+        store's timeout + 0.5 s).
+
+        Connecting is one background task that every caller waits for with its own timeout
+        and none cancels: with credentials it is an Authenticate call (a bcrypt check in
+        etcd, seconds on a busy machine during an election), which a keepalive's short
+        timeout would otherwise cut off again and again; and a caller never waits longer than
+        its timeout because another caller is connecting to a dead member.
+        """
+        if self._closed:
+            raise StoreUnavailable("store is closed")
+        if self._client is not None:
+            return self._client, self._generation
+        if self._connecting is None or self._connecting.done():
+            self._connecting = asyncio.get_running_loop().create_task(self._connect())
+            self._connecting.add_done_callback(_retrieve)
+        limit = self.timeout + 0.5 if timeout is None else timeout
+        return await asyncio.wait_for(asyncio.shield(self._connecting), limit)
+
+    async def _connect(self) -> tuple[aetcd.Client, int]:
+        try:
+            return await self._connect_locked()
+        except asyncio.CancelledError:
+            # Abandoned (another endpoint answered, or the store closes): its waiters see a
+            # connection failure, never a cancellation of their own.
+            raise StoreUnavailable("connecting abandoned") from None
+
+    async def _connect_locked(self) -> tuple[aetcd.Client, int]:
         async with self._lock:
             if self._closed:
                 raise StoreUnavailable("store is closed")
@@ -176,6 +212,10 @@ class EtcdStore:
                     failed = self._index
                     self._index = (self._index + 1) % len(self.endpoints)
                     self._log_failure(failed, type(exc).__name__)
+                    self._closing.add(asyncio.get_running_loop().create_task(
+                        self._close_quietly(client)))
+                    raise
+                except BaseException:  # cancelled: the store is closing
                     self._closing.add(asyncio.get_running_loop().create_task(
                         self._close_quietly(client)))
                     raise
@@ -281,6 +321,10 @@ class EtcdStore:
 
     async def close(self) -> None:
         """Close the connection; further calls fail with StoreUnavailable."""
+        for task in list(self._moving):
+            task.cancel()
+        if self._connecting is not None:
+            self._connecting.cancel()
         async with self._lock:
             self._closed = True
             client, self._client = self._client, None
@@ -351,7 +395,7 @@ class EtcdStore:
             reply = await client.refresh_lease(lease_id)
             return int(reply.TTL) if reply is not None else 0
 
-        client, generation = await self._current()
+        client, generation = await self._current(timeout)
         try:
             ttl = await asyncio.wait_for(adapter.mapped_errors(op)(client), timeout)
         except TRANSIENT as exc:
@@ -392,7 +436,9 @@ class EtcdStore:
                 except (*TRANSIENT, etcd_errors.ClientError, OSError) as exc:
                     error = exc
                     continue
-                await self._move_to(index)
+                # The answer counts now: moving takes the lock, which a connect to a dead
+                # member may hold for its whole timeout (the fencing slack is shorter).
+                self._moving.add(asyncio.get_running_loop().create_task(self._move_to(index)))
                 return ttl
         finally:
             for task in tasks:
@@ -403,7 +449,18 @@ class EtcdStore:
 
     async def _move_to(self, index: int) -> None:
         """Make ``index`` the current endpoint (after it answered when the current did not)."""
+        connecting = self._connecting
+        if connecting is not None and not connecting.done() and index != self._index:
+            connecting.cancel()  # to a member that did not answer: it may be dead
+        try:
+            await self._move_to_locked(index)
+        finally:
+            self._moving.discard(asyncio.current_task())  # type: ignore[arg-type,unused-ignore]
+
+    async def _move_to_locked(self, index: int) -> None:
         async with self._lock:
+            if self._closed:
+                return
             if index == self._index:
                 return
             old, self._client = self._client, None
@@ -425,7 +482,7 @@ class EtcdStore:
         async def op(client: aetcd.Client) -> dict[int, int]:
             return await adapter.keepalive_stream(client, lease_ids, timeout)
 
-        client, generation = await self._current()
+        client, generation = await self._current(timeout)
         try:
             ttls = await asyncio.wait_for(adapter.mapped_errors(op)(client), timeout + 0.5)
         except TRANSIENT as exc:

@@ -93,14 +93,16 @@ def _place_on(cluster: DeployedCluster, wid: str, old: Instance, avoid: set[str]
     return cluster.watcher.one_live(wid, where=lambda i: i.machine == target)
 
 
-def _controller_journals(cluster: DeployedCluster, since: float) -> str:
-    """What the controllers logged since ``since`` (epoch seconds), for a failed timing."""
+def _journals(cluster: DeployedCluster, since: float, unit: str, names: list[str]) -> str:
+    """What ``unit`` logged on the machines ``names`` since ``since`` (epoch seconds), for a
+    failed check."""
     out = []
-    for machine in cluster.controllers:
+    for name in names:
+        machine = cluster.lab[name]
         if machine.running:
-            result = machine.ssh(f"journalctl -u hafo-controller --since @{int(since)} "
-                                 "--no-pager -o short-precise | tail -n 40", check=False)
-            out.append(f"--- {machine.name}\n{result.stdout}")
+            result = machine.ssh(f"journalctl -u {unit} --since @{int(since) - 1} "
+                                 "--no-pager -o short-precise | tail -n 60", check=False)
+            out.append(f"--- {unit} on {name}\n{result.stdout}")
     return "\n".join(out)
 
 
@@ -137,7 +139,7 @@ def test_power_loss_fails_over_within_ttl_plus_two(lab_cluster: DeployedCluster)
     assert took < FAILOVER_BOUND + 4 * ETCD_ELECTION, (
         f"failover took {took:.2f} s (the leading controller was "
         f"{'also' if double else 'not'} on that machine)\n"
-        + _controller_journals(cluster, started))
+        + _journals(cluster, started, "hafo-controller", [m.name for m in cluster.controllers]))
 
 
 def test_agent_restart_keeps_workloads(lab_cluster: DeployedCluster) -> None:
@@ -242,10 +244,14 @@ def test_etcd_leader_power_loss_fences_nothing(lab_cluster: DeployedCluster) -> 
     for _trial in range(10):
         leader = cluster.etcd_leader()
         others = {m: i for m, i in before.items() if m != leader}
+        started = time.time()
         off_at = cluster.lab[leader].power_off()
         time.sleep(LEASE_TTL + 1.0)  # past every fencing deadline of the crash
-        assert _unchanged(cluster, others) == [], f"trial {_trial}: fenced after the raft " \
-            f"leader's machine {leader} lost power"
+        problems = _unchanged(cluster, others)
+        assert problems == [], (
+            f"trial {_trial}: fenced after the raft leader's machine {leader} lost power: "
+            f"{problems}\n" + _journals(cluster, started, "hafo-agent",
+                                        [m for m in cluster.lab.machines if m != leader]))
         cluster.power_on(leader)
         cluster.record("etcd raft leader machine back (s)", boottime() - off_at)
         # Its own workload failed over (or came back); wait for the three to run again.

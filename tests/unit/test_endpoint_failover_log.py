@@ -7,6 +7,8 @@ structlog's ``LogCapture`` at info level and counted.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Iterator, MutableMapping
 from typing import Any
@@ -16,7 +18,7 @@ import structlog
 from aetcd import exceptions as etcd_errors
 from structlog.testing import LogCapture
 
-from hafo.store import EtcdStore, StoreUnavailable
+from hafo.store import TRANSIENT, EtcdStore, StoreUnavailable
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -201,3 +203,46 @@ async def test_a_connect_that_fails_moves_to_the_next_endpoint(capture: LogCaptu
     assert store.endpoint == "10.0.0.3:2379"
     assert summary(endpoint_lines(capture))[:2] == [("info", "etcd endpoint failover"),
                                                     ("info", "etcd endpoint failover")]
+
+
+class HangingConnectClient(FakeClient):
+    """Connecting to a powered-off member with credentials: the Authenticate call hangs."""
+
+    async def connect(self) -> None:
+        if self.endpoint not in self.alive:
+            await asyncio.sleep(3600)
+
+
+class HangingConnectStore(FakeStore):
+    def __init__(self, endpoints: list[str], alive: set[str]) -> None:
+        super().__init__(endpoints, alive)
+        self.timeout = 2.0  # a daemon's: far longer than a keepalive's
+
+    def _new_client(self, host: str, port: int, timeout: float) -> Any:
+        return HangingConnectClient(self.alive, f"{host}:{port}")
+
+
+async def test_a_keepalive_never_waits_past_its_timeout_for_a_connect() -> None:
+    """A keepalive through the current endpoint returns (fails) within its own timeout while
+    the connect to a dead member hangs, and one through every endpoint answers within its
+    timeout although another caller holds the connection lock connecting to the dead one."""
+    store = HangingConnectStore([A, B], {"10.0.0.2:2379"})
+    loop = asyncio.get_running_loop()
+    try:
+        started = loop.time()
+        with pytest.raises(TimeoutError):
+            await store.keepalive(7, timeout=0.3)
+        assert loop.time() - started < 0.6
+        blocker = asyncio.ensure_future(store.get("/hafo/x"))  # connects to A, holding the lock
+        await asyncio.sleep(0.05)
+        started = loop.time()
+        assert await store.keepalive_any(7, timeout=0.5) == 5
+        assert loop.time() - started < 0.6
+        with contextlib.suppress(asyncio.CancelledError, *TRANSIENT):
+            await asyncio.wait_for(blocker, 0.5)
+        await asyncio.sleep(0.05)  # the move to the endpoint that answered, in the background
+        assert blocker.done()  # the connect to the dead member was abandoned for it
+        assert store.endpoint == "10.0.0.2:2379"
+        assert await store.keepalive(7, timeout=0.3) == 5
+    finally:
+        await store.close()
