@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hafo.agent.instances import INSTANCES, read_guard_state
+from hafo.agent.proctree import pid_alive
 from hafo.model.output import (
     MIB,
     Layout,
@@ -212,19 +213,7 @@ class OutputFiles:
         state = read_guard_state(self.instance)
         if state is None:
             return True  # starting
-        return state.state != "exited" and _alive(state.guard_pid)
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover - another user's: it lives
-        return True
-    return True
+        return state.state != "exited" and pid_alive(state.guard_pid)
 
 
 def _parse_instance(name: str) -> tuple[str, int] | None:

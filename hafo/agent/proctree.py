@@ -102,3 +102,20 @@ def kill_instance(workload: str, epoch: int, node: str, root: int | None = None)
         frozen.update(new)
     _signal(sorted(frozen), signal.SIGKILL)
     return sorted(frozen)
+
+
+def pid_alive(pid: int | None) -> bool:
+    """True if ``pid`` runs and is not a zombie."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -32,7 +32,7 @@ from hafo.agent.instances import (
 )
 from hafo.agent.outputlog import keep_ended
 from hafo.agent.ports import NoFreePort, choose_ports, port_env, read_ports
-from hafo.agent.proctree import kill_instance
+from hafo.agent.proctree import kill_instance, pid_alive
 from hafo.agent.rendezvous import GANG_DEFAULTS, gang_env
 from hafo.checkpoint import list_checkpoints
 from hafo.model.cluster import (
@@ -53,23 +53,6 @@ log = structlog.get_logger("hafo.agent")
 #: workload must not inherit them, or its sd_notify calls would speak for the agent's unit.
 SERVICE_MANAGER_ENV = frozenset({"NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC", "LISTEN_PID",
                                  "LISTEN_FDS", "LISTEN_FDNAMES"})
-
-
-def pid_alive(pid: int | None) -> bool:
-    """True if ``pid`` runs and is not a zombie."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def reap_children() -> None:

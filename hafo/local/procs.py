@@ -12,8 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from hafo.agent.proctree import descendants
-from hafo.agent.supervisor import pid_alive
+from hafo.agent.proctree import descendants, pid_alive
 
 __all__ = ["descendants", "free_port", "kill_pid", "pid_alive", "spawn", "stop_process",
            "wait_until"]
