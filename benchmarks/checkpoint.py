@@ -1,61 +1,63 @@
-"""Checkpoint save/load against raw I/O and torch.save, all in one run on one directory.
+"""Checkpoint save/load: hafo against what users would pick, all in one run on the same bytes.
 
-    python benchmarks/checkpoint.py --mib 256 1024 --repeat 3
+    python benchmarks/checkpoint.py --mib 256 1024 --repeat 3 [--json FILE] [--drop-caches]
 
-For each state size (float32 tensors; CUDA where present, else CPU), every repetition runs,
-interleaved so that the page cache and writeback treat them alike:
-- raw: the same bytes written sequentially to one file + fsync, and read back;
-- torch: ``torch.save`` of the whole state + fsync, and ``torch.load``;
-- hafo: ``save`` (durable: temp dir, CRC-32 per item, fsync, atomic rename, pruning) and
-  ``load_latest`` (checksums verified); ``save_async`` (the stall, and until committed).
-Ratios are throughputs against the baselines (>1 is faster than the baseline). Peak RSS
-during ``save`` is measured in a fresh process, as the growth over the state itself.
+For each state size, one state dict of 64 CPU tensors (bfloat16 and float32 matrices, float32
+norms, a 0-d step; benchmarks/ckpt_methods.py) is saved and loaded by every method, in the same
+process, on one directory per method, repetitions interleaved (the order rotates each time):
+- raw: the tensors' memory written to one file (os.write) + fsync, and read back into one
+  buffer: the disk's limit;
+- torch.save + fsync / torch.load, and torch.load(mmap=True) with every page touched;
+- safetensors save_file + fsync / load_file;
+- torch.distributed.checkpoint (DCP) save, async_save and load (in place), one process;
+- hafo's Checkpointer save, save_async, load_latest and load_into (where this version has it).
+Every save is durable on return. Before each load the method's files are fsynced and evicted
+from the page cache (posix_fadvise DONTNEED; with --drop-caches, as root, the whole cache is
+dropped too). The first repetition checks that every load returned the saved tensors. Times
+are medians with their min-max; ratios are throughputs against the baselines (>1: faster).
+Peak RSS growth is measured per method in a fresh process (VmHWM reset after the state is
+built), as a share of the state; two such processes run at a time up to 2 GiB states.
+The goals of issue 18 are printed PASS/MISS per size.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import os
+import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 from bench_main import run_main
+from ckpt_methods import (
+    ASYNCS,
+    LOADS,
+    SAVES,
+    Methods,
+    check_loaded,
+    make_state,
+    preload,
+    prepare_check,
+    state_bytes,
+)
+from ckpt_ranks import run_ranks
+from ckpt_report import SizeResult, render
+from cold_cache import can_drop_caches, drop_caches, evict
 
-from hafo.checkpoint import Checkpointer
-
-PER = 16 * 1024 * 1024 // 4  # float32 elements in 16 MiB
-
-
-def make_state(mib: int, device: str) -> dict[str, object]:
-    return {"model": {f"layer{i}": torch.randn(PER, device=device) for i in range(mib // 16)},
-            "step": 1}
-
-
-def raw_bytes(state: dict[str, object]) -> list[memoryview]:
-    model = state["model"]
-    assert isinstance(model, dict)
-    return [memoryview(t.cpu().numpy()).cast("B") for t in model.values()]
-
-
-def clock(fn: object) -> float:
-    started = time.perf_counter()
-    fn()  # type: ignore[operator]
-    return time.perf_counter() - started
-
-
-def drop_cache(path: Path) -> None:
-    """Evict a file from the page cache, so reads measure the disk where possible."""
-    with open(path, "rb") as fh:
-        os.fsync(fh.fileno())
-        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+RSS_FLAG = "--rss-child"
 
 
 def _status_kib(field: str) -> int:
@@ -65,90 +67,147 @@ def _status_kib(field: str) -> int:
     raise KeyError(field)
 
 
-def rss_child(mib: int, root: str) -> None:
-    state = make_state(mib, "cpu")
-    Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
+def rss_child(op: str, mib: int, root: str) -> None:
+    """In a fresh process: build what ``op`` needs, reset the peak RSS, run ``op`` once and
+    print the peak's growth in bytes (JSON)."""
+    preload()
+    needs_state = op in SAVES or op in ASYNCS or op in ("dcp_load", "hafo_load_into")
+    state = make_state(mib, random=False) if needs_state else {}
+    methods = Methods(Path(root), state)
+    Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) restarts from VmRSS
     before = _status_kib("VmRSS")
-    Checkpointer(root, epoch=1, handle_signal=False).save(state, step=1)
+    if op in SAVES:
+        methods.save(op)
+        kept: Any = None
+    elif op in ASYNCS:
+        methods.save_async(op)
+        kept = None
+    else:
+        kept = methods.load(op)
     peak = _status_kib("VmHWM")
-    print(max(0, peak - before) / (mib * 1024))
+    del kept
+    print(json.dumps({"op": op, "growth_bytes": max(0, peak - before) * 1024}))
 
 
-def bench(mib: int, repeat: int, root: Path, device: str) -> None:
-    state = make_state(mib, device)
-    raw = raw_bytes(state)
-    ck = Checkpointer(root / "hafo", keep_last=2, epoch=1, handle_signal=False)
-    t: dict[str, list[float]] = {k: [] for k in ("raw_w", "raw_r", "torch_w", "torch_r",
-                                                 "save", "load", "stall", "commit")}
-    raw_path, torch_path = root / "raw.bin", root / "torch.pt"
+def measure_rss(op: str, mib: int, root: Path, nbytes: int) -> float:
+    """Peak RSS growth of ``op`` in a fresh process, as a share of the state's bytes."""
+    out = subprocess.run([sys.executable, __file__, RSS_FLAG, op, str(mib), str(root)],
+                         capture_output=True, text=True, timeout=600, check=False)
+    if out.returncode != 0:
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"RSS measurement of {op} failed: {tail}")
+    growth = json.loads(out.stdout.strip().splitlines()[-1])["growth_bytes"]
+    return float(growth) / nbytes
 
-    def raw_write() -> None:
-        with open(raw_path, "wb", buffering=0) as fh:
-            for part in raw:
-                fh.write(part)
-            os.fsync(fh.fileno())
 
-    def raw_read() -> None:
-        with open(raw_path, "rb", buffering=0) as fh:
-            buffer = bytearray(os.path.getsize(raw_path))
-            fh.readinto(buffer)
+def _rotate(ops: list[str], by: int) -> list[str]:
+    by %= len(ops)
+    return ops[by:] + ops[:by]
 
-    def torch_write() -> None:
-        with open(torch_path, "wb") as fh:
-            torch.save(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
 
-    for n in range(repeat):
-        t["raw_w"].append(clock(raw_write))
-        t["torch_w"].append(clock(torch_write))
-        t["save"].append(clock(lambda n=n: ck.save(state, step=2 * n + 1)))
-        started = time.perf_counter()
-        ck.save_async(state, step=2 * n + 2)
-        t["stall"].append(time.perf_counter() - started)
-        ck.wait()
-        t["commit"].append(time.perf_counter() - started)
-        drop_cache(raw_path)
-        t["raw_r"].append(clock(raw_read))
-        drop_cache(torch_path)
-        t["torch_r"].append(clock(lambda: torch.load(torch_path, weights_only=True)))
-        newest = sorted((root / "hafo").glob("ckpt-*"))[-1] / "data.bin"
-        drop_cache(newest)
-        t["load"].append(clock(ck.load_latest))
-    m = {k: statistics.median(v) for k, v in t.items()}
-    rss = subprocess.run([sys.executable, __file__, "--rss-child", str(mib),
-                          str(root / "rss")], capture_output=True, text=True, check=True)
-    growth = float(rss.stdout.strip())
-    print(f"\n{mib} MiB of float32 on {device}, median of {repeat}")
-    print(f"{'':36s} {'seconds':>8s}  throughput ratio")
-    print(f"{'raw write + fsync (baseline a)':36s} {m['raw_w']:8.3f}")
-    print(f"{'torch.save + fsync (baseline b)':36s} {m['torch_w']:8.3f}")
-    print(f"{'hafo save':36s} {m['save']:8.3f}  {m['raw_w'] / m['save']:5.2f}x raw "
-          f"(goal >= 0.8), {m['torch_w'] / m['save']:5.2f}x torch.save (goal >= 1.0)")
-    print(f"{'raw read (baseline a)':36s} {m['raw_r']:8.3f}")
-    print(f"{'torch.load (baseline b)':36s} {m['torch_r']:8.3f}")
-    print(f"{'hafo load_latest (verified)':36s} {m['load']:8.3f}  {m['raw_r'] / m['load']:5.2f}x "
-          f"raw (goal >= 0.8), {m['torch_r'] / m['load']:5.2f}x torch.load")
-    print(f"{'hafo save_async stall':36s} {m['stall']:8.3f}  {m['stall'] / m['save']:5.2f} of "
-          f"save (goal <= 0.1); committed after {m['commit']:.3f}s")
-    print(f"{'peak RSS growth during save':36s} {growth * 100:7.1f}% of the state (goal <= 10%)")
+def bench(mib: int, repeat: int, root: Path, drop: bool, rss: bool,
+          ranks: int) -> SizeResult:
+    """Every method at one size; returns what was measured."""
+    state = make_state(mib)
+    methods = Methods(root, state)
+    loads = [op for op in LOADS if methods.available(op)]
+    samples: dict[str, list[float]] = defaultdict(list)
+    for rep in range(repeat):
+        for op in _rotate([*SAVES, *ASYNCS], rep):
+            methods.clear(op)
+            if op in ASYNCS:
+                stall, total = methods.save_async(op)
+                samples[f"{op}:stall"].append(stall)
+                samples[f"{op}:total"].append(total)
+            else:
+                started = time.perf_counter()
+                methods.save(op)
+                samples[op].append(time.perf_counter() - started)
+        for op in _rotate(loads, rep):
+            zeroed = prepare_check(methods, op) if rep == 0 else {}
+            evict(methods.files_of(op))
+            if drop:
+                drop_caches()
+            started = time.perf_counter()
+            loaded = methods.load(op)
+            samples[op].append(time.perf_counter() - started)
+            if rep == 0:
+                check_loaded(op, loaded, state, zeroed)
+            del loaded
+    result = SizeResult(
+        mib=mib, nbytes=state_bytes(state), tensors=len(state),
+        dtypes=sorted({str(t.dtype).removeprefix("torch.") for t in state.values()}),
+        repeat=repeat, cold="fadvise DONTNEED" + (" + drop_caches" if drop else ""),
+        samples=dict(samples), missing=[op for op in LOADS if op not in loads])
+    del state, methods
+    if rss:
+        # loads read the files the last repetition left; each save writes a directory of
+        # its own. Processes run side by side where memory allows: a peak RSS is per process
+        jobs = 2 if result.nbytes <= 2 * 2**30 else 1
+        where = {op: root for op in loads} | {op: root / f"rss-{op}" for op in (*SAVES, *ASYNCS)}
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            growth = pool.map(lambda op: measure_rss(op, mib, where[op], result.nbytes), where)
+            result.rss = dict(zip(where, growth, strict=True))
+        for op in (*SAVES, *ASYNCS):
+            shutil.rmtree(where[op], ignore_errors=True)
+    result.ranks_note = ranks_skipped(ranks)
+    if not result.ranks_note:
+        result.ranks = {"world": ranks, **run_ranks(mib, ranks, repeat, root / "ranks")}
+        shutil.rmtree(root / "ranks", ignore_errors=True)
+    return result
+
+
+def ranks_skipped(ranks: int) -> str:
+    """Why the multi-rank comparison does not run ("" when it does)."""
+    if ranks < 2:
+        return "DCP with several ranks vs hafo sharded: skipped (--ranks 0)"
+    if importlib.util.find_spec("hafo.checkpoint.sharded") is None:
+        return "DCP with several ranks vs hafo sharded: skipped (hafo.checkpoint.sharded " \
+               "is not present)"
+    return ""
 
 
 def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "--rss-child":
-        rss_child(int(sys.argv[2]), sys.argv[3])
+    if len(sys.argv) > 1 and sys.argv[1] == RSS_FLAG:
+        rss_child(sys.argv[2], int(sys.argv[3]), sys.argv[4])
         return 0
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mib", type=int, nargs="+", default=[256, 1024])
-    parser.add_argument("--repeat", type=int, default=3)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--mib", type=int, nargs="+", default=[256, 1024, 4096],
+                        help="state sizes in MiB (default: 256 1024 4096)")
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions (default: 3)")
+    parser.add_argument("--json", type=Path, help="write every number to this file")
+    parser.add_argument("--drop-caches", action="store_true",
+                        help="also drop the whole page cache before each load (root only)")
+    parser.add_argument("--ranks", type=int, default=2,
+                        help="ranks for DCP vs hafo sharded, in processes (0: skip; default 2)")
+    parser.add_argument("--no-rss", action="store_true",
+                        help="skip the peak-RSS measurements (one fresh process per method)")
     args = parser.parse_args()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    root = Path(tempfile.mkdtemp(prefix="hafo-ckbench-", dir=os.environ.get("HAFO_BENCH_DIR")))
+    if args.repeat < 1 or any(m < 1 for m in args.mib):
+        raise ValueError("--repeat and --mib must be positive")
+    if args.drop_caches and not can_drop_caches():
+        raise ValueError("--drop-caches needs root and a writable /proc/sys/vm/drop_caches")
+    preload()
+    base = Path(tempfile.mkdtemp(prefix="hafo-ckbench-", dir=os.environ.get("HAFO_BENCH_DIR")))
+    started = time.monotonic()
+    results = []
     try:
         for mib in args.mib:
-            bench(mib, args.repeat, root, device)
+            result = bench(mib, args.repeat, base / f"{mib}mib", args.drop_caches,
+                           not args.no_rss, args.ranks)
+            shutil.rmtree(base / f"{mib}mib", ignore_errors=True)
+            print(render(result), flush=True)
+            results.append(result)
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
+    elapsed = time.monotonic() - started
+    print(f"\ntotal {elapsed:.0f} s; directory under "
+          f"{os.environ.get('HAFO_BENCH_DIR') or tempfile.gettempdir()}")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "command": sys.argv, "torch": torch.__version__, "python": platform.python_version(),
+            "cpus": os.cpu_count(), "elapsed_s": elapsed,
+            "sizes": [r.to_json() for r in results]}, indent=1))
     return 0
 
 

@@ -3,14 +3,32 @@
 DistributedDataParallel over a small MLP that learns a fixed random linear map from synthetic,
 deterministic per-step batches (each rank its own shard). The backend is gloo on the CPU and
 nccl where CUDA is present. Every rank resumes from the newest checkpoint; only global rank 0
-saves (every ``--every`` steps). Every rank appends one JSON line per step to
-``$HAFO_CHECKPOINT_DIR/progress.jsonl`` (the format of ``hafo.local.workload``, plus ``rank``
-and ``loss``).
+saves (every ``--every`` steps), except with ``--sharded``. Every rank appends one JSON line
+per step to ``$HAFO_CHECKPOINT_DIR/progress.jsonl`` (the format of ``hafo.local.workload``,
+plus ``rank`` and ``loss``).
+
+Sharded (``--sharded``): every rank saves a shard of its own with
+``hafo.checkpoint.sharded.ShardedCheckpointer`` (rank 0 writes the commit record once every
+shard is durable), at the same steps, and every rank resumes from its own shard of the newest
+committed checkpoint. A shard holds the rank's own part of the state, its data stream: in this
+mode each rank draws its batches from a generator of its own, so the generator's state, the
+number of samples the rank consumed and the sum of its local losses exist on that rank only
+and a resume is exact only if the rank gets its own shard back. Every rank also saves its own
+copy of the model and the optimizer (identical on every rank under DDP): each rank then
+restores from its own shard alone, with no broadcast after the load and no rank reading
+another's shard, and the ranks write in parallel, so a save takes about as long as one copy
+(the price is ``world size`` copies on disk, nothing for a model this size; a model too big
+for that is what FSDP/ZeRO shard, where each rank's part differs anyway). Members meet inside
+the save with ``torch.distributed.barrier``, so a peer lost during a save ends the process
+like any failed collective. The progress log says what each rank saved (``saved``, with
+``own``: its rank, samples seen, local loss sum and a digest of its generator state) and what
+it restored (``start``: ``resumed_from`` and ``restored``, the same fields read from its
+shard).
 
 Planned stop: hafo sends SIGUSR1 to the workers (``Checkpointer.should_checkpoint()``); the
 flag is summed across ranks every step (with the loss, logged as the gang's mean), so when any
-rank has it, rank 0 saves at that very step, all ranks meet at a barrier, log ``preempted`` and
-exit 0: no step is lost.
+rank has it, rank 0 (with ``--sharded``: every rank) saves at that very step, all ranks meet at
+a barrier, log ``preempted`` and exit 0: no step is lost.
 Lost peer: a collective that fails (a peer died; or stuck past ``$HAFO_DDP_TIMEOUT`` seconds,
 default 20) is logged and the process exits 3 at once, no retry: the gang restarts as a whole.
 A watchdog does the same when no step completes for twice that long (gloo's connection setup
@@ -31,6 +49,7 @@ By hand, two "nodes" on one machine (the second command in another shell, NODE_R
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -44,17 +63,64 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from hafo.checkpoint import Checkpointer
+from hafo.checkpoint.sharded import ShardedCheckpointer, ShardedCommitTimeout, StaleEpoch
 
 EXIT_PEER_LOST = 3
+
+
+def truth() -> torch.Tensor:
+    """The fixed linear map the model learns."""
+    return torch.randn(16, 1, generator=torch.Generator().manual_seed(12345))
 
 
 def batch(step: int, rank: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The training batch of ``rank`` at ``step``: deterministic, so a resume is exact."""
     gen = torch.Generator().manual_seed(step * 1009 + rank)
-    truth = torch.Generator().manual_seed(12345)
-    weights = torch.randn(16, 1, generator=truth)
     x = torch.randn(64, 16, generator=gen)
-    return x.to(device), (x @ weights).to(device)
+    return x.to(device), (x @ truth()).to(device)
+
+
+class RankStream:
+    """One rank's own data stream (``--sharded``): batches drawn from a generator of this rank
+    alone, so its state, the samples consumed and the sum of the rank's local losses are state
+    that only this rank has; saved in its shard, restored from it."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.gen = torch.Generator().manual_seed(7919 + rank)
+        self.seen = 0
+        self.loss_sum = torch.zeros((), dtype=torch.float64)
+        self.weights = truth()
+
+    def next(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rank's next batch."""
+        x = torch.randn(64, 16, generator=self.gen)
+        self.seen += x.shape[0]
+        return x.to(device), (x @ self.weights).to(device)
+
+    def state(self) -> dict[str, Any]:
+        """What goes into this rank's shard."""
+        return {"rank": self.rank, "seen": self.seen, "rng": self.gen.get_state(),
+                "loss_sum": self.loss_sum.clone()}
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Go on from a shard's stream; RuntimeError if it is another rank's."""
+        if int(state["rank"]) != self.rank:
+            raise RuntimeError(f"rank {self.rank} restored the shard of rank {state['rank']}")
+        self.gen.set_state(state["rng"])
+        self.seen = int(state["seen"])
+        self.loss_sum = state["loss_sum"].clone().to(torch.float64)
+
+    def summary(self) -> dict[str, Any]:
+        """Its state in the progress log: plain values and a digest of the generator."""
+        return summarize(self.state())
+
+
+def summarize(own: dict[str, Any]) -> dict[str, Any]:
+    """A rank's stream state (``RankStream.state()``, or as read from a shard) as JSON."""
+    rng = own["rng"].contiguous().numpy().tobytes()
+    return {"rank": int(own["rank"]), "seen": int(own["seen"]),
+            "loss_sum": float(own["loss_sum"]), "rng": hashlib.sha256(rng).hexdigest()[:16]}
 
 
 class ProgressLog:
@@ -109,8 +175,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=0, help="stop after this step (0: never)")
     parser.add_argument("--every", type=int, default=10, help="checkpoint period in steps")
     parser.add_argument("--sleep", type=float, default=0.05, help="pause per step (demo pace)")
+    parser.add_argument("--sharded", action="store_true",
+                        help="every rank saves and restores a shard of its own")
+    parser.add_argument("--keep-last", type=int, default=3,
+                        help="checkpoints kept (older ones are removed)")
     args = parser.parse_args(argv)
-    ck = Checkpointer()  # installs the SIGUSR1 handler first thing
+    # Either installs the SIGUSR1 handler first thing.
+    ck: Checkpointer | ShardedCheckpointer = (
+        ShardedCheckpointer(keep_last=args.keep_last, barrier=dist.barrier) if args.sharded
+        else Checkpointer(keep_last=args.keep_last))
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -128,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 1)).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-2)
+    stream = RankStream(rank) if args.sharded else None
+    saves = args.sharded or rank == 0  # does this rank write checkpoints
     step, loss_value = 0, None
     # Load before joining the group: rank 0 cannot save a newer checkpoint until every rank
     # has joined, so all ranks read the same one.
@@ -137,13 +212,23 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.load_state_dict(latest.state["optim"])
         step = latest.step
         loss_value = float(latest.state["loss"])
-    log.record(event="start", resumed_from=step, loss=loss_value, world=world)
+        if stream is not None:
+            stream.load(latest.state["own"])
+    extra = {} if stream is None else {
+        "restored": None if latest is None else summarize(latest.state["own"])}
+    log.record(event="start", resumed_from=step, loss=loss_value, world=world, **extra)
     print(f"rank {rank}/{world} node {os.environ.get('HAFO_NODE')} epoch {ck.epoch} "
           f"{backend} on {device}: starting at step {step} (loss {loss_value})", flush=True)
 
     def state() -> dict[str, Any]:
-        return {"model": model.state_dict(), "optim": optimizer.state_dict(),
+        full = {"model": model.state_dict(), "optim": optimizer.state_dict(),
                 "loss": loss_value, "world": world}
+        return full if stream is None else {**full, "own": stream.state()}
+
+    def save() -> None:
+        ck.save(state(), step=step)
+        if stream is not None:  # save returned: the gang checkpoint is committed
+            log.record(event="saved", step=step, own=stream.summary())
 
     timeout = timedelta(seconds=float(os.environ.get("HAFO_DDP_TIMEOUT", "20")))
 
@@ -162,12 +247,14 @@ def main(argv: list[str] | None = None) -> int:
         ddp = DistributedDataParallel(
             model, device_ids=[local_rank] if device.type == "cuda" else None)
         while args.steps == 0 or step < args.steps:
-            x, y = batch(step, rank, device)
+            x, y = batch(step, rank, device) if stream is None else stream.next(device)
             loss = torch.nn.functional.mse_loss(ddp(x), y)
             optimizer.zero_grad()
             loss.backward()  # gradients all-reduced by DDP
             optimizer.step()
             step += 1
+            if stream is not None:
+                stream.loss_sum += loss.item()
             # One collective per step: the gang's mean loss, and whether any rank was asked
             # for a checkpoint (a planned stop).
             shared = torch.tensor([loss.item(), 1.0 if ck.should_checkpoint() else 0.0],
@@ -180,23 +267,24 @@ def main(argv: list[str] | None = None) -> int:
             if step % 10 == 0:
                 print(f"rank {rank} step {step} loss {loss_value:.5f}", flush=True)
             if shared[1].item() > 0:
-                if rank == 0:
-                    ck.save(state(), step=step)
+                if saves:
+                    save()
                 dist.barrier()  # the checkpoint is durable before anyone leaves
                 log.record(event="preempted", step=step)
                 print(f"rank {rank} step {step}: checkpointed for a planned move, exiting",
                       flush=True)
                 break
-            if rank == 0 and args.every > 0 and step % args.every == 0:
-                ck.save(state(), step=step)
+            if saves and args.every > 0 and step % args.every == 0:
+                save()
             time.sleep(args.sleep)
         else:
-            if rank == 0 and (args.every <= 0 or step % args.every != 0):
-                ck.save(state(), step=step)
+            if saves and (args.every <= 0 or step % args.every != 0):
+                save()
             dist.barrier()
             log.record(event="done", step=step, loss=loss_value)
             print(f"rank {rank} done at step {step}, loss {loss_value}", flush=True)
-    except RuntimeError as exc:  # a peer died or a collective timed out
+    # a peer died or a collective timed out (with --sharded: or the checkpoint did not commit)
+    except (RuntimeError, ShardedCommitTimeout, StaleEpoch) as exc:
         watchdog.stop()
         log.record(event="error", step=step, error=f"{type(exc).__name__}: {exc}"[:500])
         print(f"rank {rank} step {step}: collective failed, exiting: {exc}", file=sys.stderr,

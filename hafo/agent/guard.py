@@ -37,7 +37,7 @@ from hafo.agent.fencefile import read_deadline
 from hafo.agent.instances import write_json_atomic
 from hafo.agent.outputlog import DEFAULT_MAX_BYTES, OutputPump, OutputWriter
 from hafo.agent.proctree import become_subreaper, descendants, kill_instance
-from hafo.checkpoint.format import list_checkpoints
+from hafo.checkpoint.sharded import list_all_checkpoints
 from hafo.checkpoint.transparent import unavailable_reason
 from hafo.decisions.fencing import must_kill
 from hafo.model.ends import InstanceEnd
@@ -181,7 +181,7 @@ class Guard:
 
     def _newest_checkpoint(self) -> tuple[int, int]:
         root = self.launch["env"].get("HAFO_CHECKPOINT_DIR")
-        refs = list_checkpoints(Path(root)) if root else []
+        refs = list_all_checkpoints(Path(root)) if root else []
         return (refs[0].epoch, refs[0].step) if refs else (0, -1)
 
     def _supervise(self) -> int:

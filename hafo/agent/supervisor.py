@@ -34,7 +34,7 @@ from hafo.agent.outputlog import keep_ended
 from hafo.agent.ports import NoFreePort, choose_ports, port_env, read_ports
 from hafo.agent.proctree import kill_instance, pid_alive
 from hafo.agent.rendezvous import GANG_DEFAULTS, gang_env
-from hafo.checkpoint import list_checkpoints
+from hafo.checkpoint.sharded import list_all_checkpoints
 from hafo.model.cluster import (
     Assignment,
     CheckpointInfo,
@@ -234,7 +234,7 @@ class Supervisor:
         cached = self._checkpoint_cache.get(workload)
         if cached is not None and now - cached[0] < 2.0:
             return cached[1]
-        refs = list_checkpoints(self.checkpoint_root / workload)
+        refs = list_all_checkpoints(self.checkpoint_root / workload)
         info = CheckpointInfo(refs[0].step, refs[0].epoch, str(refs[0].path)) if refs else None
         self._checkpoint_cache[workload] = (now, info)
         return info

@@ -9,16 +9,19 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from hafo.checkpoint.codec import Blob, flatten, stage, unflatten
+from hafo.checkpoint import restore
+from hafo.checkpoint.codec import flatten
+from hafo.checkpoint.errors import CheckpointMismatch, CorruptCheckpoint
 from hafo.checkpoint.format import (
-    CorruptCheckpoint,
     list_checkpoints,
+    open_checkpoint,
     prune,
-    read_checkpoint,
+    read_blobs,
     write_checkpoint,
 )
+from hafo.checkpoint.staging import Stager
 from hafo.model.progress import HEARTBEAT_FILE, Heartbeat, encode_heartbeat
 
 log = logging.getLogger("hafo.checkpoint")
@@ -52,8 +55,10 @@ class Checkpointer:
         self.keep_last = max(1, keep_last)
         self.epoch = epoch if epoch is not None else int(os.environ.get("HAFO_EPOCH", "0"))
         self._requested = threading.Event()
+        self._lock = threading.RLock()  # one save at a time, and one place that starts them
         self._pending: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._stager = Stager()  # save_async's staging buffers, reused while the layout holds
         if handle_signal and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGUSR1, lambda _sig, _frame: self._requested.set())
 
@@ -79,56 +84,125 @@ class Checkpointer:
             log.warning("heartbeat not written: %s", exc)
 
     def load_latest(self) -> Restored | None:
-        """The newest checkpoint that verifies; corrupt or partial ones are skipped."""
-        self.wait()
-        for ref in list_checkpoints(self.root):
-            try:
-                tree, blobs = read_checkpoint(ref)
-            except CorruptCheckpoint as exc:
-                log.warning("skipping corrupt checkpoint: %s", exc)
-                continue
-            return Restored(step=ref.step, epoch=ref.epoch, path=str(ref.path),
-                            state=unflatten(tree, blobs))
-        return None
+        """The newest checkpoint that verifies; corrupt or partial ones are skipped. Tensors
+        and arrays come back in new CPU memory of their own, read straight into it."""
+        with self._lock:
+            self.wait()
+            for ref in list_checkpoints(self.root):
+                try:
+                    opened = open_checkpoint(ref)
+                    dests, build = restore.fresh(opened.tree, opened.sizes)
+                    read_blobs(opened, dests)
+                    state = build()
+                except (CorruptCheckpoint, ValueError, TypeError, KeyError) as exc:
+                    log.warning("skipping corrupt checkpoint: %s: %s", ref.path, exc)
+                    continue
+                return Restored(step=ref.step, epoch=ref.epoch, path=str(ref.path),
+                                state=state)
+            return None
+
+    def load_into(self, state: dict[str, Any]) -> Restored | None:
+        """Restore the newest checkpoint that verifies into ``state`` itself: its tensors and
+        arrays are read into in place (no second copy of the state; CUDA and strided tensors
+        through a host buffer), other leaves (numbers, strings, bytes...) are replaced in
+        their dicts and lists. Returns ``Restored(state=state)``, or None when there is no
+        checkpoint. CheckpointMismatch, naming the key, when the newest checkpoint's keys,
+        types, dtypes or shapes differ from ``state``'s (nothing is changed then). A
+        checkpoint whose data does not verify is skipped as in ``load_latest``; if none
+        verifies after one was partly read, CorruptCheckpoint (the state's tensors then hold
+        partial data)."""
+        with self._lock:
+            self.wait()
+            touched: CorruptCheckpoint | None = None
+            for ref in list_checkpoints(self.root):
+                try:
+                    opened = open_checkpoint(ref)
+                except CorruptCheckpoint as exc:
+                    log.warning("skipping corrupt checkpoint: %s", exc)
+                    continue
+                try:
+                    dests, finish = restore.into(opened.tree, opened.sizes, state)
+                except CheckpointMismatch as exc:
+                    partly = (f" (the state was partly overwritten by a corrupt newer "
+                              f"checkpoint: {touched})" if touched else "")
+                    raise CheckpointMismatch(f"checkpoint {ref.path.name} does not fit the "
+                                             f"state: {exc}{partly}") from None
+                except (CorruptCheckpoint, ValueError, TypeError, KeyError) as exc:
+                    log.warning("skipping corrupt checkpoint: %s: %s", ref.path, exc)
+                    continue
+                try:
+                    read_blobs(opened, dests)
+                except CorruptCheckpoint as exc:
+                    log.warning("skipping corrupt checkpoint: %s", exc)
+                    touched = exc
+                    continue
+                return Restored(step=ref.step, epoch=ref.epoch, path=str(ref.path),
+                                state=finish())
+            if touched is not None:
+                raise CorruptCheckpoint(f"no checkpoint in {self.root} verifies; the state "
+                                        f"was partly overwritten by {touched}") from touched
+            return None
 
     def save(self, state: dict[str, Any], step: int) -> str:
-        """Write a checkpoint; durable on return. Returns its path."""
-        self.wait()
-        blobs: list[Blob] = []
-        tree = flatten(state, blobs)
-        ref = write_checkpoint(self.root, self.epoch, int(step), tree, blobs)
-        prune(self.root, self.keep_last)
-        self.heartbeat(step)
-        return str(ref.path)
+        """Write a checkpoint; durable on return. Returns its path. Host tensors and arrays
+        are written straight from their memory; CUDA tensors go through pinned buffers
+        (kept for the next save), chunk by chunk while the earlier chunks are written."""
+        with self._lock:
+            self.wait()
+            staged = self._stager.stage(state, copy_host=False)
+            blobs: list[Any] = []
+            sources: list[Any] = []
+            tree = flatten(staged.state, blobs, sources)
+            ref = write_checkpoint(self.root, self.epoch, int(step), tree, blobs,
+                                   staged.ready(sources))
+            prune(self.root, self.keep_last)
+            self.heartbeat(step)
+            return str(ref.path)
 
-    def save_async(self, state: dict[str, Any], step: int) -> None:
-        """Copy ``state`` to host memory now and write it in the background.
+    def save_async(self, state: dict[str, Any], step: int,
+                   if_busy: Literal["wait", "skip"] = "wait") -> bool:
+        """Copy ``state`` to host memory now and write it in the background; True once
+        started.
 
-        One write is in flight at a time; an error of a background write is raised by the
-        next call to ``save``, ``save_async``, ``wait`` or ``load_latest``.
+        The caller waits only for the copy into staging buffers, which are reused by the next
+        save of the same layout (one host copy of the state stays allocated). One write is in
+        flight at a time: if the previous one is still running, ``if_busy="wait"`` (the
+        default) waits for it first, ``if_busy="skip"`` returns False at once without
+        copying anything. An error of a background write is raised by the next call to
+        ``save``, ``save_async``, ``wait``, ``load_latest`` or ``load_into``.
         """
-        self.wait()
-        staged = stage(state)  # the only part the caller waits for
+        if if_busy not in ("wait", "skip"):
+            raise ValueError(f"if_busy must be 'wait' or 'skip', not {if_busy!r}")
+        with self._lock:
+            if if_busy == "skip" and self._pending is not None and self._pending.is_alive():
+                return False
+            self.wait()
+            staged = self._stager.stage(state, copy_host=True)
+            blobs: list[Any] = []
+            sources: list[Any] = []
+            tree = flatten(staged.state, blobs, sources)
+            ready = staged.ready(sources)
 
-        def write() -> None:
-            try:
-                blobs: list[Blob] = []
-                tree = flatten(staged, blobs)
-                write_checkpoint(self.root, self.epoch, int(step), tree, blobs)
-                prune(self.root, self.keep_last)
-                self.heartbeat(step)
-            except BaseException as exc:  # surfaced on the next call
-                log.error("background checkpoint write failed: %s", exc)
-                self._error = exc
+            def write() -> None:
+                try:
+                    write_checkpoint(self.root, self.epoch, int(step), tree, blobs, ready)
+                    prune(self.root, self.keep_last)
+                    self.heartbeat(step)
+                except BaseException as exc:  # surfaced on the next call
+                    log.error("background checkpoint write failed: %s", exc)
+                    self._error = exc
 
-        self._pending = threading.Thread(target=write, name="hafo-checkpoint", daemon=True)
-        self._pending.start()
+            self._pending = threading.Thread(target=write, name="hafo-checkpoint", daemon=True)
+            self._pending.start()  # writes what has arrived while CUDA copies go on
+            staged.wait()  # the only part the caller waits for
+            return True
 
     def wait(self) -> None:
         """Block until the background write (if any) is committed; re-raise its error."""
-        if self._pending is not None:
-            self._pending.join()
-            self._pending = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise RuntimeError(f"previous background checkpoint failed: {error}") from error
+        with self._lock:
+            if self._pending is not None:
+                self._pending.join()
+                self._pending = None
+            if self._error is not None:
+                error, self._error = self._error, None
+                raise RuntimeError(f"previous background checkpoint failed: {error}") from error

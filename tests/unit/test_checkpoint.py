@@ -146,7 +146,7 @@ CORRUPTIONS: dict[str, Callable[[Path], object]] = {
     "missing-manifest": lambda p: (p / "manifest.json").unlink(),
     "garbage-manifest": lambda p: (p / "manifest.json").write_text("{not json"),
     "tree-edited": lambda p: edit_manifest(p, '\\"step\\"', '\\"stop\\"'),
-    "wrong-format": lambda p: edit_manifest(p, "hafo-ckpt/3", "hafo-ckpt/9"),
+    "wrong-format": lambda p: edit_manifest(p, "hafo-ckpt/4", "hafo-ckpt/9"),
 }
 
 
