@@ -71,22 +71,29 @@ def dir_name(epoch: int, step: int) -> str:
     return f"ckpt-e{epoch:012d}-s{step:012d}"
 
 
-def list_checkpoints(root: Path) -> list[CheckpointRef]:
-    """Committed checkpoints, newest (highest epoch, then step) first."""
+def scan_refs(root: Path, pattern: re.Pattern[str]) -> list[CheckpointRef]:
+    """The directories in ``root`` whose names match ``pattern`` (epoch and step as its two
+    groups), newest (highest epoch, then step) first."""
     refs: list[CheckpointRef] = []
     try:
         entries = list(root.iterdir())
     except OSError:
         return []
     for entry in entries:
-        match = NAME_RE.match(entry.name)
+        match = pattern.match(entry.name)
         if match and entry.is_dir():
             refs.append(CheckpointRef(int(match.group(1)), int(match.group(2)), entry))
     refs.sort(key=lambda r: (r.epoch, r.step), reverse=True)
     return refs
 
 
-def _fsync_dir(path: Path) -> None:
+def list_checkpoints(root: Path) -> list[CheckpointRef]:
+    """Committed checkpoints, newest (highest epoch, then step) first."""
+    return scan_refs(root, NAME_RE)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -116,11 +123,11 @@ def write_checkpoint(root: Path, epoch: int, step: int, tree: Any, blobs: list[A
                     "tree": tree_json, "tree_sha256": hashlib.sha256(tree_json.encode())
                     .hexdigest(), "blobs": [meta.to_json() for meta in metas]}
         _write_small(tmp / MANIFEST, json.dumps(manifest).encode())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if final.exists():  # the same step saved twice in one epoch: the newer one wins
             shutil.rmtree(final)
         os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

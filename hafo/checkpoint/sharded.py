@@ -46,8 +46,10 @@ from hafo.checkpoint.format import (
     CheckpointRef,
     CorruptCheckpoint,
     dir_name,
+    fsync_dir,
     list_checkpoints,
     read_checkpoint,
+    scan_refs,
     write_checkpoint,
 )
 from hafo.checkpoint.sdk import Checkpointer, Restored
@@ -87,17 +89,7 @@ def shard_dir_name(rank: int, world_size: int) -> str:
 
 def _gang_dirs(root: Path) -> list[CheckpointRef]:
     """Every gang checkpoint directory, committed or not, newest first."""
-    refs: list[CheckpointRef] = []
-    try:
-        entries = list(root.iterdir())
-    except OSError:
-        return []
-    for entry in entries:
-        match = GANG_RE.match(entry.name)
-        if match and entry.is_dir():
-            refs.append(CheckpointRef(int(match.group(1)), int(match.group(2)), entry))
-    refs.sort(key=lambda r: (r.epoch, r.step), reverse=True)
-    return refs
+    return scan_refs(root, GANG_RE)
 
 
 def list_sharded_checkpoints(root: Path) -> list[CheckpointRef]:
@@ -112,14 +104,6 @@ def list_all_checkpoints(root: Path) -> list[CheckpointRef]:
     refs = list_checkpoints(root) + list_sharded_checkpoints(root)
     refs.sort(key=lambda r: (r.epoch, r.step), reverse=True)
     return refs
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _record_digest(body: dict[str, Any]) -> str:
@@ -269,7 +253,7 @@ class ShardedCheckpointer:
         gang.mkdir(parents=True, exist_ok=True)
         write_checkpoint(self._shard_root(gang, self.rank, self.world_size), self.epoch,
                          step, tree, blobs)
-        _fsync_dir(gang)  # the shard's directory entry is durable too
+        fsync_dir(gang)  # the shard's directory entry is durable too
         if self.barrier is not None:
             self.barrier()  # every shard is written
         if self.rank == 0:
@@ -327,8 +311,8 @@ class ShardedCheckpointer:
         self._deadline_poll(f"{gang.name}: waiting for every shard "
                             f"({self.world_size} members)", all_shards)
         self._check_fence(gang.name)
-        _fsync_dir(gang)
-        _fsync_dir(self.root)
+        fsync_dir(gang)
+        fsync_dir(self.root)
         body = {"format": COMMIT_FORMAT, "epoch": self.epoch, "step": step,
                 "world_size": self.world_size, "created": time.time(),
                 "shards": [{"rank": rank,
@@ -347,7 +331,7 @@ class ShardedCheckpointer:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        _fsync_dir(gang)
+        fsync_dir(gang)
 
     def _await_commit(self, gang: Path, step: int) -> None:
         """Other ranks: wait until rank 0's commit record covers this member's shard."""

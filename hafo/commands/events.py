@@ -185,15 +185,10 @@ async def _all(store: Any, prefix: str) -> list[Any]:
 
 
 def _decoded(kvs: Iterable[Any]) -> list[Any]:
-    from hafo.store import codec
+    """The events hafo can read (a newer writer's are skipped, silently here)."""
+    from hafo.store.state import decode_events
 
-    out = []
-    for kv in kvs:
-        try:
-            out.append(codec.decode_event(kv.value))
-        except (ValueError, KeyError, TypeError):
-            continue  # not an event hafo can read (a newer writer's): skipped
-    return out
+    return decode_events(kvs)[0]
 
 
 def _print_all(events: list[Any], as_json: bool) -> None:

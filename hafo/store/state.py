@@ -8,7 +8,7 @@ Decoding errors are logged and the key skipped: one bad value never stops the co
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from types import MappingProxyType
 from typing import cast
 
@@ -226,10 +226,20 @@ async def read_events(store: Store, keys: Keys, limit: int = 100) -> list[Event]
         kvs = await store.get_newest(keys.events, limit)
     else:
         _revision, kvs = await store.get_prefix(keys.events)
-    events = []
+    events, skipped = decode_events(kvs)
+    for key in skipped:
+        log.warning("skipping undecodable event", key=key)
+    return events
+
+
+def decode_events(kvs: Iterable[KV]) -> tuple[list[Event], list[str]]:
+    """The events of ``kvs`` in their order, and the keys of those hafo cannot read (a newer
+    writer's), which are left out."""
+    events: list[Event] = []
+    skipped: list[str] = []
     for kv in kvs:
         try:
             events.append(codec.decode_event(kv.value))
         except (ValueError, KeyError, TypeError):
-            log.warning("skipping undecodable event", key=kv.key)
-    return events
+            skipped.append(kv.key)
+    return events, skipped

@@ -5,13 +5,11 @@ each with ``failed == next``)."""
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Iterator, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 
 import pytest
-import structlog
 from structlog.testing import LogCapture
 
 from hafo.local.etcd import EtcdCluster
@@ -21,19 +19,6 @@ from hafo.store import TRANSIENT, EtcdStore, Keys
 pytestmark = pytest.mark.timeout(60)
 
 ENDPOINT_EVENTS = ("etcd endpoint failover", "etcd unreachable", "etcd reachable again")
-
-
-@pytest.fixture
-def capture() -> Iterator[LogCapture]:
-    """Every line logged at info and above while the test runs."""
-    cap = LogCapture()
-    saved = structlog.get_config()
-    structlog.configure(processors=[cap],
-                        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
-    try:
-        yield cap
-    finally:
-        structlog.configure(**saved)
 
 
 def endpoint_lines(capture: LogCapture) -> list[MutableMapping[str, Any]]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -39,6 +38,8 @@ import yaml
 
 from hafo.local.procs import descendants, kill_pid, pid_alive
 
+from .readme_steps import Step, run_until_ctrl_c, steps_between
+
 pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -50,36 +51,9 @@ FOLLOW_SECONDS = 5.0
 GONE_TIMEOUT = 20.0
 
 
-@dataclass(frozen=True)
-class Step:
-    """One command of the path: the command line and its comment."""
-
-    command: str
-    comment: str
-
-    @property
-    def daemon(self) -> bool:
-        """Stays up in a terminal of its own."""
-        return "stays up" in self.comment
-
-    @property
-    def interactive(self) -> bool:
-        """Runs until Ctrl-C."""
-        return "Ctrl-C" in self.comment
-
-
 def manual_steps(text: str) -> list[Step]:
-    """The commands of the ```sh blocks between the markers, in order."""
-    assert START in text and END in text, f"the README lacks the {START} ... {END} markers"
-    section = text.split(START, 1)[1].split(END, 1)[0]
-    steps = []
-    for block in re.findall(r"```sh\n(.*?)```", section, re.DOTALL):
-        for line in block.splitlines():
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            command, _, comment = line.partition(" #")
-            steps.append(Step(command.strip(), comment.strip()))
-    return steps
+    """The commands of the ```sh blocks between the manual-path markers, in order."""
+    return steps_between(text, START, END)
 
 
 def test_manual_steps_are_parsed() -> None:
@@ -168,22 +142,7 @@ class Walk:
             time.sleep(0.2)
 
     def run_until_ctrl_c(self, command: str, argv: list[str]) -> None:
-        proc = subprocess.Popen(self.resolve(argv), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=self.env, cwd=ROOT,
-                                start_new_session=True)
-        try:
-            started = time.monotonic()
-            while time.monotonic() - started < FOLLOW_SECONDS:
-                assert proc.poll() is None, f"{command} ended before Ctrl-C: {proc.returncode}"
-                time.sleep(0.2)
-            proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=20)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-        assert proc.returncode == 0, f"{command}: exit {proc.returncode}\n{err}"
-        assert out.strip(), f"{command} printed nothing"
+        out = run_until_ctrl_c(command, self.resolve(argv), self.env, ROOT, FOLLOW_SECONDS)
         if argv[:2] == ["hafo", "logs"]:
             assert "start at step" in out, out
 

@@ -20,18 +20,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from .readme_steps import Step, run_until_ctrl_c, steps_between
 from .test_dev import ROOT, DevProcess, assert_all_gone, dev_processes, hafo
 
 __all__ = ["dev_processes"]  # the fixture, used below
@@ -43,31 +42,9 @@ FOLLOW_SECONDS = 5.0
 WAIT_SECONDS = 90.0
 
 
-@dataclass(frozen=True)
-class Step:
-    """One command of the path: the command line and its comment."""
-
-    command: str
-    comment: str
-
-    @property
-    def interactive(self) -> bool:
-        """Runs until Ctrl-C."""
-        return "Ctrl-C" in self.comment
-
-
 def readme_steps(text: str) -> list[Step]:
-    """The commands of the ```sh blocks between the markers, in order."""
-    assert START in text and END in text, f"the README lacks the {START} ... {END} markers"
-    section = text.split(START, 1)[1].split(END, 1)[0]
-    steps = []
-    for block in re.findall(r"```sh\n(.*?)```", section, re.DOTALL):
-        for line in block.splitlines():
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            command, _, comment = line.partition(" #")
-            steps.append(Step(command.strip(), comment.strip()))
-    return steps
+    """The commands of the ```sh blocks between the newcomer-path markers, in order."""
+    return steps_between(text, START, END)
 
 
 def test_readme_steps_are_parsed() -> None:
@@ -175,24 +152,9 @@ class Walk:
             assert f"node {self.names['<node>']} is down" in out, out
 
     def run_until_ctrl_c(self, command: str, argv: list[str]) -> None:
-        proc = subprocess.Popen([str(BIN / "hafo"), *argv[1:]], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=self.env, cwd=ROOT,
-                                start_new_session=True)
-        try:
-            started = time.monotonic()
-            if "--watch" in argv:
-                self.wait_for_promise(command)
-            while time.monotonic() - started < FOLLOW_SECONDS:
-                assert proc.poll() is None, f"{command} ended before Ctrl-C: {proc.returncode}"
-                time.sleep(0.2)
-            proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=20)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-        assert proc.returncode == 0, f"{command}: exit {proc.returncode}\n{err}"
-        assert out.strip(), f"{command} printed nothing"
+        wait = (lambda: self.wait_for_promise(command)) if "--watch" in argv else None
+        run_until_ctrl_c(command, [str(BIN / "hafo"), *argv[1:]], self.env, ROOT,
+                         FOLLOW_SECONDS, before=wait)
 
     def wait_for_promise(self, command: str) -> None:
         """A `--watch` is interrupted once counter runs (elsewhere than before the last

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from hafo.checkpoint import Checkpointer
 from hafo.model.cluster import (
     Assignment,
     CheckpointInfo,
@@ -138,3 +140,16 @@ def kmsg(tmp_path: Path) -> Path:
     path = tmp_path / "kmsg"
     path.write_text("")
     return path
+
+
+@pytest.fixture
+def restore_sigusr1() -> Iterator[None]:
+    """A Checkpointer installs a SIGUSR1 handler; put the previous one back."""
+    previous = signal.getsignal(signal.SIGUSR1)
+    yield
+    signal.signal(signal.SIGUSR1, previous)
+
+
+def make_checkpointer(root: Path, epoch: int = 1, **kwargs: Any) -> Checkpointer:
+    """A Checkpointer that leaves SIGUSR1 alone (the tests send it themselves)."""
+    return Checkpointer(root, epoch=epoch, handle_signal=False, **kwargs)

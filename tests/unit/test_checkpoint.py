@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,10 @@ import pytest
 
 from hafo.checkpoint import Checkpointer, list_checkpoints
 from hafo.checkpoint import sdk as sdk_module
+
+from .conftest import make_checkpointer as make
+
+pytestmark = pytest.mark.usefixtures("restore_sigusr1")
 
 STATE: dict[str, Any] = {
     "step": 7,
@@ -26,18 +30,6 @@ STATE: dict[str, Any] = {
     "blob": b"\x00\xff" * 100,
     "empty": {},
 }
-
-
-@pytest.fixture(autouse=True)
-def restore_sigusr1() -> Iterator[None]:
-    """Checkpointer installs a SIGUSR1 handler; put the previous one back."""
-    previous = signal.getsignal(signal.SIGUSR1)
-    yield
-    signal.signal(signal.SIGUSR1, previous)
-
-
-def make(root: Path, epoch: int = 1, **kwargs: Any) -> Checkpointer:
-    return Checkpointer(root, epoch=epoch, handle_signal=False, **kwargs)
 
 
 def test_empty_directory_has_no_checkpoint(tmp_path: Path) -> None:

@@ -12,13 +12,12 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hafo.checkpoint import Checkpointer, blobio, list_checkpoints
+from hafo.checkpoint import blobio, list_checkpoints
 from hafo.checkpoint.codec import flatten, unflatten
 from hafo.checkpoint.errors import CorruptCheckpoint
 from hafo.checkpoint.format import (
@@ -28,22 +27,15 @@ from hafo.checkpoint.format import (
     write_checkpoint,
 )
 
+from .conftest import make_checkpointer as make
+
+pytestmark = pytest.mark.usefixtures("restore_sigusr1")
+
 np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parents[2]
 V3_FIXTURE = Path(__file__).parent / "data" / "checkpoint_v3"
-
-
-@pytest.fixture(autouse=True)
-def restore_sigusr1() -> Iterator[None]:
-    previous = signal.getsignal(signal.SIGUSR1)
-    yield
-    signal.signal(signal.SIGUSR1, previous)
-
-
-def make(root: Path, **kwargs: Any) -> Checkpointer:
-    return Checkpointer(root, epoch=1, handle_signal=False, **kwargs)
 
 
 def every_leaf() -> dict[str, Any]:

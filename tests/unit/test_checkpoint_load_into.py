@@ -4,31 +4,21 @@ and arrays, the rest replaced, and a clear error naming the key when they do not
 from __future__ import annotations
 
 import shutil
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hafo.checkpoint import Checkpointer
 from hafo.checkpoint.errors import CheckpointMismatch, CorruptCheckpoint
+
+from .conftest import make_checkpointer as make
+
+pytestmark = pytest.mark.usefixtures("restore_sigusr1")
 
 np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")
 
 V3_FIXTURE = Path(__file__).parent / "data" / "checkpoint_v3"
-
-
-@pytest.fixture(autouse=True)
-def restore_sigusr1() -> Iterator[None]:
-    previous = signal.getsignal(signal.SIGUSR1)
-    yield
-    signal.signal(signal.SIGUSR1, previous)
-
-
-def make(root: Path, **kwargs: Any) -> Checkpointer:
-    return Checkpointer(root, epoch=1, handle_signal=False, **kwargs)
 
 
 def saved_state() -> dict[str, Any]:

@@ -3,33 +3,24 @@
 
 from __future__ import annotations
 
-import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hafo.checkpoint import Checkpointer, list_checkpoints
+from hafo.checkpoint import list_checkpoints
 from hafo.checkpoint import sdk as sdk_module
 from hafo.checkpoint.codec import stage
 from hafo.checkpoint.format import write_checkpoint
 from hafo.checkpoint.staging import Stager
 
+from .conftest import make_checkpointer as make
+
+pytestmark = pytest.mark.usefixtures("restore_sigusr1")
+
 np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")
-
-
-@pytest.fixture(autouse=True)
-def restore_sigusr1() -> Iterator[None]:
-    previous = signal.getsignal(signal.SIGUSR1)
-    yield
-    signal.signal(signal.SIGUSR1, previous)
-
-
-def make(root: Path, **kwargs: Any) -> Checkpointer:
-    return Checkpointer(root, epoch=1, handle_signal=False, **kwargs)
 
 
 def model_state(scale: float = 1.0) -> dict[str, Any]:

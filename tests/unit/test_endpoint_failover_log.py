@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-from collections.abc import Iterator, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 
 import pytest
-import structlog
 from aetcd import exceptions as etcd_errors
 from structlog.testing import LogCapture
 
@@ -65,19 +63,6 @@ class FakeStore(EtcdStore):
 
 def endpoint_lines(capture: LogCapture) -> list[MutableMapping[str, Any]]:
     return [e for e in capture.entries if str(e["event"]).startswith(ENDPOINT_EVENTS)]
-
-
-@pytest.fixture
-def capture() -> Iterator[LogCapture]:
-    """Every line logged at info and above while the test runs."""
-    cap = LogCapture()
-    saved = structlog.get_config()
-    structlog.configure(processors=[cap],
-                        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
-    try:
-        yield cap
-    finally:
-        structlog.configure(**saved)
 
 
 async def requests(store: EtcdStore, count: int) -> int:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import structlog
 from structlog.testing import LogCapture
 
 from hafo import __version__
@@ -73,18 +70,6 @@ def test_serving_lines() -> None:
     ctl = serving_line("controller", "ctl-1", "http://10.0.0.1:8600")
     assert ctl.text == "controller ctl-1 serving API and dashboard on http://10.0.0.1:8600/"
     assert (ctl.api, ctl.dashboard) == ("http://10.0.0.1:8600", "http://10.0.0.1:8600/")
-
-
-@pytest.fixture
-def capture() -> Iterator[LogCapture]:
-    cap = LogCapture()
-    saved = structlog.get_config()
-    structlog.configure(processors=[cap],
-                        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
-    try:
-        yield cap
-    finally:
-        structlog.configure(**saved)
 
 
 def daemon_config(listen: str, **api: str) -> Any:
