@@ -44,6 +44,8 @@ import torch
 from bench_main import run_main
 from ckpt_methods import (
     ASYNCS,
+    COMPUTE_S,
+    IN_PLACE,
     LOADS,
     SAVES,
     Methods,
@@ -71,7 +73,7 @@ def rss_child(op: str, mib: int, root: str) -> None:
     """In a fresh process: build what ``op`` needs, reset the peak RSS, run ``op`` once and
     print the peak's growth in bytes (JSON)."""
     preload()
-    needs_state = op in SAVES or op in ASYNCS or op in ("dcp_load", "hafo_load_into")
+    needs_state = op in SAVES or op in ASYNCS or op in IN_PLACE
     state = make_state(mib, random=False) if needs_state else {}
     methods = Methods(Path(root), state)
     Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) restarts from VmRSS
@@ -106,25 +108,32 @@ def _rotate(ops: list[str], by: int) -> list[str]:
 
 
 def bench(mib: int, repeat: int, root: Path, drop: bool, rss: bool,
-          ranks: int) -> SizeResult:
+          ranks: int, compute_s: float = COMPUTE_S) -> SizeResult:
     """Every method at one size; returns what was measured."""
     state = make_state(mib)
-    methods = Methods(root, state)
+    methods = Methods(root, state, compute_s=compute_s)
     loads = [op for op in LOADS if methods.available(op)]
     samples: dict[str, list[float]] = defaultdict(list)
     for rep in range(repeat):
         for op in _rotate([*SAVES, *ASYNCS], rep):
             methods.clear(op)
+            methods.settle()
             if op in ASYNCS:
+                methods.copied = None
                 stall, total = methods.save_async(op)
                 samples[f"{op}:stall"].append(stall)
+                if op == "memcpy":
+                    continue
                 samples[f"{op}:total"].append(total)
+                if methods.copied is not None:
+                    samples[f"{op}:copy"].append(methods.copied)
             else:
                 started = time.perf_counter()
                 methods.save(op)
                 samples[op].append(time.perf_counter() - started)
         for op in _rotate(loads, rep):
             zeroed = prepare_check(methods, op) if rep == 0 else {}
+            methods.settle()
             evict(methods.files_of(op))
             if drop:
                 drop_caches()
@@ -138,17 +147,19 @@ def bench(mib: int, repeat: int, root: Path, drop: bool, rss: bool,
         mib=mib, nbytes=state_bytes(state), tensors=len(state),
         dtypes=sorted({str(t.dtype).removeprefix("torch.") for t in state.values()}),
         repeat=repeat, cold="fadvise DONTNEED" + (" + drop_caches" if drop else ""),
-        samples=dict(samples), missing=[op for op in LOADS if op not in loads])
+        samples=dict(samples), missing=[op for op in LOADS if op not in loads],
+        compute_s=compute_s)
     del state, methods
     if rss:
         # loads read the files the last repetition left; each save writes a directory of
         # its own. Processes run side by side where memory allows: a peak RSS is per process
         jobs = 2 if result.nbytes <= 2 * 2**30 else 1
-        where = {op: root for op in loads} | {op: root / f"rss-{op}" for op in (*SAVES, *ASYNCS)}
+        saves = [op for op in (*SAVES, *ASYNCS) if op != "memcpy"]
+        where = {op: root for op in loads} | {op: root / f"rss-{op}" for op in saves}
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             growth = pool.map(lambda op: measure_rss(op, mib, where[op], result.nbytes), where)
             result.rss = dict(zip(where, growth, strict=True))
-        for op in (*SAVES, *ASYNCS):
+        for op in saves:
             shutil.rmtree(where[op], ignore_errors=True)
     result.ranks_note = ranks_skipped(ranks)
     if not result.ranks_note:
@@ -180,11 +191,16 @@ def main() -> int:
                         help="also drop the whole page cache before each load (root only)")
     parser.add_argument("--ranks", type=int, default=2,
                         help="ranks for DCP vs hafo sharded, in processes (0: skip; default 2)")
+    parser.add_argument("--compute-s", type=float, default=COMPUTE_S,
+                        help="seconds of forward and backward pass in the background-snapshot "
+                             f"loop, the host idle as while a GPU computes (default {COMPUTE_S})")
     parser.add_argument("--no-rss", action="store_true",
                         help="skip the peak-RSS measurements (one fresh process per method)")
     args = parser.parse_args()
     if args.repeat < 1 or any(m < 1 for m in args.mib):
         raise ValueError("--repeat and --mib must be positive")
+    if args.compute_s < 0:
+        raise ValueError("--compute-s must not be negative")
     if args.drop_caches and not can_drop_caches():
         raise ValueError("--drop-caches needs root and a writable /proc/sys/vm/drop_caches")
     preload()
@@ -194,7 +210,7 @@ def main() -> int:
     try:
         for mib in args.mib:
             result = bench(mib, args.repeat, base / f"{mib}mib", args.drop_caches,
-                           not args.no_rss, args.ranks)
+                           not args.no_rss, args.ranks, args.compute_s)
             shutil.rmtree(base / f"{mib}mib", ignore_errors=True)
             print(render(result), flush=True)
             results.append(result)

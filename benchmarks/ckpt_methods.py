@@ -34,9 +34,12 @@ PARTS = (("attn.qkv.weight", 3, torch.bfloat16), ("attn.out.weight", 1, torch.fl
 EDGES = (("embed.weight", 4, torch.bfloat16), ("head.weight", 4, torch.float32))
 
 SAVES = ("raw_write", "torch_save", "st_save", "dcp_save", "hafo_save")
-ASYNCS = ("dcp_async", "hafo_async")
-LOADS = ("raw_read", "torch_load", "torch_load_mmap", "st_load", "dcp_load", "hafo_load",
-         "hafo_load_into")
+ASYNCS = ("dcp_async", "hafo_async", "hafo_async_bg", "memcpy")
+#: seconds of a forward and backward pass in the background-snapshot loop: the host waits
+#: meanwhile, as while a GPU computes (``--compute-s``)
+COMPUTE_S = 0.5
+LOADS = ("raw_read", "torch_load", "torch_load_mmap", "torch_load_into", "st_load", "dcp_load",
+         "hafo_load", "hafo_load_into")
 LABELS = {
     "raw_write": "raw write + fsync (one file)",
     "torch_save": "torch.save + fsync",
@@ -45,9 +48,12 @@ LABELS = {
     "hafo_save": "hafo save",
     "dcp_async": "DCP async_save",
     "hafo_async": "hafo save_async",
+    "hafo_async_bg": "hafo save_async, background snapshot",
+    "memcpy": "memcpy into kept buffers",
     "raw_read": "raw read (one file)",
     "torch_load": "torch.load",
     "torch_load_mmap": "torch.load(mmap=True) + touch",
+    "torch_load_into": "torch.load(mmap=True) + copy into state",
     "st_load": "safetensors load_file + touch",
     "dcp_load": "DCP load (in place)",
     "hafo_load": "hafo load_latest (verified)",
@@ -140,13 +146,39 @@ class Methods:
     root: Path
     state: dict[str, torch.Tensor]
     step: int = 0
+    compute_s: float = COMPUTE_S
+    copied: float | None = None  # the last background snapshot's copy, seconds
+    kept: list[torch.Tensor] | None = None  # memcpy's buffers
 
     def __post_init__(self) -> None:
         for name in ("raw", "torch", "st", "dcp", "hafo"):
             (self.root / name).mkdir(parents=True, exist_ok=True)
-        self.raw_path = self.root / "raw" / "state.bin"
-        self.torch_path = self.root / "torch" / "state.pt"
-        self.st_path = self.root / "st" / "state.safetensors"
+        self.ck = Checkpointer(self.root / "hafo", keep_last=2, epoch=1, handle_signal=False)
+
+    # Every save writes a new file, as hafo and DCP do (a file per checkpoint): on a thinly
+    # provisioned virtual disk, writing over a file's old blocks is several times faster than
+    # writing new ones, so a baseline that overwrote one file would be measured on other terms.
+    def _new(self, kind: str, suffix: str) -> Path:
+        return self.root / kind / f"state-{time.time_ns():020d}{suffix}"
+
+    def _latest(self, kind: str, suffix: str) -> Path:
+        files = sorted((self.root / kind).glob(f"state-*{suffix}"))
+        return files[-1] if files else self.root / kind / f"state-none{suffix}"
+
+    @property
+    def raw_path(self) -> Path:
+        """The newest raw file (what raw_read reads)."""
+        return self._latest("raw", ".bin")
+
+    @property
+    def torch_path(self) -> Path:
+        """The newest torch.save file."""
+        return self._latest("torch", ".pt")
+
+    @property
+    def st_path(self) -> Path:
+        """The newest safetensors file."""
+        return self._latest("st", ".safetensors")
         self.ck = Checkpointer(self.root / "hafo", keep_last=2, epoch=1, handle_signal=False)
 
     # -- files each method reads, for eviction -------------------------------------------
@@ -170,11 +202,19 @@ class Methods:
         elif op in ("raw_write", "torch_save", "st_save"):
             self.files_of(op).unlink(missing_ok=True)
 
+    def settle(self) -> None:
+        """Before a timed save (untimed): let hafo finish deleting what its last save
+        pruned, and flush the file system (ext4 discards freed blocks at its next commit),
+        so no method pays for another's deletions. Saves run back to back here; in training
+        the next checkpoint is minutes away."""
+        self.ck.wait()
+        os.sync()
+
     # -- saves ---------------------------------------------------------------------------
     def save(self, op: str) -> None:
         """One durable save by ``op`` (one of SAVES)."""
         if op == "raw_write":
-            fd = os.open(self.raw_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(self._new("raw", ".bin"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 for tensor in self.state.values():
                     _write_all(fd, tensor_memory(tensor))
@@ -182,15 +222,16 @@ class Methods:
             finally:
                 os.close(fd)
         elif op == "torch_save":
-            with open(self.torch_path, "wb") as fh:
+            with open(self._new("torch", ".pt"), "wb") as fh:
                 torch.save(self.state, fh)
                 fh.flush()
                 os.fsync(fh.fileno())
         elif op == "st_save":
             from safetensors.torch import save_file
 
-            save_file(self.state, str(self.st_path))
-            _fsync_path(self.st_path)
+            path = self._new("st", ".safetensors")
+            save_file(self.state, str(path))
+            _fsync_path(path)
         elif op == "dcp_save":
             from torch.distributed.checkpoint import state_dict_saver as dcp
 
@@ -218,6 +259,35 @@ class Methods:
             self.ck.save_async(self.state, step=self.step)
             stall = time.perf_counter() - started
             self.ck.wait()
+        elif op == "hafo_async_bg":
+            # a training step: save, forward and backward (the host idle for compute_s),
+            # then the guarded optimizer step waits for whatever is left of the copy
+            self.step += 1
+            self.ck.save_async(self.state, step=self.step, snapshot="background")
+            stall = time.perf_counter() - started
+            staged = self.ck._snapshot
+            deadline = started + self.compute_s
+            while time.perf_counter() < deadline:
+                if staged is not None and self.copied is None and staged.done:
+                    self.copied = time.perf_counter() - started
+                time.sleep(0.002)
+            waited = time.perf_counter()
+            self.ck.wait_snapshot()
+            stall += time.perf_counter() - waited
+            if self.copied is None:
+                self.copied = time.perf_counter() - started
+            self.ck.wait()
+        elif op == "memcpy":
+            # the floor of a snapshot taken before the call returns: one copy of every
+            # tensor into buffers allocated (and first touched) beforehand
+            if self.kept is None:
+                self.kept = [torch.empty_like(t) for t in self.state.values()]
+                for buffer, tensor in zip(self.kept, self.state.values(), strict=True):
+                    buffer.copy_(tensor)
+                started = time.perf_counter()
+            for buffer, tensor in zip(self.kept, self.state.values(), strict=True):
+                buffer.copy_(tensor)
+            stall = time.perf_counter() - started
         else:
             raise ValueError(f"unknown async save {op!r}")
         return stall, time.perf_counter() - started
@@ -248,6 +318,14 @@ class Methods:
             for tensor in loaded.values():
                 touch(tensor)
             return loaded
+        if op == "torch_load_into":
+            # what model.load_state_dict(torch.load(path, mmap=True)) does: map, then copy
+            loaded = torch.load(self.torch_path, weights_only=True, mmap=True)
+            with torch.no_grad():
+                for name, tensor in self.state.items():
+                    tensor.copy_(loaded[name])
+            del loaded
+            return self.state
         if op == "st_load":
             from safetensors.torch import load_file
 
@@ -274,7 +352,7 @@ class Methods:
         raise ValueError(f"unknown load {op!r}")
 
 
-IN_PLACE = ("dcp_load", "hafo_load_into")
+IN_PLACE = ("dcp_load", "torch_load_into", "hafo_load_into")
 
 
 def prepare_check(methods: Methods, op: str) -> dict[str, torch.Tensor]:

@@ -33,6 +33,7 @@ class SizeResult:
     missing: list[str] = field(default_factory=list)  # ops this hafo version lacks
     ranks: dict[str, Any] | None = None  # ckpt_ranks.run_ranks's result, with "world"
     ranks_note: str = ""  # why there is no rank measurement
+    compute_s: float = 0.0  # the background-snapshot loop's forward and backward, seconds
 
     def median(self, key: str) -> float | None:
         """Median seconds of ``key`` (an op, or ``<async op>:stall`` / ``:total``)."""
@@ -60,16 +61,24 @@ class SizeResult:
             "save_vs_dcp_save": self.ratio("dcp_save", "hafo_save"),
             "save_vs_safetensors": self.ratio("st_save", "hafo_save"),
         }
+        out["hafo_load_into_vs_torch_load_into"] = self.ratio("torch_load_into",
+                                                              "hafo_load_into")
         for op in ("hafo_load", "hafo_load_into"):
             out[f"{op}_vs_raw_read"] = self.ratio("raw_read", op)
             out[f"{op}_vs_torch_load"] = self.ratio(torch_load, op)
             out[f"{op}_vs_dcp_load"] = self.ratio("dcp_load", op)
             out[f"{op}_vs_safetensors"] = self.ratio("st_load", op)
-        for op, save in (("hafo_async", "hafo_save"), ("dcp_async", "dcp_save")):
+        for op, save in (("hafo_async", "hafo_save"), ("dcp_async", "dcp_save"),
+                         ("hafo_async_bg", "hafo_save"), ("memcpy", "hafo_save")):
             stall, saved = self.median(f"{op}:stall"), self.median(save)
             out[f"{op}_stall_of_save"] = stall / saved if stall is not None and saved else None
-        mine, dcp = self.median("hafo_async:stall"), self.median("dcp_async:stall")
-        out["stall_vs_dcp_stall"] = mine / dcp if mine is not None and dcp else None
+        dcp = self.median("dcp_async:stall")
+        for op, key in (("hafo_async", "stall_vs_dcp_stall"),
+                        ("hafo_async_bg", "bg_stall_vs_dcp_stall")):
+            mine = self.median(f"{op}:stall")
+            out[key] = mine / dcp if mine is not None and dcp else None
+        mine, floor = self.median("hafo_async:stall"), self.median("memcpy:stall")
+        out["stall_vs_memcpy"] = mine / floor if mine is not None and floor else None
         return out
 
     def goals(self) -> list[dict[str, Any]]:
@@ -87,10 +96,15 @@ class SizeResult:
             ("verified cold load >= 1.0x DCP load", r["hafo_load_vs_dcp_load"], 1.0, True, True),
             (f"verified cold load >= 1.0x {torch_load}", r["hafo_load_vs_torch_load"], 1.0,
              True, True),
+            ("  load_into >= 1.0x torch.load(mmap=True) + copy into state",
+             r["hafo_load_into_vs_torch_load_into"], 1.0, True, True),
             ("save_async stall <= 0.05 of a save (goal at 1 and 4 GiB)",
              r["hafo_async_stall_of_save"], 0.05, False, big),
+            (f"  the same, background snapshot, {self.compute_s:g} s compute",
+             r["hafo_async_bg_stall_of_save"], 0.05, False, big),
             ("save_async stall <= DCP async_save stall", r["stall_vs_dcp_stall"], 1.0, False,
              True),
+            ("  the same, background snapshot", r["bg_stall_vs_dcp_stall"], 1.0, False, True),
             ("peak RSS growth of save <= 10% of the state", self.rss.get("hafo_save"), 0.10,
              False, True),
             ("peak RSS growth of load_into <= 10% of the state",
@@ -112,7 +126,8 @@ class SizeResult:
                               for k, v in self.samples.items() if not k.endswith(":stall")},
                 "ratios": self.ratios(), "torch_load_baseline": self.best_torch_load(),
                 "rss_growth_of_state": self.rss, "not_available": self.missing,
-                "ranks": self.ranks_json(), "goals": self.goals()}
+                "ranks": self.ranks_json(), "goals": self.goals(),
+                "background_compute_s": self.compute_s}
 
     def ranks_json(self) -> dict[str, Any]:
         """The multi-rank measurement (or why there is none), for ``--json``."""
@@ -161,28 +176,50 @@ def render(res: SizeResult) -> str:
         _x(r["save_vs_raw_write"], "raw"), _x(r["save_vs_torch_save"], "torch.save"),
         _x(r["save_vs_dcp_save"], "DCP"), _x(r["save_vs_safetensors"], "safetensors")))))
     lines.append(" load (cold page cache)")
-    for op in ("raw_read", "torch_load", "torch_load_mmap", "st_load", "dcp_load"):
+    for op in ("raw_read", "torch_load", "torch_load_mmap", "torch_load_into", "st_load",
+               "dcp_load"):
         lines.append(_line(res, op, LABELS[op]))
     for op in ("hafo_load", "hafo_load_into"):
         if op in res.missing:
             lines.append(f"  {LABELS[op]:40s} {'n/a':>8s}  (not in this hafo version)")
             continue
+        into = (_x(r["hafo_load_into_vs_torch_load_into"], "torch.load+copy"),) \
+            if op == "hafo_load_into" else ()
         lines.append(_line(res, op, LABELS[op], "  ".join((
-            _x(r[f"{op}_vs_raw_read"], "raw"), _x(r[f"{op}_vs_torch_load"], tl),
+            _x(r[f"{op}_vs_raw_read"], "raw"), _x(r[f"{op}_vs_torch_load"], tl), *into,
             _x(r[f"{op}_vs_dcp_load"], "DCP"), _x(r[f"{op}_vs_safetensors"], "safetensors")))))
-    lines.append(" async save (stall: until the call returns and the state may change)")
+    lines.append(" async save (stall: what the training loop waits for before it may change "
+                 "the state)")
+    floor = r["memcpy_stall_of_save"]
+    lines.append(_line(res, "memcpy:stall", LABELS["memcpy"],
+                       f"{floor:5.3f} of hafo save: the floor of a snapshot taken now"
+                       if floor is not None else ""))
     for op, save in (("dcp_async", "DCP save"), ("hafo_async", "hafo save")):
         frac = r[f"{op}_stall_of_save"]
         note = f"{frac:5.3f} of {save}" if frac is not None else ""
         if op == "hafo_async" and r["stall_vs_dcp_stall"] is not None:
             note += f", {r['stall_vs_dcp_stall']:.2f}x DCP's stall"
+            if r["stall_vs_memcpy"] is not None:
+                note += f", {r['stall_vs_memcpy']:.2f}x memcpy"
         lines.append(_line(res, f"{op}:stall", f"{LABELS[op]} stall", note))
         lines.append(_line(res, f"{op}:total", f"{LABELS[op]} until durable"))
+    bg = "hafo_async_bg"
+    if res.samples.get(f"{bg}:stall"):
+        lines.append(f"  {LABELS[bg]}: the call returns at once; forward and backward "
+                     f"({res.compute_s:g} s, host idle as while a GPU computes); the guarded "
+                     f"optimizer step waits for the rest of the copy")
+        frac = r[f"{bg}_stall_of_save"]
+        note = f"{frac:5.3f} of hafo save" if frac is not None else ""
+        if r["bg_stall_vs_dcp_stall"] is not None:
+            note += f", {r['bg_stall_vs_dcp_stall']:.2f}x DCP's stall"
+        lines.append(_line(res, f"{bg}:stall", "hafo stall (call + guarded step's wait)", note))
+        lines.append(_line(res, f"{bg}:copy", "hafo background copy (then the write)"))
+        lines.append(_line(res, f"{bg}:total", "hafo until durable"))
     if res.rss:
         lines.append(" peak RSS growth in a fresh process, % of the state")
         for ops in (("raw_write", "torch_save", "st_save", "dcp_save", "hafo_save"),
-                    ("dcp_async", "hafo_async"),
-                    ("raw_read", "torch_load", "torch_load_mmap", "st_load"),
+                    ("dcp_async", "hafo_async", "hafo_async_bg"),
+                    ("raw_read", "torch_load", "torch_load_mmap", "torch_load_into", "st_load"),
                     ("dcp_load", "hafo_load", "hafo_load_into")):
             lines.append("  " + "; ".join(
                 f"{LABELS[op]} {res.rss[op] * 100:.1f}%" for op in ops if op in res.rss))

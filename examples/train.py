@@ -1,8 +1,10 @@
 """A real PyTorch training job that checkpoints with hafo and resumes after any move.
 
 A small MLP learns a fixed random linear map from synthetic data. Every ``--every`` steps it
-saves model and optimizer state with ``save_async`` (staged to host memory, written in the
-background); when a planned move asks for a checkpoint (SIGUSR1 ->
+saves model and optimizer state with ``save_async(snapshot="background")``: the copy to host
+memory and the write both run beside the training loop, and ``ck.guard(optimizer)`` makes the
+next ``optimizer.step()`` wait until the copy is taken (the loop stalls only if the copy takes
+longer than a forward and backward pass); when a planned move asks for a checkpoint (SIGUSR1 ->
 ``should_checkpoint()``) it saves synchronously and exits, and the next instance resumes at
 exactly that step. Runs on CUDA where present, else on the CPU.
 
@@ -44,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                                 torch.nn.Linear(32, 1)).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     ck = Checkpointer()
+    ck.guard(optimizer)  # optimizer.step() waits for a background snapshot still copying
     step = 0
     latest = ck.load_latest()
     if latest is not None:
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"step {step}: checkpointed for a planned move, exiting", flush=True)
             return 0
         if step % args.every == 0:
-            ck.save_async(state(), step=step)
+            ck.save_async(state(), step=step, snapshot="background")
         time.sleep(args.sleep)
     ck.save(state(), step=step)
     print(f"done at step {step}, loss {loss.item():.5f}", flush=True)

@@ -18,6 +18,7 @@ zlib CRC-32 per blob) are still read.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -38,8 +39,9 @@ DATA = "data.bin"
 MANIFEST = "manifest.json"
 NAME_RE = re.compile(r"^ckpt-e(\d+)-s(\d+)$")
 
-__all__ = ["FORMAT", "CheckpointRef", "CorruptCheckpoint", "Opened", "list_checkpoints",
-           "open_checkpoint", "prune", "read_blobs", "read_checkpoint", "write_checkpoint"]
+__all__ = ["FORMAT", "CheckpointRef", "CorruptCheckpoint", "Opened", "empty_trash",
+           "list_checkpoints", "open_checkpoint", "prune", "read_blobs", "read_checkpoint",
+           "retire", "write_checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -188,13 +190,33 @@ def read_checkpoint(ref: CheckpointRef) -> tuple[Any, list[memoryview]]:
     return opened.tree, blobs
 
 
-def prune(root: Path, keep_last: int) -> None:
-    """Delete all but the newest ``keep_last`` checkpoints, and stale temp dirs."""
+TRASH_PREFIX = ".trash-"
+
+
+def retire(root: Path, keep_last: int) -> bool:
+    """Take all but the newest ``keep_last`` checkpoints out of every listing at once, each by
+    one rename into a hidden ``.trash-*`` directory; ``empty_trash`` deletes them. True when
+    there is trash to delete."""
     for ref in list_checkpoints(root)[keep_last:]:
-        shutil.rmtree(ref.path, ignore_errors=True)
+        with contextlib.suppress(OSError):  # another instance retired it first
+            ref.path.rename(root / f"{TRASH_PREFIX}{ref.path.name}-{uuid.uuid4().hex[:8]}")
+    return any(root.glob(f"{TRASH_PREFIX}*"))
+
+
+def empty_trash(root: Path) -> None:
+    """Delete retired checkpoints (also those a crash left half deleted) and temp dirs older
+    than an hour (a writer that died before its rename)."""
+    for entry in root.glob(f"{TRASH_PREFIX}*"):
+        shutil.rmtree(entry, ignore_errors=True)
     for entry in root.glob(".tmp-*"):
         try:
             if time.time() - entry.stat().st_mtime > 3600:
                 shutil.rmtree(entry, ignore_errors=True)
         except OSError:
             pass
+
+
+def prune(root: Path, keep_last: int) -> None:
+    """Delete all but the newest ``keep_last`` checkpoints, and stale temp dirs."""
+    retire(root, keep_last)
+    empty_trash(root)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -15,13 +16,15 @@ from hafo.checkpoint import restore
 from hafo.checkpoint.codec import flatten
 from hafo.checkpoint.errors import CheckpointMismatch, CorruptCheckpoint
 from hafo.checkpoint.format import (
+    empty_trash,
     list_checkpoints,
     open_checkpoint,
     prune,
     read_blobs,
+    retire,
     write_checkpoint,
 )
-from hafo.checkpoint.staging import Stager
+from hafo.checkpoint.staging import SnapshotFailed, Staged, Stager, guard_step
 from hafo.model.progress import HEARTBEAT_FILE, Heartbeat, encode_heartbeat
 
 log = logging.getLogger("hafo.checkpoint")
@@ -57,8 +60,10 @@ class Checkpointer:
         self._requested = threading.Event()
         self._lock = threading.RLock()  # one save at a time, and one place that starts them
         self._pending: threading.Thread | None = None
+        self._sweeper: threading.Thread | None = None  # deletes what save() pruned
         self._error: BaseException | None = None
         self._stager = Stager()  # save_async's staging buffers, reused while the layout holds
+        self._snapshot: Staged | None = None  # the latest save_async's copy, until taken
         if handle_signal and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGUSR1, lambda _sig, _frame: self._requested.set())
 
@@ -155,29 +160,42 @@ class Checkpointer:
             tree = flatten(staged.state, blobs, sources)
             ref = write_checkpoint(self.root, self.epoch, int(step), tree, blobs,
                                    staged.ready(sources))
-            prune(self.root, self.keep_last)
             self.heartbeat(step)
+            if retire(self.root, self.keep_last):  # old ones leave every listing now ...
+                self._sweeper = threading.Thread(  # ... and are deleted beside the caller
+                    target=empty_trash, args=(self.root,), name="hafo-checkpoint-prune",
+                    daemon=False)  # the interpreter's exit waits for it
+                self._sweeper.start()
             return str(ref.path)
 
     def save_async(self, state: dict[str, Any], step: int,
-                   if_busy: Literal["wait", "skip"] = "wait") -> bool:
-        """Copy ``state`` to host memory now and write it in the background; True once
-        started.
+                   if_busy: Literal["wait", "skip"] = "wait",
+                   snapshot: Literal["now", "background"] = "now") -> bool:
+        """Copy ``state`` to host memory and write it in the background; True once started.
 
-        The caller waits only for the copy into staging buffers, which are reused by the next
-        save of the same layout (one host copy of the state stays allocated). One write is in
-        flight at a time: if the previous one is still running, ``if_busy="wait"`` (the
-        default) waits for it first, ``if_busy="skip"`` returns False at once without
-        copying anything. An error of a background write is raised by the next call to
-        ``save``, ``save_async``, ``wait``, ``load_latest`` or ``load_into``.
+        ``snapshot="now"`` (the default): the call returns once the copy into staging
+        buffers is taken, and the state may change at once. ``snapshot="background"``: the
+        call returns at once and a thread copies the host tensors and arrays (the write
+        starts once they are copied); the state must not change until ``wait_snapshot()``
+        returns (``guard(optimizer)`` waits before each optimizer step). Staging buffers are
+        reused by the next save of the same layout (one host copy of the state stays
+        allocated). CUDA tensors go through pinned buffers on the current stream either way.
+
+        One write is in flight at a time: if the previous one is still running,
+        ``if_busy="wait"`` (the default) waits for it first, ``if_busy="skip"`` returns
+        False at once without copying anything. An error of a background write is raised by
+        the next call to ``save``, ``save_async``, ``wait``, ``load_latest`` or ``load_into``.
         """
         if if_busy not in ("wait", "skip"):
             raise ValueError(f"if_busy must be 'wait' or 'skip', not {if_busy!r}")
+        if snapshot not in ("now", "background"):
+            raise ValueError(f"snapshot must be 'now' or 'background', not {snapshot!r}")
         with self._lock:
             if if_busy == "skip" and self._pending is not None and self._pending.is_alive():
                 return False
             self.wait()
-            staged = self._stager.stage(state, copy_host=True)
+            staged = self._stager.stage(state, copy_host=True,
+                                        defer=snapshot == "background")
             blobs: list[Any] = []
             sources: list[Any] = []
             tree = flatten(staged.state, blobs, sources)
@@ -185,6 +203,7 @@ class Checkpointer:
 
             def write() -> None:
                 try:
+                    staged.wait_host()  # the loop waits for the copy: let it run alone
                     write_checkpoint(self.root, self.epoch, int(step), tree, blobs, ready)
                     prune(self.root, self.keep_last)
                     self.heartbeat(step)
@@ -192,17 +211,47 @@ class Checkpointer:
                     log.error("background checkpoint write failed: %s", exc)
                     self._error = exc
 
+            self._snapshot = staged
+            staged.start()  # deferred host copies, if any
             self._pending = threading.Thread(target=write, name="hafo-checkpoint", daemon=True)
-            self._pending.start()  # writes what has arrived while CUDA copies go on
-            staged.wait()  # the only part the caller waits for
+            self._pending.start()  # CUDA chunks are written as they arrive
+            if snapshot == "now":
+                staged.wait()  # the only part the caller waits for
             return True
 
+    def wait_snapshot(self) -> None:
+        """Block until the state given to the latest ``save_async`` has been copied, after
+        which it may change. Returns at once when there is nothing to wait for. A failed
+        copy is not raised here: the write then fails, and the next call to ``wait``,
+        ``save``, ``save_async``, ``load_latest`` or ``load_into`` raises it."""
+        staged = self._snapshot
+        if staged is None:
+            return
+        with contextlib.suppress(SnapshotFailed):  # the write raises it, on the next call
+            staged.wait()
+        if self._snapshot is staged:
+            self._snapshot = None
+
+    def guard(self, optimizer: Any) -> Any:
+        """Make ``optimizer.step()`` wait for a background snapshot in progress
+        (``wait_snapshot``) before it changes the parameters and its own state: the one
+        line a training loop needs for ``save_async(snapshot="background")``. Returns the
+        hook's handle (``.remove()`` undoes it). Needs torch >= 2.0; other changes to the
+        state (e.g. BatchNorm statistics updated by a forward pass in training mode) are
+        not guarded: call ``wait_snapshot()`` before them."""
+        return guard_step(optimizer, self.wait_snapshot)
+
     def wait(self) -> None:
-        """Block until the background write (if any) is committed; re-raise its error."""
+        """Block until the background write (if any) is committed and old checkpoints are
+        deleted; re-raise the write's error."""
         with self._lock:
+            if self._sweeper is not None:
+                self._sweeper.join()
+                self._sweeper = None
             if self._pending is not None:
                 self._pending.join()
                 self._pending = None
+                self._snapshot = None
             if self._error is not None:
                 error, self._error = self._error, None
                 raise RuntimeError(f"previous background checkpoint failed: {error}") from error

@@ -28,6 +28,7 @@ does that).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -39,9 +40,10 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from hafo.checkpoint.codec import Blob, flatten, stage, unflatten
+from hafo.checkpoint.blobio import Ready
+from hafo.checkpoint.codec import Blob, flatten, unflatten
 from hafo.checkpoint.format import (
     CheckpointRef,
     CorruptCheckpoint,
@@ -53,6 +55,7 @@ from hafo.checkpoint.format import (
     write_checkpoint,
 )
 from hafo.checkpoint.sdk import Checkpointer, Restored
+from hafo.checkpoint.staging import SnapshotFailed, Staged, Stager, guard_step
 
 log = logging.getLogger("hafo.checkpoint")
 
@@ -169,6 +172,8 @@ class ShardedCheckpointer:
         self._last_step: int | None = None
         self._pending: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._stager = Stager()  # save_async's staging buffers, reused while the layout holds
+        self._snapshot: Staged | None = None
 
     # -- shared with Checkpointer ----------------------------------------------------------
 
@@ -206,33 +211,60 @@ class ShardedCheckpointer:
         tree = flatten(state, blobs)
         return self._write_and_commit(step, tree, blobs)
 
-    def save_async(self, state: dict[str, Any], step: int) -> None:
-        """Copy ``state`` to host memory now; write the shard and wait for the commit in the
-        background. One save is in flight at a time (a second call waits for the first);
-        its error is raised by the next ``save``, ``save_async``, ``wait`` or
-        ``load_latest``."""
+    def save_async(self, state: dict[str, Any], step: int,
+                   snapshot: Literal["now", "background"] = "now") -> None:
+        """Copy ``state`` to host memory (into staging buffers reused by the next save of
+        the same layout); write the shard and wait for the commit in the background. With
+        ``snapshot="background"`` the call returns before the copy is taken, as in
+        ``Checkpointer.save_async``: the state must not change until ``wait_snapshot()``
+        (or a ``guard``-ed optimizer step). One save is in flight at a time (a second call
+        waits for the first); its error is raised by the next ``save``, ``save_async``,
+        ``wait`` or ``load_latest``."""
+        if snapshot not in ("now", "background"):
+            raise ValueError(f"snapshot must be 'now' or 'background', not {snapshot!r}")
         self.wait()
         step = self._claim(step)
-        staged = stage(state)
+        staged = self._stager.stage(state, copy_host=True, defer=snapshot == "background")
+        blobs: list[Blob] = []
+        sources: list[Any] = []
+        tree = flatten(staged.state, blobs, sources)
+        ready = staged.ready(sources)
 
         def write() -> None:
             try:
-                blobs: list[Blob] = []
-                tree = flatten(staged, blobs)
-                self._write_and_commit(step, tree, blobs)
+                staged.wait_host()  # the loop waits for the copy: let it run alone
+                self._write_and_commit(step, tree, blobs, ready)
             except BaseException as exc:  # surfaced on the next call
                 log.error("background sharded checkpoint failed: %s", exc)
                 self._error = exc
 
+        self._snapshot = staged
+        staged.start()
         self._pending = threading.Thread(target=write, name="hafo-sharded-checkpoint",
                                          daemon=True)
         self._pending.start()
+        if snapshot == "now":
+            staged.wait()
+
+    def wait_snapshot(self) -> None:
+        """Block until the state given to the latest ``save_async`` has been copied (see
+        ``Checkpointer.wait_snapshot``)."""
+        staged = self._snapshot
+        if staged is not None:
+            with contextlib.suppress(SnapshotFailed):  # the write raises it, on the next call
+                staged.wait()
+
+    def guard(self, optimizer: Any) -> Any:
+        """Make ``optimizer.step()`` wait for a background snapshot in progress (see
+        ``Checkpointer.guard``); returns the hook's handle."""
+        return guard_step(optimizer, self.wait_snapshot)
 
     def wait(self) -> None:
         """Block until the background save (if any) is committed; re-raise its error."""
         if self._pending is not None:
             self._pending.join()
             self._pending = None
+            self._snapshot = None
         if self._error is not None:
             error, self._error = self._error, None
             raise RuntimeError(f"previous background checkpoint failed: {error}") from error
@@ -248,11 +280,12 @@ class ShardedCheckpointer:
         self._last_step = step
         return step
 
-    def _write_and_commit(self, step: int, tree: Any, blobs: list[Blob]) -> str:
+    def _write_and_commit(self, step: int, tree: Any, blobs: list[Blob],
+                          ready: Ready | None = None) -> str:
         gang = self.gang_path(step)
         gang.mkdir(parents=True, exist_ok=True)
         write_checkpoint(self._shard_root(gang, self.rank, self.world_size), self.epoch,
-                         step, tree, blobs)
+                         step, tree, blobs, ready)
         fsync_dir(gang)  # the shard's directory entry is durable too
         if self.barrier is not None:
             self.barrier()  # every shard is written

@@ -7,10 +7,19 @@ CPU tensors and arrays are copied with one ``copy_``/``copyto`` each; CUDA tenso
 pinned host buffers by ``CHUNK``-sized asynchronous device-to-host copies on the tensor's
 current stream, each followed by a CUDA event, so the writer can start on a chunk as soon as
 it has arrived (``Staged.ready``) while later chunks are still on their way.
+
+A deferred staging (``defer=True``, ``save_async(snapshot="background")``) only decides the
+buffers; ``Staged.start`` then copies host tensors and arrays chunk by chunk on a thread of
+its own, each chunk followed by a ``HostEvent``, so the training loop goes on at once. The
+state must not change until ``Staged.wait`` returns. The SDK's writers start only once the
+host copies are done (``Staged.wait_host``): the copy then has the memory bandwidth to itself
+and ends sooner, which is what the training loop waits for; ``Staged.ready`` would let them
+write each chunk as soon as it is copied.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,13 +30,76 @@ from hafo.checkpoint.codec import _np, _torch, check_keys
 Path = tuple[Any, ...]
 
 
+class SnapshotFailed(RuntimeError):
+    """A deferred host copy failed (e.g. a tensor changed shape before it was copied)."""
+
+
+class HostEvent:
+    """Set once a chunk of a host staging buffer holds the state's bytes; waited on like a
+    CUDA event (``synchronize``)."""
+
+    def __init__(self, staged: Staged) -> None:
+        self._event = threading.Event()
+        self._staged = staged
+
+    def set(self) -> None:
+        """The chunk is copied (or the copy failed: ``synchronize`` then raises)."""
+        self._event.set()
+
+    def query(self) -> bool:
+        """True once the chunk is copied (or the copy failed)."""
+        return self._event.is_set()
+
+    def synchronize(self) -> None:
+        """Block until the chunk is copied; SnapshotFailed if the copy failed."""
+        self._event.wait()
+        if self._staged.error is not None:
+            raise SnapshotFailed(f"the state could not be copied: {self._staged.error}")
+
+
+def guard_step(optimizer: Any, wait: Callable[[], None]) -> Any:
+    """Register ``wait`` as a step pre-hook of ``optimizer`` (torch >= 2.0): every
+    ``optimizer.step()`` first waits; returns the hook's handle. TypeError for an optimizer
+    without step hooks."""
+    register = getattr(optimizer, "register_step_pre_hook", None)
+    if register is None:
+        raise TypeError(f"{type(optimizer).__name__} has no register_step_pre_hook "
+                        f"(torch >= 2.0 optimizers do): call wait_snapshot() yourself")
+    return register(lambda *_args: wait())
+
+
+_Copy = tuple[Callable[[int, int], None], int, int, list[HostEvent]]  # copy(a, b), n, step
+
+
 @dataclass
 class Staged:
     """A staged state: ``state`` with staging buffers in place of its tensors and arrays."""
 
     state: Any = None
-    events: dict[int, list[Any]] = field(default_factory=dict)  # id(buffer) -> CUDA events
+    events: dict[int, list[Any]] = field(default_factory=dict)  # id(buffer) -> CUDA/host events
     buffers: list[Any] = field(default_factory=list)  # keeps the ids above valid
+    copies: list[_Copy] = field(default_factory=list)  # deferred host copies, in state order
+    error: BaseException | None = None
+
+    def start(self) -> None:
+        """Run the deferred host copies on a thread of their own (no-op when there are
+        none); returns at once."""
+        if not self.copies:
+            return
+        threading.Thread(target=self._copy_all, name="hafo-ckpt-snapshot", daemon=True).start()
+
+    def _copy_all(self) -> None:
+        pending = [event for *_rest, events in self.copies for event in events]
+        try:
+            for copy, count, step, events in self.copies:
+                for index, start in enumerate(range(0, max(count, 1), step)):
+                    copy(start, min(count, start + step))
+                    events[index].set()
+        except BaseException as exc:  # surfaced by synchronize() in the writer and wait()
+            self.error = exc
+        finally:
+            for event in pending:
+                event.set()
 
     def ready(self, sources: list[Any]) -> Ready | None:
         """The writer's ``ready(blob, chunk)`` for blobs flattened from ``state`` (``sources``
@@ -45,9 +117,21 @@ class Staged:
         return ready
 
     def wait(self) -> None:
-        """Block until every device-to-host copy has landed."""
+        """Block until every device-to-host and deferred host copy has landed;
+        SnapshotFailed if a deferred one failed."""
         for waits in self.events.values():
             waits[-1].synchronize()
+
+    def wait_host(self) -> None:
+        """Block until the deferred host copies are done (the copier runs them in order, so
+        the last one's last chunk is the end); SnapshotFailed if one failed."""
+        if self.copies:
+            self.copies[-1][3][-1].synchronize()
+
+    @property
+    def done(self) -> bool:
+        """True once nothing is left to copy (a failed copy counts as done)."""
+        return all(bool(waits[-1].query()) for waits in self.events.values())
 
 
 class Stager:
@@ -55,6 +139,7 @@ class Stager:
 
     def __init__(self) -> None:
         self._pool: dict[Path, Any] = {}
+        self._defer = False
 
     @property
     def buffers(self) -> dict[Path, Any]:
@@ -65,16 +150,18 @@ class Stager:
         """Drop the staging buffers (their memory is freed when nothing else uses it)."""
         self._pool = {}
 
-    def stage(self, state: Any, copy_host: bool = True) -> Staged:
+    def stage(self, state: Any, copy_host: bool = True, defer: bool = False) -> Staged:
         """Copy ``state``'s tensors and arrays into staging buffers; with ``copy_host=False``
         only CUDA tensors are copied (to pinned host memory) and host ones are shared. CUDA
         copies may still be in flight on return: see ``Staged.wait`` and ``Staged.ready``.
+        With ``defer=True`` host copies are only planned: ``Staged.start`` runs them.
         TypeError, at once, for what cannot be checkpointed."""
         previous = self._pool
         # a full staging keeps only the buffers it used (a changed layout frees the rest); a
         # device-only one keeps the host buffers of save_async for its next save
         self._pool = {} if copy_host else dict(previous)
         staged = Staged()
+        self._defer = defer
         staged.state = self._stage(state, (), previous, staged, copy_host)
         return staged
 
@@ -114,11 +201,32 @@ class Stager:
                 lambda b: isinstance(b, numpy.ndarray) and b.shape == value.shape
                 and b.dtype == value.dtype,
                 lambda: numpy.empty(value.shape, dtype=value.dtype))
-            numpy.copyto(array, value)
+            if not self._defer:
+                numpy.copyto(array, value)
+                return array
+            if value.flags.c_contiguous:
+                flat_in, flat_out = value.reshape(-1), array.reshape(-1)
+
+                def copy(a: int, b: int) -> None:
+                    numpy.copyto(flat_out[a:b], flat_in[a:b])
+
+                self._plan(staged, array, copy, value.size, max(1, CHUNK // value.itemsize))
+            else:
+                self._plan(staged, array, lambda _a, _b: numpy.copyto(array, value), 1, 1)
             return array
         if numpy is not None and isinstance(value, numpy.generic):
             return value.item()
         raise TypeError(f"cannot checkpoint a value of type {type(value).__name__}")
+
+    @staticmethod
+    def _plan(staged: Staged, buffer: Any, copy: Callable[[int, int], None], count: int,
+              step: int) -> None:
+        """A deferred copy of ``count`` items, ``step`` at a time, one event per chunk (the
+        writer's chunks: ``step`` items are ``CHUNK`` bytes)."""
+        events = [HostEvent(staged) for _ in range(max(1, -(-count // step)))]
+        staged.copies.append((copy, count, step, events))
+        staged.events[id(buffer)] = events
+        staged.buffers.append(buffer)
 
     def _tensor(self, value: Any, path: Path, previous: dict[Path, Any], staged: Staged,
                 copy_host: bool) -> Any:
@@ -136,7 +244,18 @@ class Stager:
             and b.dtype == tensor.dtype and b.is_pinned() == cuda,
             lambda: torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=cuda))
         if not cuda:
-            buffer.copy_(tensor)
+            if not self._defer:
+                buffer.copy_(tensor)
+            elif tensor.is_contiguous():
+                flat_in, flat_out = tensor.reshape(-1), buffer.reshape(-1)
+
+                def copy(a: int, b: int) -> None:
+                    flat_out[a:b].copy_(flat_in[a:b])
+
+                self._plan(staged, buffer, copy, tensor.numel(),
+                           max(1, CHUNK // tensor.element_size()))
+            else:
+                self._plan(staged, buffer, lambda _a, _b: buffer.copy_(tensor), 1, 1)
             return buffer
         source = tensor.contiguous().reshape(-1)
         target = buffer.reshape(-1)  # a view: the buffer is contiguous

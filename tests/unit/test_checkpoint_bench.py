@@ -36,13 +36,14 @@ def run(args: list[str], tmp_path: Path, timeout: float = 100) -> subprocess.Com
 def test_a_tiny_run_measures_every_method_and_reports_it(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     done = run([str(BENCH / "checkpoint.py"), "--mib", "4", "--repeat", "2", "--no-rss",
-                "--json", str(out)], tmp_path)
+                "--compute-s", "0.05", "--json", str(out)], tmp_path)
     assert done.returncode == 0, done.stderr
     [size] = json.loads(out.read_text())["sizes"]
     assert size["mib"] == 4 and size["tensors"] == 64
     assert size["dtypes"] == ["bfloat16", "float32", "int64"]
     measured = [op for op in LOADS if op not in size["not_available"]]
-    keys = [*SAVES, *measured, *(f"{op}:{part}" for op in ASYNCS for part in ("stall", "total"))]
+    keys = [*SAVES, *measured, "memcpy:stall", "hafo_async_bg:copy",
+            *(f"{op}:{part}" for op in ASYNCS if op != "memcpy" for part in ("stall", "total"))]
     for key in keys:
         sec = size["seconds"][key]
         assert len(sec["samples"]) == 2 and sec["min"] <= sec["median"] <= sec["max"], key
@@ -52,9 +53,11 @@ def test_a_tiny_run_measures_every_method_and_reports_it(tmp_path: Path) -> None
         if "load_into" not in name or not size["not_available"]:
             assert value is not None and value > 0, name
     goals = size["goals"]
-    assert len(goals) == 10
-    # RSS skipped, the stall goal is for >= 1 GiB: those have no verdict; the rest do
-    assert [g["pass"] is None for g in goals] == [False] * 6 + [True, False, True, True]
+    assert len(goals) == 13
+    # RSS skipped, the stall goals are for >= 1 GiB: those have no verdict; the rest do
+    assert [g["pass"] is None for g in goals] == [False] * 7 + [True, True, False, False,
+                                                                True, True]
+    assert size["background_compute_s"] == 0.05
     ranks = size["ranks"]
     if importlib.util.find_spec("hafo.checkpoint.sharded") is None:
         assert "not present" in ranks["skipped"]
@@ -65,7 +68,7 @@ def test_a_tiny_run_measures_every_method_and_reports_it(tmp_path: Path) -> None
     text = done.stdout
     for op in (*SAVES, *LOADS, *ASYNCS):
         assert LABELS[op] in text, op
-    assert "goals at 4 MiB" in text and text.count("PASS") + text.count("MISS") == 7
+    assert "goals at 4 MiB" in text and text.count("PASS") + text.count("MISS") == 9
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]  # cleaned up
 
 

@@ -246,12 +246,16 @@ def test_a_missing_shard_or_a_damaged_commit_record_is_skipped(tmp_path: Path) -
     assert [r.step for r in restored] == [10, 10]
 
 
-def test_save_async_stages_now_and_commits_in_the_background(tmp_path: Path) -> None:
+@pytest.mark.parametrize("snapshot", ["now", "background"])
+def test_save_async_stages_now_and_commits_in_the_background(tmp_path: Path,
+                                                             snapshot: str) -> None:
     members = gang(tmp_path, 2)
     states = [shard_state(rank, 10) for rank in range(2)]
 
     def save_async(ck: ShardedCheckpointer) -> None:
-        ck.save_async(states[ck.rank], 10)
+        ck.save_async(states[ck.rank], 10, snapshot=snapshot)  # type: ignore[arg-type]
+        if snapshot == "background":
+            ck.wait_snapshot()
         states[ck.rank]["w"][:] = -1  # the training loop goes on changing its arrays
 
     together(members, save_async)
