@@ -35,9 +35,9 @@ from hafo.checkpoint import sharded
 cfg = json.loads(sys.argv[1])
 if cfg.get("hang_at") is not None:
     real_write = sharded.write_checkpoint
-    def write_then_hang(root, epoch, step, tree, blobs):
+    def write_then_hang(root, epoch, step, tree, blobs, ready=None):
         if step != cfg["hang_at"]:
-            return real_write(root, epoch, step, tree, blobs)
+            return real_write(root, epoch, step, tree, blobs, ready)
         tmp = root / ".tmp-interrupted"
         tmp.mkdir(parents=True)
         with open(tmp / "data.bin", "wb") as fh:
