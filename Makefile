@@ -30,7 +30,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 unit: $(STAMP)
-	$(BIN)/pytest -q tests/unit $(addsuffix /tests,$(PLUGINS))
+	$(BIN)/pytest -q -n 2 tests/unit $(addsuffix /tests,$(PLUGINS))
 
 integration: $(STAMP)
 	$(BIN)/pytest -q tests/integration
@@ -44,9 +44,12 @@ test-deps:
 e2e: $(STAMP) test-deps
 	$(BIN)/pytest -q tests/e2e
 
+# The unit tests (pure and fast, no shared ports or clocks) run on two workers; everything
+# that times real processes, etcd or machines runs alone, one test at a time.
 test: $(STAMP) test-deps
 	$(MAKE) lint
-	$(BIN)/pytest -q -rs --durations=25 -p no:cacheprovider tests $(addsuffix /tests,$(PLUGINS))
+	$(BIN)/pytest -q -rs -n 2 -p no:cacheprovider tests/unit $(addsuffix /tests,$(PLUGINS))
+	$(BIN)/pytest -q -rs --durations=25 -p no:cacheprovider tests/e2e tests/hosts tests/integration
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/failover.py
