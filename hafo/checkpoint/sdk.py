@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -24,7 +23,7 @@ from hafo.checkpoint.format import (
     retire,
     write_checkpoint,
 )
-from hafo.checkpoint.staging import SnapshotFailed, Staged, Stager, guard_step
+from hafo.checkpoint.staging import Staged, Stager, guard_step
 from hafo.model.progress import HEARTBEAT_FILE, Heartbeat, encode_heartbeat
 
 log = logging.getLogger("hafo.checkpoint")
@@ -225,12 +224,8 @@ class Checkpointer:
         copy is not raised here: the write then fails, and the next call to ``wait``,
         ``save``, ``save_async``, ``load_latest`` or ``load_into`` raises it."""
         staged = self._snapshot
-        if staged is None:
-            return
-        with contextlib.suppress(SnapshotFailed):  # the write raises it, on the next call
-            staged.wait()
-        if self._snapshot is staged:
-            self._snapshot = None
+        if staged is not None:
+            staged.wait_copied()
 
     def guard(self, optimizer: Any) -> Any:
         """Make ``optimizer.step()`` wait for a background snapshot in progress

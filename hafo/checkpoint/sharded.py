@@ -28,7 +28,6 @@ does that).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -55,7 +54,7 @@ from hafo.checkpoint.format import (
     write_checkpoint,
 )
 from hafo.checkpoint.sdk import Checkpointer, Restored
-from hafo.checkpoint.staging import SnapshotFailed, Staged, Stager, guard_step
+from hafo.checkpoint.staging import Staged, Stager, guard_step
 
 log = logging.getLogger("hafo.checkpoint")
 
@@ -251,8 +250,7 @@ class ShardedCheckpointer:
         ``Checkpointer.wait_snapshot``)."""
         staged = self._snapshot
         if staged is not None:
-            with contextlib.suppress(SnapshotFailed):  # the write raises it, on the next call
-                staged.wait()
+            staged.wait_copied()
 
     def guard(self, optimizer: Any) -> Any:
         """Make ``optimizer.step()`` wait for a background snapshot in progress (see

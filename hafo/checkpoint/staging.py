@@ -19,6 +19,7 @@ write each chunk as soon as it is copied.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -78,6 +79,7 @@ class Staged:
     state: Any = None
     events: dict[int, list[Any]] = field(default_factory=dict)  # id(buffer) -> CUDA/host events
     buffers: list[Any] = field(default_factory=list)  # keeps the ids above valid
+    defer: bool = False  # host copies are planned into ``copies``, run by ``start``
     copies: list[_Copy] = field(default_factory=list)  # deferred host copies, in state order
     error: BaseException | None = None
 
@@ -122,6 +124,12 @@ class Staged:
         for waits in self.events.values():
             waits[-1].synchronize()
 
+    def wait_copied(self) -> None:
+        """``wait`` for the training loop (``wait_snapshot``): never raises, since a failed
+        copy is the write's error, raised by the checkpointer's next call."""
+        with contextlib.suppress(SnapshotFailed):
+            self.wait()
+
     def wait_host(self) -> None:
         """Block until the deferred host copies are done (the copier runs them in order, so
         the last one's last chunk is the end); SnapshotFailed if one failed."""
@@ -139,7 +147,6 @@ class Stager:
 
     def __init__(self) -> None:
         self._pool: dict[Path, Any] = {}
-        self._defer = False
 
     @property
     def buffers(self) -> dict[Path, Any]:
@@ -160,8 +167,7 @@ class Stager:
         # a full staging keeps only the buffers it used (a changed layout frees the rest); a
         # device-only one keeps the host buffers of save_async for its next save
         self._pool = {} if copy_host else dict(previous)
-        staged = Staged()
-        self._defer = defer
+        staged = Staged(defer=defer)
         staged.state = self._stage(state, (), previous, staged, copy_host)
         return staged
 
@@ -201,7 +207,7 @@ class Stager:
                 lambda b: isinstance(b, numpy.ndarray) and b.shape == value.shape
                 and b.dtype == value.dtype,
                 lambda: numpy.empty(value.shape, dtype=value.dtype))
-            if not self._defer:
+            if not staged.defer:
                 numpy.copyto(array, value)
                 return array
             if value.flags.c_contiguous:
@@ -244,7 +250,7 @@ class Stager:
             and b.dtype == tensor.dtype and b.is_pinned() == cuda,
             lambda: torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=cuda))
         if not cuda:
-            if not self._defer:
+            if not staged.defer:
                 buffer.copy_(tensor)
             elif tensor.is_contiguous():
                 flat_in, flat_out = tensor.reshape(-1), buffer.reshape(-1)

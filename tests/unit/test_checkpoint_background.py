@@ -1,5 +1,5 @@
 """save_async(snapshot="background"): the call returns before the state is copied, the copy
-runs chunk by chunk beside the writer, ``wait_snapshot`` and ``guard(optimizer)`` hold the
+runs chunk by chunk before the write, ``wait_snapshot`` and ``guard(optimizer)`` hold the
 state still until it is taken, and a failed copy commits nothing and is raised once."""
 
 from __future__ import annotations
