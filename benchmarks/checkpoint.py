@@ -9,7 +9,9 @@ process, on one directory per method, repetitions interleaved (the order rotates
   buffer: the disk's limit;
 - torch.save + fsync / torch.load, and torch.load(mmap=True) with every page touched;
 - safetensors save_file + fsync / load_file;
-- torch.distributed.checkpoint (DCP) save, async_save and load (in place), one process;
+- torch.distributed.checkpoint (DCP) save, async_save (default: staged before it returns;
+  and with DefaultStager's async staging, the counterpart of hafo's background snapshot) and
+  load (in place), one process;
 - hafo's Checkpointer save, save_async, load_latest and load_into (where this version has it).
 Every save is durable on return. Before each load the method's files are fsynced and evicted
 from the page cache (posix_fadvise DONTNEED; with --drop-caches, as root, the whole cache is
@@ -83,6 +85,7 @@ def rss_child(op: str, mib: int, root: str) -> None:
         kept: Any = None
     elif op in ASYNCS:
         methods.save_async(op)
+        methods.close()
         kept = None
     else:
         kept = methods.load(op)
@@ -143,6 +146,7 @@ def bench(mib: int, repeat: int, root: Path, drop: bool, rss: bool,
             if rep == 0:
                 check_loaded(op, loaded, state, zeroed)
             del loaded
+    methods.close()
     result = SizeResult(
         mib=mib, nbytes=state_bytes(state), tensors=len(state),
         dtypes=sorted({str(t.dtype).removeprefix("torch.") for t in state.values()}),

@@ -13,6 +13,8 @@ import shutil
 import sys
 import time
 import warnings
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,7 @@ PARTS = (("attn.qkv.weight", 3, torch.bfloat16), ("attn.out.weight", 1, torch.fl
 EDGES = (("embed.weight", 4, torch.bfloat16), ("head.weight", 4, torch.float32))
 
 SAVES = ("raw_write", "torch_save", "st_save", "dcp_save", "hafo_save")
-ASYNCS = ("dcp_async", "hafo_async", "hafo_async_bg", "memcpy")
+ASYNCS = ("dcp_async", "dcp_async_bg", "hafo_async", "hafo_async_bg", "memcpy")
 #: seconds of a forward and backward pass in the background-snapshot loop: the host waits
 #: meanwhile, as while a GPU computes (``--compute-s``)
 COMPUTE_S = 0.5
@@ -47,6 +49,7 @@ LABELS = {
     "dcp_save": "DCP save (1 process)",
     "hafo_save": "hafo save",
     "dcp_async": "DCP async_save",
+    "dcp_async_bg": "DCP async_save, async staging",
     "hafo_async": "hafo save_async",
     "hafo_async_bg": "hafo save_async, background snapshot",
     "memcpy": "memcpy into kept buffers",
@@ -148,7 +151,7 @@ class Methods:
     step: int = 0
     compute_s: float = COMPUTE_S
     copied: float | None = None  # the last background snapshot's copy, seconds
-    kept: list[torch.Tensor] | None = None  # memcpy's buffers
+    dcp_stager: Any = None  # DCP's background stager, kept across saves as a loop would
 
     def __post_init__(self) -> None:
         for name in ("raw", "torch", "st", "dcp", "hafo"):
@@ -197,7 +200,7 @@ class Methods:
     def clear(self, op: str) -> None:
         """Remove ``op``'s previous output (untimed, before a save) where it is replaced
         whole; hafo prunes its own old checkpoints inside ``save``, as users see it."""
-        if op in ("dcp_save", "dcp_async"):
+        if op in ("dcp_save", "dcp_async", "dcp_async_bg"):
             shutil.rmtree(self.root / "dcp" / op, ignore_errors=True)
         elif op in ("raw_write", "torch_save", "st_save"):
             self.files_of(op).unlink(missing_ok=True)
@@ -259,38 +262,70 @@ class Methods:
             self.ck.save_async(self.state, step=self.step)
             stall = time.perf_counter() - started
             self.ck.wait()
+        elif op == "dcp_async_bg":
+            # DCP's counterpart of a background snapshot: DefaultStager with async staging
+            # copies the state on a thread; the loop must not change it until staging is done
+            from torch.distributed.checkpoint import state_dict_saver as dcp
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            if self.dcp_stager is None:
+                self.dcp_stager = DefaultStager(StagingOptions(
+                    use_pinned_memory=False, use_shared_memory=False, use_async_staging=True,
+                    use_non_blocking_copy=False))
+            response = dcp.async_save(self.state, checkpoint_id=str(self.root / "dcp" / op),
+                                      no_dist=True, async_stager=self.dcp_stager)
+            stall = time.perf_counter() - started
+            assert not isinstance(response, Future), "async staging returns a response"
+            staging = response.staging_completion
+            stall += self._compute(started, staging.done, staging.result)
+            response.upload_completion.result()
         elif op == "hafo_async_bg":
-            # a training step: save, forward and backward (the host idle for compute_s),
-            # then the guarded optimizer step waits for whatever is left of the copy
             self.step += 1
             self.ck.save_async(self.state, step=self.step, snapshot="background")
             stall = time.perf_counter() - started
             staged = self.ck._snapshot
-            deadline = started + self.compute_s
-            while time.perf_counter() < deadline:
-                if staged is not None and self.copied is None and staged.done:
-                    self.copied = time.perf_counter() - started
-                time.sleep(0.002)
-            waited = time.perf_counter()
-            self.ck.wait_snapshot()
-            stall += time.perf_counter() - waited
-            if self.copied is None:
-                self.copied = time.perf_counter() - started
+            stall += self._compute(started, lambda: staged is None or staged.done,
+                                   self.ck.wait_snapshot)
             self.ck.wait()
         elif op == "memcpy":
             # the floor of a snapshot taken before the call returns: one copy of every
-            # tensor into buffers allocated (and first touched) beforehand
-            if self.kept is None:
-                self.kept = [torch.empty_like(t) for t in self.state.values()]
-                for buffer, tensor in zip(self.kept, self.state.values(), strict=True):
-                    buffer.copy_(tensor)
-                started = time.perf_counter()
-            for buffer, tensor in zip(self.kept, self.state.values(), strict=True):
+            # tensor into buffers allocated (and first touched) beforehand, untimed; freed
+            # after, so this process holds no more copies of the state than the methods need
+            kept = [torch.empty_like(t) for t in self.state.values()]
+            for buffer, tensor in zip(kept, self.state.values(), strict=True):
+                buffer.copy_(tensor)
+            started = time.perf_counter()
+            for buffer, tensor in zip(kept, self.state.values(), strict=True):
                 buffer.copy_(tensor)
             stall = time.perf_counter() - started
+            del kept
         else:
             raise ValueError(f"unknown async save {op!r}")
         return stall, time.perf_counter() - started
+
+    def _compute(self, started: float, copied: Callable[[], bool],
+                 wait: Callable[[], Any]) -> float:
+        """The rest of a training step after a background snapshot started at ``started``:
+        forward and backward (the host idle for ``compute_s``), then the optimizer step,
+        which first waits for the copy (``wait``). Returns that wait, the loop's extra
+        stall; notes when the copy was done in ``copied``."""
+        deadline = started + self.compute_s
+        while time.perf_counter() < deadline:
+            if self.copied is None and copied():
+                self.copied = time.perf_counter() - started
+            time.sleep(0.002)
+        waited = time.perf_counter()
+        wait()
+        stall = time.perf_counter() - waited
+        if self.copied is None:
+            self.copied = time.perf_counter() - started
+        return stall
+
+    def close(self) -> None:
+        """Stop DCP's stager thread, if one was started."""
+        if self.dcp_stager is not None:
+            self.dcp_stager.close()
+            self.dcp_stager = None
 
     # -- loads ---------------------------------------------------------------------------
     def available(self, op: str) -> bool:

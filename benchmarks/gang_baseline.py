@@ -92,7 +92,8 @@ class TorchrunGang:
                  and not k.startswith(("PET_", "TORCHELASTIC_", "HAFO_"))}
         return {**clean, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
                 "CUDA_VISIBLE_DEVICES": "", "HAFO_WORKLOAD": "ddp-baseline", "HAFO_EPOCH": "1",
-                "HAFO_NODE": f"n{node + 1}", "HAFO_CHECKPOINT_DIR": str(self.checkpoints)}
+                "HAFO_NODE": f"n{node + 1}", "HAFO_CHECKPOINT_DIR": str(self.checkpoints),
+                "TMPDIR": str(self.base)}  # torchrun's torchelastic_* go with the run
 
     def start(self) -> None:
         """Launch the three nodes, the rendezvous host first."""

@@ -615,7 +615,10 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.command not in ("agent", "controller"):
         from hafo import logs
 
-        logs.configure("console", level=os.environ.get("HAFO_LOG_LEVEL", "warning"))
+        # a one-shot command's failure is its one error line: the store's own warning
+        # ("etcd unreachable") would say it twice; commands that keep running still warn
+        quiet = "warning" if args.command in KEEPS_RUNNING else "error"
+        logs.configure("console", level=os.environ.get("HAFO_LOG_LEVEL", quiet))
     if args.command == "demo":
         from hafo.demo import run_demo
 
@@ -636,6 +639,10 @@ def dispatch(args: argparse.Namespace) -> int:
     }
     return _run(handlers[args.command](args))
 
+
+#: Commands that keep running (and log what happens meanwhile at ``warning``); the others log
+#: only errors unless ``$HAFO_LOG_LEVEL`` says otherwise (docs/contract.md, "Commands").
+KEEPS_RUNNING = frozenset({"lb", "dev", "demo", "sim"})
 
 #: The exit status when stdout's reader has gone (128 + SIGPIPE, as a shell reports a
 #: program that SIGPIPE ended): ``set -o pipefail`` sees it as it would for ``cat``.

@@ -34,6 +34,7 @@ from hafo.agent.outputlog import keep_ended
 from hafo.agent.ports import NoFreePort, choose_ports, port_env, read_ports
 from hafo.agent.proctree import kill_instance, pid_alive
 from hafo.agent.rendezvous import GANG_DEFAULTS, gang_env
+from hafo.agent.scratch import make_tmpdir, remove_tmpdir
 from hafo.checkpoint.sharded import list_all_checkpoints
 from hafo.model.cluster import (
     Assignment,
@@ -144,7 +145,9 @@ class Supervisor:
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         gang = gang_env(assignment, self.node)
         inherited = {k: v for k, v in os.environ.items() if k not in SERVICE_MANAGER_ENV}
-        env = {**inherited, **(GANG_DEFAULTS if gang else {}), **spec.env,
+        tmpdir = make_tmpdir(key, spec.env)
+        private = {"TMPDIR": str(tmpdir)} if tmpdir is not None else {}
+        env = {**inherited, **private, **(GANG_DEFAULTS if gang else {}), **spec.env,
                "HAFO_WORKLOAD": assignment.workload, "HAFO_EPOCH": str(assignment.epoch),
                "HAFO_NODE": self.node, "HAFO_CHECKPOINT_DIR": str(checkpoint_dir),
                "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids), "PYTHONUNBUFFERED": "1", **gang,
@@ -154,7 +157,8 @@ class Supervisor:
             "argv": list(spec.command), "env": env, "cwd": spec.workdir or os.getcwd(),
             "grace": spec.stop_grace, "fence_file": str(self.state_dir / FENCE_FILE),
             "checkpoint_mode": spec.checkpoint_mode, "ports": ports,
-            "output_max_bytes": self.logs.max_mib * MIB, "launched_at": time.time()})
+            "output_max_bytes": self.logs.max_mib * MIB, "launched_at": time.time(),
+            "tmpdir": str(tmpdir) if tmpdir is not None else None})
         with open(path / "guard.log", "ab") as guard_log:
             subprocess.Popen([sys.executable, "-m", "hafo", "guard", str(path)],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -215,10 +219,14 @@ class Supervisor:
         return ports
 
     def forget(self, key: InstanceKey) -> None:
-        """Remove an exited, no longer desired instance; its output moves to
-        ``<state_dir>/logs/``, where the newest ``node.logs.keep_epochs`` ended instances of
-        each workload are kept."""
+        """Remove an exited, no longer desired instance and its private ``TMPDIR``; its
+        output moves to ``<state_dir>/logs/``, where the newest ``node.logs.keep_epochs``
+        ended instances of each workload are kept."""
         path = instance_dir(self.state_dir, key)
+        with contextlib.suppress(OSError, ValueError):
+            launch = json.loads((path / "launch.json").read_text())
+            if isinstance(launch, dict):
+                remove_tmpdir(launch)
         with contextlib.suppress(OSError):
             keep_ended(self.state_dir, path, key.workload, key.epoch, self.logs.keep_epochs)
         shutil.rmtree(path, ignore_errors=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -167,6 +168,13 @@ class LocalCluster:
 
     # -- processes --------------------------------------------------------------------------
 
+    def node_env(self, name: str) -> dict[str, str]:
+        """The environment of a node's processes: this one's, with the node's own temporary
+        directory (each machine has its own ``/tmp``), which goes with the cluster."""
+        tmp = self.base / "nodes" / name / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        return {**os.environ, "TMPDIR": str(tmp)}
+
     def start_node(self, name: str) -> None:
         """Power a node on: nodeinit, which starts the agent."""
         handle = self.node_handles[name]
@@ -174,7 +182,8 @@ class LocalCluster:
         handle.pidfile.unlink(missing_ok=True)
         handle.init = spawn([sys.executable, "-m", "hafo.local.nodeinit", str(handle.pidfile),
                              "--", sys.executable, "-m", "hafo", "agent", "--config",
-                             str(handle.config_path)], handle.log_path)
+                             str(handle.config_path)], handle.log_path,
+                            env=self.node_env(name))
 
     def start_controller(self, name: str) -> None:
         """Start a controller process."""
@@ -207,7 +216,7 @@ class LocalCluster:
         path = self.base / "config" / f"{name}-{tag}.yaml"
         self._write_config(path, config)
         proc = spawn([sys.executable, "-m", "hafo", "agent", "--config", str(path)],
-                     self.base / "logs" / f"{name}-{tag}.log")
+                     self.base / "logs" / f"{name}-{tag}.log", env=self.node_env(name))
         return proc, state_dir, port
 
     def move_state_dir(self, name: str, tag: str = "moved") -> Path:

@@ -158,7 +158,9 @@ def test_unreachable_etcd_is_reported(tmp_path: Path) -> None:
                              f"http://127.0.0.1:{free_port()}"], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 3
-    assert "cannot reach etcd" in result.stderr and "Traceback" not in result.stderr
+    # one line: the error, not the etcd client's own warning before it
+    assert result.stderr.startswith("hafo: cannot reach etcd"), result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
 
 
 def test_shell_completion_offers_the_cluster_s_names(cluster: LocalCluster,

@@ -58,7 +58,8 @@ class Gang:
                    "NNODES": str(nodes), "NODE_RANK": str(rank), "WORLD_SIZE": str(nodes),
                    "RANK": str(rank), "PET_NNODES": str(nodes), "PET_NODE_RANK": str(rank),
                    "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port),
-                   "PET_NPROC_PER_NODE": "1", "PET_MAX_RESTARTS": "0"}
+                   "PET_NPROC_PER_NODE": "1", "PET_MAX_RESTARTS": "0",
+                   "TMPDIR": str(base)}  # as hafo gives each instance its own
             log = base / "logs" / f"e{epoch}-n{rank + 1}.log"
             self.logs.append(log)
             self.procs.append(spawn([TORCHRUN, SCRIPT, *self.args], log, env=env,

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -219,7 +222,8 @@ def test_urgent_stop_escalates_a_pending_checkpoint_request(tmp_path: Path) -> N
     assert state.stop_checkpoint is None and not pid_alive(pid)
 
 
-def test_a_stop_asked_for_right_after_launch_is_delivered(tmp_path: Path) -> None:
+def test_a_stop_asked_for_right_after_launch_is_delivered(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The supervisor asks again each cycle until the guard has written its pid: a stop
     decided before that moment is not lost (it used to be marked sent and never sent)."""
     from hafo.agent.instances import InstanceKey
@@ -227,6 +231,7 @@ def test_a_stop_asked_for_right_after_launch_is_delivered(tmp_path: Path) -> Non
     from hafo.model.cluster import Assignment, Submission
     from hafo.model.spec import parse_spec
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its TMPDIR, as the agent's
     state_dir = tmp_path / "state"
     state_dir.mkdir()
     write_deadline(state_dir, time.monotonic() + 60)
@@ -302,3 +307,72 @@ def test_a_killed_guard_leaves_no_worker_once_the_agent_looks(tmp_path: Path) ->
     finally:
         if worker:
             kill_pid(worker)
+
+
+#: Writes into its TMPDIR (as torchrun does: a torchelastic_* directory per run) and reports
+#: which directory that was.
+TMP_WRITER = [sys.executable, "-c", (
+    "import os, pathlib, tempfile, time\n"
+    "d = pathlib.Path(tempfile.mkdtemp(prefix='torchelastic_'))\n"
+    "(d / 'log').write_text('x')\n"
+    "pathlib.Path(os.environ['OUT']).write_text(os.environ['TMPDIR'])\n"
+    "while True: time.sleep(0.05)\n")]
+
+
+def _launch_tmp_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                       env: dict[str, str]) -> tuple[Any, Any, Path]:
+    from hafo.agent.instances import InstanceKey
+    from hafo.agent.supervisor import Supervisor
+    from hafo.model.cluster import Assignment, Submission
+    from hafo.model.spec import parse_spec
+
+    agent_tmp = tmp_path / "agent-tmp"
+    agent_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(agent_tmp))  # the agent's own TMPDIR
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    write_deadline(state_dir, time.monotonic() + 60)
+    supervisor = Supervisor("n1", state_dir, tmp_path / "ck")
+    out = tmp_path / "tmpdir.txt"
+    spec = parse_spec({"name": "job", "command": TMP_WRITER,
+                       "env": {"OUT": str(out), **env}})
+    key = InstanceKey("job-0a1b2c", 3)
+    supervisor.launch(Assignment(workload=key.workload, phase="placed", node="n1", epoch=3),
+                      Submission(key.workload, spec, 0.0), [])
+    assert wait_until(lambda: out.exists() and out.read_text(), 10)
+    return supervisor, key, Path(out.read_text())
+
+
+def test_each_instance_gets_a_private_tmpdir_removed_when_it_is_forgotten(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a killed workload leaves in its TMPDIR (torchrun's torchelastic_* directories)
+    goes with the instance, not into the node's /tmp forever."""
+    supervisor, key, tmpdir = _launch_tmp_writer(tmp_path, monkeypatch, {})
+    try:
+        assert tmpdir.parent == tmp_path / "agent-tmp"
+        assert tmpdir.name.startswith("hafo-job-0a1b2c.3-")
+        assert stat.S_IMODE(tmpdir.stat().st_mode) == 0o700
+        assert [p.name.startswith("torchelastic_") for p in tmpdir.iterdir()] == [True]
+        supervisor.kill_all("test: lease lost")
+        assert supervisor.states()[key].state == "exited"
+        assert tmpdir.exists()  # kept while the instance is
+        supervisor.forget(key)
+        assert not tmpdir.exists()
+        assert list((tmp_path / "agent-tmp").iterdir()) == []
+    finally:
+        supervisor.kill_all("test cleanup")
+
+
+def test_a_tmpdir_set_in_the_spec_is_used_and_left_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mine = tmp_path / "scratch"
+    mine.mkdir()
+    supervisor, key, tmpdir = _launch_tmp_writer(tmp_path, monkeypatch, {"TMPDIR": str(mine)})
+    try:
+        assert tmpdir == mine
+        assert list((tmp_path / "agent-tmp").iterdir()) == []  # none made for it
+        supervisor.kill_all("test: lease lost")
+        supervisor.forget(key)
+        assert [p.name.startswith("torchelastic_") for p in mine.iterdir()] == [True]
+    finally:
+        supervisor.kill_all("test cleanup")

@@ -4,6 +4,7 @@ a shell; no code runs a shell; malformed config and specs get one error naming t
 from __future__ import annotations
 
 import ast
+import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -107,17 +108,21 @@ def test_the_scan_finds_a_shell(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("wid", ["../../escape-0a1b2c", "x/../../y", "..", "job"])
-def test_the_agent_never_builds_a_path_from_a_bad_id(tmp_path: Path, wid: str) -> None:
+def test_the_agent_never_builds_a_path_from_a_bad_id(tmp_path: Path, wid: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from hafo.agent.supervisor import Supervisor
     from hafo.model.cluster import Assignment, Submission
 
+    agent_tmp = tmp_path / "tmp"
+    agent_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(agent_tmp))  # where TMPDIRs would be made
     supervisor = Supervisor("n1", tmp_path / "state", tmp_path / "ck")
     spec = parse_spec({"name": "job", "command": ["true"]})
     with pytest.raises(ValidationError):
         supervisor.launch(Assignment(workload=wid, phase="placed", node="n1", epoch=5),
                           Submission(wid, spec, 0.0), [])
     assert not (tmp_path / "state").exists() and not (tmp_path / "ck").exists()
-    assert list(tmp_path.parent.glob("escape*")) == []
+    assert list(tmp_path.parent.glob("escape*")) == [] and list(agent_tmp.iterdir()) == []
 
 
 @pytest.mark.parametrize(("before", "after"), [("-500", "0"), ("0", "0"), ("300", "300")])
