@@ -34,7 +34,7 @@ from hafo.agent.outputlog import keep_ended
 from hafo.agent.ports import NoFreePort, choose_ports, port_env, read_ports
 from hafo.agent.proctree import kill_instance, pid_alive
 from hafo.agent.rendezvous import GANG_DEFAULTS, gang_env
-from hafo.agent.scratch import make_tmpdir, remove_tmpdir
+from hafo.agent.scratch import kept_caches, make_tmpdir, remove_tmpdir
 from hafo.checkpoint.sharded import list_all_checkpoints
 from hafo.model.cluster import (
     Assignment,
@@ -145,8 +145,8 @@ class Supervisor:
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         gang = gang_env(assignment, self.node)
         inherited = {k: v for k, v in os.environ.items() if k not in SERVICE_MANAGER_ENV}
-        tmpdir = make_tmpdir(key, spec.env)
-        private = {"TMPDIR": str(tmpdir)} if tmpdir is not None else {}
+        tmpdir = make_tmpdir(key.workload, spec.env)
+        private = {"TMPDIR": str(tmpdir), **kept_caches(inherited)} if tmpdir else {}
         env = {**inherited, **private, **(GANG_DEFAULTS if gang else {}), **spec.env,
                "HAFO_WORKLOAD": assignment.workload, "HAFO_EPOCH": str(assignment.epoch),
                "HAFO_NODE": self.node, "HAFO_CHECKPOINT_DIR": str(checkpoint_dir),
@@ -219,14 +219,17 @@ class Supervisor:
         return ports
 
     def forget(self, key: InstanceKey) -> None:
-        """Remove an exited, no longer desired instance and its private ``TMPDIR``; its
-        output moves to ``<state_dir>/logs/``, where the newest ``node.logs.keep_epochs``
-        ended instances of each workload are kept."""
+        """Remove an exited, no longer desired instance (and the workload's private
+        ``TMPDIR`` with its last instance on this node); its output moves to
+        ``<state_dir>/logs/``, where the newest ``node.logs.keep_epochs`` ended instances of
+        each workload are kept."""
         path = instance_dir(self.state_dir, key)
-        with contextlib.suppress(OSError, ValueError):
-            launch = json.loads((path / "launch.json").read_text())
-            if isinstance(launch, dict):
-                remove_tmpdir(launch)
+        if not any(other.workload == key.workload and other != key
+                   for other in list_instances(self.state_dir)):
+            recorded = None  # its last instance here
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                recorded = json.loads((path / "launch.json").read_text()).get("tmpdir")
+            remove_tmpdir(key.workload, recorded)
         with contextlib.suppress(OSError):
             keep_ended(self.state_dir, path, key.workload, key.epoch, self.logs.keep_epochs)
         shutil.rmtree(path, ignore_errors=True)

@@ -319,12 +319,8 @@ TMP_WRITER = [sys.executable, "-c", (
     "while True: time.sleep(0.05)\n")]
 
 
-def _launch_tmp_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                       env: dict[str, str]) -> tuple[Any, Any, Path]:
-    from hafo.agent.instances import InstanceKey
+def _tmp_writer_supervisor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     from hafo.agent.supervisor import Supervisor
-    from hafo.model.cluster import Assignment, Submission
-    from hafo.model.spec import parse_spec
 
     agent_tmp = tmp_path / "agent-tmp"
     agent_tmp.mkdir()
@@ -332,32 +328,48 @@ def _launch_tmp_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     state_dir = tmp_path / "state"
     state_dir.mkdir()
     write_deadline(state_dir, time.monotonic() + 60)
-    supervisor = Supervisor("n1", state_dir, tmp_path / "ck")
-    out = tmp_path / "tmpdir.txt"
+    return Supervisor("n1", state_dir, tmp_path / "ck")
+
+
+def _launch_tmp_writer(supervisor: Any, tmp_path: Path, epoch: int,
+                       env: dict[str, str]) -> tuple[Any, Path]:
+    from hafo.agent.instances import InstanceKey
+    from hafo.model.cluster import Assignment, Submission
+    from hafo.model.spec import parse_spec
+
+    out = tmp_path / f"tmpdir-{epoch}.txt"
     spec = parse_spec({"name": "job", "command": TMP_WRITER,
                        "env": {"OUT": str(out), **env}})
-    key = InstanceKey("job-0a1b2c", 3)
-    supervisor.launch(Assignment(workload=key.workload, phase="placed", node="n1", epoch=3),
-                      Submission(key.workload, spec, 0.0), [])
+    key = InstanceKey("job-0a1b2c", epoch)
+    supervisor.launch(Assignment(workload=key.workload, phase="placed", node="n1",
+                                 epoch=epoch), Submission(key.workload, spec, 0.0), [])
     assert wait_until(lambda: out.exists() and out.read_text(), 10)
-    return supervisor, key, Path(out.read_text())
+    return key, Path(out.read_text())
 
 
-def test_each_instance_gets_a_private_tmpdir_removed_when_it_is_forgotten(
+def test_a_workloads_tmpdir_is_kept_across_its_epochs_and_removed_with_the_last(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What a killed workload leaves in its TMPDIR (torchrun's torchelastic_* directories)
-    goes with the instance, not into the node's /tmp forever."""
-    supervisor, key, tmpdir = _launch_tmp_writer(tmp_path, monkeypatch, {})
+    goes when the workload leaves the node, not into the node's /tmp forever; a restart in
+    place finds what the previous epoch left (torch.compile's cache)."""
+    supervisor = _tmp_writer_supervisor(tmp_path, monkeypatch)
     try:
-        assert tmpdir.parent == tmp_path / "agent-tmp"
-        assert tmpdir.name.startswith("hafo-job-0a1b2c.3-")
+        first, tmpdir = _launch_tmp_writer(supervisor, tmp_path, 3, {})
+        assert tmpdir == tmp_path / "agent-tmp" / "hafo-tmp.job-0a1b2c"
         assert stat.S_IMODE(tmpdir.stat().st_mode) == 0o700
-        assert [p.name.startswith("torchelastic_") for p in tmpdir.iterdir()] == [True]
+        launch = json.loads((tmp_path / "state" / "instances" / "job-0a1b2c.3" /
+                             "launch.json").read_text())
+        assert launch["tmpdir"] == str(tmpdir)
+        if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # torch.compile's cache stays shared
+            assert launch["env"]["TORCHINDUCTOR_CACHE_DIR"].startswith(
+                str(tmp_path / "agent-tmp" / "torchinductor_"))
+        supervisor.kill_all("test: lease lost")  # fenced
+        second, again = _launch_tmp_writer(supervisor, tmp_path, 4, {})  # restarted here
+        assert again == tmpdir
+        supervisor.forget(first)
+        assert len(list(tmpdir.glob("torchelastic_*"))) == 2  # kept: epoch 4 runs here
         supervisor.kill_all("test: lease lost")
-        assert supervisor.states()[key].state == "exited"
-        assert tmpdir.exists()  # kept while the instance is
-        supervisor.forget(key)
-        assert not tmpdir.exists()
+        supervisor.forget(second)
         assert list((tmp_path / "agent-tmp").iterdir()) == []
     finally:
         supervisor.kill_all("test cleanup")
@@ -367,8 +379,9 @@ def test_a_tmpdir_set_in_the_spec_is_used_and_left_alone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mine = tmp_path / "scratch"
     mine.mkdir()
-    supervisor, key, tmpdir = _launch_tmp_writer(tmp_path, monkeypatch, {"TMPDIR": str(mine)})
+    supervisor = _tmp_writer_supervisor(tmp_path, monkeypatch)
     try:
+        key, tmpdir = _launch_tmp_writer(supervisor, tmp_path, 3, {"TMPDIR": str(mine)})
         assert tmpdir == mine
         assert list((tmp_path / "agent-tmp").iterdir()) == []  # none made for it
         supervisor.kill_all("test: lease lost")
