@@ -184,6 +184,10 @@ def test_readme_manual_path(tmp_path: Path) -> None:
         pytest.skip(f"{STATE} exists; the README's commands would use it (not ours to remove)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HAFO_")}
     env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", "")])  # . .venv/bin/activate
+    # the agent's temporary directory, where workloads get theirs: the agent is killed at the
+    # end with its workload still assigned, so nothing would remove it from the real /tmp
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir()
     walk = Walk(env, tmp_path)
     started = time.monotonic()
     try:
