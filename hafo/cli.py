@@ -39,6 +39,10 @@ __all__ = ["EXIT_NOT_FOUND", "EXIT_REFUSED", "EXIT_TIMEOUT", "EXIT_UNAVAILABLE",
 #: Subcommands with a module of their own in hafo.commands (``register`` and ``run``).
 COMMAND_MODULES = ("logs", "show", "dev", "completion", "events")
 
+#: Commands that keep running (and log what happens meanwhile at ``warning``); the others log
+#: only errors unless ``$HAFO_LOG_LEVEL`` says otherwise (docs/contract.md, "Commands").
+KEEPS_RUNNING = frozenset({"lb", "dev", "demo", "sim"})
+
 
 def build_parser() -> Parser:
     """The argument parser of every subcommand."""
@@ -639,10 +643,6 @@ def dispatch(args: argparse.Namespace) -> int:
     }
     return _run(handlers[args.command](args))
 
-
-#: Commands that keep running (and log what happens meanwhile at ``warning``); the others log
-#: only errors unless ``$HAFO_LOG_LEVEL`` says otherwise (docs/contract.md, "Commands").
-KEEPS_RUNNING = frozenset({"lb", "dev", "demo", "sim"})
 
 #: The exit status when stdout's reader has gone (128 + SIGPIPE, as a shell reports a
 #: program that SIGPIPE ended): ``set -o pipefail`` sees it as it would for ``cat``.

@@ -104,6 +104,16 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def read_launch(path: Path) -> dict[str, Any] | None:
+    """The agent's launch.json of the instance at ``path``, or None if not written yet (or
+    unreadable, or not a JSON object)."""
+    try:
+        data = json.loads((path / "launch.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def read_guard_state(path: Path) -> GuardState | None:
     """The guard's state.json, or None if not written yet (or unreadable)."""
     try:

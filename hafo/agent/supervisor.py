@@ -8,7 +8,6 @@ no longer desired, and reports each instance's state to etcd under the node's le
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -28,6 +27,7 @@ from hafo.agent.instances import (
     instance_dir,
     list_instances,
     read_guard_state,
+    read_launch,
     write_json_atomic,
 )
 from hafo.agent.outputlog import keep_ended
@@ -211,11 +211,10 @@ class Supervisor:
         """The ports an instance was launched with (from its launch file, once)."""
         ports = self._ports.get(key)
         if ports is None:
-            try:
-                data = json.loads((instance_dir(self.state_dir, key) / "launch.json").read_text())
-            except (OSError, ValueError):
+            launch = read_launch(instance_dir(self.state_dir, key))
+            if launch is None:
                 return {}  # not launched yet: asked again later
-            ports = self._ports[key] = read_ports(data if isinstance(data, dict) else {})
+            ports = self._ports[key] = read_ports(launch)
         return ports
 
     def forget(self, key: InstanceKey) -> None:
@@ -226,10 +225,8 @@ class Supervisor:
         path = instance_dir(self.state_dir, key)
         if not any(other.workload == key.workload and other != key
                    for other in list_instances(self.state_dir)):
-            recorded = None  # its last instance here
-            with contextlib.suppress(OSError, ValueError, AttributeError):
-                recorded = json.loads((path / "launch.json").read_text()).get("tmpdir")
-            remove_tmpdir(key.workload, recorded)
+            launch = read_launch(path) or {}  # its last instance here
+            remove_tmpdir(key.workload, launch.get("tmpdir"))
         with contextlib.suppress(OSError):
             keep_ended(self.state_dir, path, key.workload, key.epoch, self.logs.keep_epochs)
         shutil.rmtree(path, ignore_errors=True)
