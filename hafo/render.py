@@ -206,6 +206,7 @@ def render_node(node: Mapping[str, Any], workloads: Sequence[Mapping[str, Any]] 
         ("api", node.get("api")),
         ("labels", labels),
         ("reason", node.get("reason")),
+        ("containment", node.get("containment")),
         ("gpus", f"{used} of {len(gpus)} allocated, {healthy} of {len(gpus)} healthy"),
     ])
     if gpus:

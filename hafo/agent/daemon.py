@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from hafo.agent.address import node_address
 from hafo.agent.app_checks import AppChecks
 from hafo.agent.assignments import NodeAssignments
+from hafo.agent.cgroups import CgroupRoot
 from hafo.agent.claim import Displaced, NodeClaim
 from hafo.agent.failsafe import AgentFailsafe
 from hafo.agent.fencefile import write_deadline
@@ -80,8 +81,9 @@ class Agent:
                                   timing.fence_margin, on_renew=self._publish_deadline,
                                   failsafe=self.failsafe.confirm)
         self.assignments = NodeAssignments(self.store, self.keys, self.name)
+        self.containment = CgroupRoot.detect()
         self.supervisor = Supervisor(self.name, self.state_dir, Path(config.checkpoint_root),
-                                     config.node.ports, config.node.logs)
+                                     config.node.ports, config.node.logs, self.containment)
         self.events = EventLog(self.store, self.keys)
         self.inventory: list[Gpu] = []
         self.os_probe = OsProbe(Path(config.checkpoint_root), config.health)
@@ -119,7 +121,15 @@ class Agent:
                           gpus=tuple(self.inventory), healthy=self.healthy,
                           reason=self.unhealthy_reason, api=self.api_address,
                           failsafe_seen=self.failsafe.current.version,
-                          lease=self.keeper.lease_id or 0, address=self.address)
+                          lease=self.keeper.lease_id or 0, address=self.address,
+                          containment=self.containment_text)
+
+    @property
+    def containment_text(self) -> str:
+        """How instances are contained, for the node record and the start-up line."""
+        if self.containment.contained:
+            return "cgroup"
+        return f"processes ({self.containment.reason})"
 
     async def register(self) -> None:
         """Publish inventory and make sure the lease-bound liveness key is ours."""
@@ -431,6 +441,13 @@ class Agent:
         registration (a health cycle, NVML on a real node) may take longer than the fencing
         deadline leaves an adopted lease."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.containment.contained:
+            log.info("instances contained in cgroups", node=self.name,
+                     cgroup=str(self.containment.path))
+        else:
+            log.warning("no cgroup for instances: their processes are found by tree and "
+                        "environment, a weaker guarantee (docs/safety.md, rule 2)",
+                        node=self.name, why=self.containment.reason)
         await self.acquire_lease()
         lease = asyncio.create_task(self._keep_lease(), name="lease")
         try:

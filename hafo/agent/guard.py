@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hafo.agent import cgroups, procid
 from hafo.agent.fencefile import read_deadline
 from hafo.agent.instances import write_json_atomic
 from hafo.agent.outputlog import DEFAULT_MAX_BYTES, OutputPump, OutputWriter
@@ -61,19 +62,30 @@ def catches(pid: int, sig: int) -> bool:
     return False
 
 
-def checkpoint_listeners(leader: int) -> list[int]:
+def checkpoint_listeners(leader: int) -> list[procid.ProcessId]:
     """Who to ask for a checkpoint (SIGUSR1): the workload's process if it listens (the
     checkpoint SDK installs the handler), else every descendant of it that listens (the
-    workers of a launcher such as torchrun, which would die of the signal itself)."""
-    if catches(leader, signal.SIGUSR1):
-        return [leader]
-    return [pid for pid in descendants(leader) if catches(pid, signal.SIGUSR1)]
+    workers of a launcher such as torchrun, which would die of the signal itself); each with
+    its identity, so that the signal goes to no process that took a number meanwhile."""
+    pids = [leader] if catches(leader, signal.SIGUSR1) else [
+        pid for pid in descendants(leader) if catches(pid, signal.SIGUSR1)]
+    found = (procid.identify(pid) for pid in pids)
+    return [identity for identity in found if identity is not None]
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    _unprotect_from_oom()
+def _child_setup(cgroup: Path | None) -> Any:
+    """What the workload's process does between fork and exec: join the instance's cgroup
+    (an error there stops the start: the instance would not be contained), die with the
+    guard, drop the agent's OOM protection."""
+
+    def setup() -> None:
+        if cgroup is not None:
+            cgroups.join(cgroup)
+        with contextlib.suppress(Exception):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        _unprotect_from_oom()
+
+    return setup
 
 
 def _unprotect_from_oom(path: str = "/proc/self/oom_score_adj") -> None:
@@ -95,7 +107,10 @@ class Guard:
         self.launch: dict[str, Any] = json.loads((path / "launch.json").read_text())
         self.fence_file = Path(self.launch["fence_file"])
         self.grace = float(self.launch.get("grace", 30.0))
+        cgroup = self.launch.get("cgroup")
+        self.cgroup = Path(cgroup) if isinstance(cgroup, str) and cgroup else None
         self.state: dict[str, Any] = {"guard_pid": os.getpid(), "pid": None,
+                                      "guard": procid.myself().to_dict(), "workload": None,
                                       "state": "starting", "exit_code": None,
                                       "started_at": None, "finished_at": None, "reason": ""}
         self.stop_requested = False
@@ -109,12 +124,19 @@ class Guard:
         write_json_atomic(self.path / "state.json", self.state)
 
     def _signal_group(self, sig: int) -> None:
-        if self.proc is not None:
+        """Signal the workload's process group: only while the workload is our unreaped child
+        (its number, and so its group's, cannot be anyone else's until we reap it)."""
+        if self.proc is not None and self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, sig)
 
     def _kill_all(self) -> None:
-        """SIGKILL every process of the instance, in any process group or session."""
+        """SIGKILL every process of the instance, in any process group or session: its
+        cgroup, until empty; without one, its process group, the guard's descendants and the
+        processes its environment names (hafo.agent.proctree)."""
+        if self.cgroup is not None:
+            cgroups.kill(self.cgroup)
+            return
         self._signal_group(signal.SIGKILL)
         kill_instance(str(self.launch["workload"]), int(self.launch["epoch"]),
                       str(self.launch["node"]), os.getpid())
@@ -126,7 +148,7 @@ class Guard:
         self.stop_requested = self.urgent = True
 
     def _on_usr1(self, _sig: int, _frame: object) -> None:
-        if self.proc is not None:
+        if self.proc is not None and self.proc.returncode is None:  # our unreaped child
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, signal.SIGUSR1)
 
@@ -153,11 +175,13 @@ class Guard:
         out_read, out_write = os.pipe()  # close-on-exec: only the child's 1 and 2 stay open
         err_read, err_write = os.pipe()
         try:
+            if self.cgroup is not None:
+                cgroups.make(self.cgroup)
             self.proc = subprocess.Popen(
                 self.launch["argv"], env=self.launch["env"], cwd=self.launch.get("cwd"),
                 stdin=subprocess.DEVNULL, stdout=out_write, stderr=err_write,
-                start_new_session=True, preexec_fn=_die_with_parent)
-        except OSError as exc:
+                start_new_session=True, preexec_fn=_child_setup(self.cgroup))
+        except (OSError, subprocess.SubprocessError) as exc:
             for fd in (out_read, err_read):
                 os.close(fd)
             writer.close()
@@ -169,7 +193,9 @@ class Guard:
             os.close(err_write)
         self.pump = OutputPump(writer, out_read, err_read)
         self.pump.start()
-        self.write(state="running", pid=self.proc.pid, started_at=time.time())
+        workload = procid.identify(self.proc.pid)  # our unreaped child: its number is its own
+        self.write(state="running", pid=self.proc.pid, started_at=time.time(),
+                   workload=workload.to_dict() if workload is not None else None)
         return self._supervise()
 
     def _drain_output(self) -> str:
@@ -228,9 +254,8 @@ class Guard:
                 listeners = checkpoint_listeners(self.proc.pid)
                 if listeners:  # the checkpoint SDK listens
                     baseline = self._newest_checkpoint()
-                    for pid in listeners:
-                        with contextlib.suppress(ProcessLookupError, PermissionError):
-                            os.kill(pid, signal.SIGUSR1)
+                    for listener in listeners:
+                        procid.send(listener, signal.SIGUSR1)
                     checkpoint_by = now + self.grace
                     self.write(state="stopping", reason="stopping: checkpoint requested")
                 else:  # SIGUSR1 would kill it: a plain SIGTERM

@@ -5,9 +5,11 @@ finds its guards again (docs/contract.md, "Files on a node"):
     launch.json   written by the agent: workload, epoch, node, argv, env, cwd, grace,
                   fence_file, checkpoint_mode, launched_at
     state.json    written by the guard (by the agent once the guard is gone): guard_pid, pid,
-                  state, exit_code, started_at, finished_at, reason, ended (how it ended:
-                  hafo.model.ends.InstanceEnd), stop_checkpoint, transparent, stderr_tail
-                  (the last lines of the workload's stderr, once it exited)
+                  guard and workload (their identities: pid, start, boot; see
+                  hafo.agent.procid), state, exit_code, started_at, finished_at, reason,
+                  ended (how it ended: hafo.model.ends.InstanceEnd), stop_checkpoint,
+                  transparent, stderr_tail (the last lines of the workload's stderr, once it
+                  exited)
     output.log    the workload's stdout and stderr
     guard.log     the guard's own stderr
 
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hafo.agent.procid import ProcessId
 from hafo.model.ends import InstanceEnd, instance_end
 
 INSTANCES = "instances"
@@ -57,6 +60,8 @@ class GuardState:
     ended: InstanceEnd | None = None  # how it ended (exited instances)
     stop_checkpoint: int | None = None  # the step committed for a stop (None: none)
     stderr_tail: str = ""  # the last lines of the workload's stderr, once it exited
+    guard: ProcessId | None = None  # the guard's identity (None: an older guard's record)
+    workload: ProcessId | None = None  # the workload's first process's identity
 
     @property
     def never_started(self) -> bool:
@@ -120,10 +125,15 @@ def read_guard_state(path: Path) -> GuardState | None:
         data = json.loads((path / "state.json").read_text())
     except (OSError, ValueError):
         return None
-    return GuardState(guard_pid=data.get("guard_pid"), pid=data.get("pid"),
+    if not isinstance(data, dict):
+        return None
+    return GuardState(guard_pid=_int_or_none(data.get("guard_pid")),
+                      pid=_int_or_none(data.get("pid")),
                       state=str(data.get("state", "starting")), exit_code=data.get("exit_code"),
                       started_at=data.get("started_at"), finished_at=data.get("finished_at"),
                       reason=str(data.get("reason", "")), transparent=data.get("transparent"),
                       ended=instance_end(data.get("ended")),
                       stop_checkpoint=_int_or_none(data.get("stop_checkpoint")),
-                      stderr_tail=_text(data.get("stderr_tail")))
+                      stderr_tail=_text(data.get("stderr_tail")),
+                      guard=ProcessId.from_dict(data.get("guard")),
+                      workload=ProcessId.from_dict(data.get("workload")))

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hafo.agent import procid
 from hafo.agent.instances import INSTANCES, read_guard_state
 from hafo.agent.proctree import pid_alive
 from hafo.model.output import (
@@ -213,7 +214,10 @@ class OutputFiles:
         state = read_guard_state(self.instance)
         if state is None:
             return True  # starting
-        return state.state != "exited" and pid_alive(state.guard_pid)
+        if state.state == "exited":
+            return False
+        # a record of an older guard has no identity: its number, then (it reads only)
+        return procid.is_alive(state.guard) if state.guard else pid_alive(state.guard_pid)
 
 
 def _parse_instance(name: str) -> tuple[str, int] | None:

@@ -12,6 +12,11 @@ running. An instance's processes are found two ways, both by pid:
 
 A kill freezes them all first (SIGSTOP, until no new one appears), then SIGKILLs them, so
 none can fork its way out in between.
+
+This is the fallback where the agent can make no cgroup (``hafo.agent.cgroups``): a process
+that leaves the guard's tree (a double fork whose parent died before the guard became its
+reaper cannot, but one re-parented elsewhere can) and clears its environment (``env -i``) is
+found by neither way. docs/safety.md, "Without cgroups", says what is then not guaranteed.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ import ctypes
 import os
 import signal
 from pathlib import Path
+
+from hafo.agent import procid
+from hafo.agent.procid import ProcessId
 
 PR_SET_CHILD_SUBREAPER = 36
 PROC = Path("/proc")
@@ -45,11 +53,19 @@ def _parents() -> dict[int, int]:
     return out
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (not ``pid`` itself)."""
+def children_map() -> dict[int, list[int]]:
+    """Every live process's children, by parent pid (one look at /proc)."""
     children: dict[int, list[int]] = {}
     for child, parent in _parents().items():
         children.setdefault(parent, []).append(child)
+    return children
+
+
+def descendants(pid: int, children: dict[int, list[int]] | None = None) -> list[int]:
+    """Every live descendant of ``pid`` (not ``pid`` itself); ``children``: a
+    ``children_map()`` already taken, to look at several trees at one moment."""
+    if children is None:
+        children = children_map()
     found: list[int] = []
     todo = list(children.get(pid, ()))
     while todo:
@@ -79,28 +95,24 @@ def instance_processes(workload: str, epoch: int, node: str) -> list[int]:
     return sorted(found)
 
 
-def _signal(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
-
-
 def kill_instance(workload: str, epoch: int, node: str, root: int | None = None) -> list[int]:
     """Freeze, then SIGKILL, every process of the instance (``root``'s descendants and those
-    its environment names); returns their pids."""
-    me = os.getpid()
-    frozen: set[int] = set()
+    its environment names); returns their pids. Each is signalled by the identity it had
+    when found (hafo.agent.procid), so a number recycled meanwhile is never hit."""
+    frozen: dict[int, ProcessId] = {}
     for _ in range(50):  # until no new process appears
         found = set(instance_processes(workload, epoch, node))
         if root is not None:
             found.update(descendants(root))
-        found.discard(me)
-        new = sorted(found - frozen)
+        new = [identity for identity in (procid.identify(pid) for pid in sorted(found)
+                                         if pid not in frozen) if identity is not None]
         if not new:
             break
-        _signal(new, signal.SIGSTOP)
-        frozen.update(new)
-    _signal(sorted(frozen), signal.SIGKILL)
+        for identity in new:
+            procid.send(identity, signal.SIGSTOP)
+            frozen[identity.pid] = identity
+    for identity in frozen.values():
+        procid.send(identity, signal.SIGKILL)
     return sorted(frozen)
 
 

@@ -8,6 +8,7 @@ no longer desired, and reports each instance's state to etcd under the node's le
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -20,6 +21,8 @@ from pathlib import Path
 
 import structlog
 
+from hafo.agent import cgroups, procid
+from hafo.agent.cgroups import CgroupRoot
 from hafo.agent.fencefile import FENCE_FILE
 from hafo.agent.instances import (
     GuardState,
@@ -32,7 +35,8 @@ from hafo.agent.instances import (
 )
 from hafo.agent.outputlog import keep_ended
 from hafo.agent.ports import NoFreePort, choose_ports, port_env, read_ports
-from hafo.agent.proctree import kill_instance, pid_alive
+from hafo.agent.procid import ProcessId
+from hafo.agent.proctree import kill_instance
 from hafo.agent.rendezvous import GANG_DEFAULTS, gang_env
 from hafo.agent.scratch import kept_caches, make_tmpdir, remove_tmpdir
 from hafo.checkpoint.sharded import list_all_checkpoints
@@ -76,9 +80,13 @@ class Supervisor:
     checkpoint_root: Path
     port_range: PortRange = field(default_factory=PortRange)
     logs: NodeLogs = field(default_factory=NodeLogs)
+    #: where instances' cgroups are made (the agent passes ``CgroupRoot.detect()``); without
+    #: one, an instance's processes are found by tree and environment (hafo.agent.proctree)
+    containment: CgroupRoot = field(default_factory=lambda: CgroupRoot(None, "not asked for"))
 
     def __post_init__(self) -> None:
         self._ports: dict[InstanceKey, dict[str, int]] = {}
+        self._launches: dict[InstanceKey, dict[str, object]] = {}
         self.stopping: set[InstanceKey] = set()
         self.stopping_now: set[InstanceKey] = set()
         self._checkpoint_cache: dict[str, tuple[float, CheckpointInfo | None]] = {}
@@ -86,7 +94,10 @@ class Supervisor:
     # -- state --------------------------------------------------------------------------
 
     def states(self) -> dict[InstanceKey, GuardState]:
-        """Every instance on disk with its guard's state; dead guards are marked exited."""
+        """Every instance on disk with its guard's state. An instance whose guard is gone is
+        killed whole and marked exited; one recorded in an earlier boot is marked ended by
+        the reboot and never signalled; one whose processes are not all dead yet (its cgroup
+        not empty) reads as ``stopping``, so that no new epoch starts beside them."""
         out: dict[InstanceKey, GuardState] = {}
         for key in list_instances(self.state_dir):
             path = instance_dir(self.state_dir, key)
@@ -97,28 +108,98 @@ class Supervisor:
                 if age < 10.0:
                     state = GuardState(None, None, "starting", None, None, None, "")
                 else:  # the guard never wrote its state: it did not start
-                    state = self._mark_exited(path, None, None, "guard did not start",
+                    state = self._mark_exited(path, state, "guard did not start",
                                               InstanceEnd.GUARD_LOST)
-            elif state.state != "exited" and not pid_alive(state.guard_pid):
+            elif state.state != "exited" and state.guard is not None and not (
+                    state.guard.this_boot):
+                state = self._mark_exited(path, state, "ended by a reboot of the node",
+                                          InstanceEnd.FENCED, exit_code=-9)
+            elif state.state != "exited" and not self._guard_alive(key, state):
                 # the workload may be orphaned: never leave any of its processes running
-                if state.pid:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(state.pid, signal.SIGKILL)
-                kill_instance(key.workload, key.epoch, self.node)
-                state = self._mark_exited(path, state.guard_pid, state.pid, "guard died",
-                                          InstanceEnd.GUARD_LOST, exit_code=-9)
+                if not self._kill_instance(key, state):
+                    out[key] = dataclasses.replace(state, state="stopping")
+                    continue
+                state = self._mark_exited(path, state, "guard died", InstanceEnd.GUARD_LOST,
+                                          exit_code=-9)
+            if state.state == "exited" and not self._kill_leftovers(key):
+                state = dataclasses.replace(state, state="stopping")
             out[key] = state
         return out
 
+    def cgroup_of(self, key: InstanceKey) -> Path | None:
+        """The instance's cgroup, if it was launched in one: the path this agent would give
+        it, and only if its launch file names that same path (a path an edited launch file
+        names is never used)."""
+        path = self.containment.of(self.node, key.dirname)
+        if path is None:
+            return None
+        launch = self._launches.get(key)
+        if launch is None:
+            launch = read_launch(instance_dir(self.state_dir, key))
+            if launch is None:
+                return None
+            self._launches[key] = launch
+        return path if launch.get("cgroup") == str(path) else None
+
+    def _guard_identity(self, key: InstanceKey, state: GuardState) -> ProcessId | None:
+        """The guard's identity: as it recorded it; for a record of an older guard (a bare
+        pid), the process at that pid only if it is that instance's ``hafo guard``."""
+        if state.guard is not None or not state.guard_pid:
+            return state.guard
+        try:
+            argv = (Path("/proc") / str(state.guard_pid) / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return None
+        if b"guard" in argv and str(instance_dir(self.state_dir, key)).encode() in argv:
+            return procid.identify(state.guard_pid)
+        return None
+
+    def _guard_alive(self, key: InstanceKey, state: GuardState) -> bool:
+        return procid.is_alive(self._guard_identity(key, state))
+
+    def _kill_instance(self, key: InstanceKey, state: GuardState,
+                       guard: ProcessId | None = None) -> bool:
+        """SIGKILL every process of the instance: its cgroup, until empty (True once empty);
+        without one, its workload's process group (identity checked), the live guard's
+        descendants and the processes its environment names."""
+        cgroup = self.cgroup_of(key)
+        if cgroup is not None:
+            return cgroups.kill(cgroup)
+        if procid.is_alive(state.workload):
+            assert state.workload is not None
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                # a live process of ours started its own session: its group is ours too
+                os.killpg(state.workload.pid, signal.SIGKILL)
+        kill_instance(key.workload, key.epoch, self.node,
+                      guard.pid if procid.is_alive(guard) and guard is not None else None)
+        return True
+
+    def _kill_leftovers(self, key: InstanceKey) -> bool:
+        """An exited instance's cgroup must be empty: kill what is left (a process that
+        left the workload's tree); True when nothing is left."""
+        cgroup = self.cgroup_of(key)
+        if cgroup is None or not cgroups.populated(cgroup):
+            return True
+        log.warning("processes of an ended instance still ran: killed", workload=key.workload,
+                    node=self.node, epoch=key.epoch, pids=cgroups.members(cgroup))
+        return cgroups.kill(cgroup, wait=1.0)
+
     @staticmethod
-    def _mark_exited(path: Path, guard_pid: int | None, pid: int | None, reason: str,
-                     ended: InstanceEnd, exit_code: int | None = None) -> GuardState:
+    def _mark_exited(path: Path, state: GuardState | None, reason: str, ended: InstanceEnd,
+                     exit_code: int | None = None) -> GuardState:
+        """Record the instance as exited (by the agent: its guard is gone or never was)."""
         now = time.time()
+        guard_pid = state.guard_pid if state else None
+        pid = state.pid if state else None
+        guard = state.guard if state else None
+        workload = state.workload if state else None
         write_json_atomic(path / "state.json", {
             "guard_pid": guard_pid, "pid": pid, "state": "exited", "exit_code": exit_code,
+            "guard": guard.to_dict() if guard else None,
+            "workload": workload.to_dict() if workload else None,
             "started_at": None, "finished_at": now, "reason": reason, "ended": ended.value})
         return GuardState(guard_pid, pid, "exited", exit_code, None, now, reason,
-                          ended=ended)
+                          ended=ended, guard=guard, workload=workload)
 
     # -- actions ------------------------------------------------------------------------
 
@@ -136,7 +217,7 @@ class Supervisor:
                                  assignment.workload)
         except NoFreePort as exc:  # reported as a failed start: restarted or moved
             path.mkdir(parents=True, exist_ok=False)
-            self._mark_exited(path, None, None, str(exc), InstanceEnd.EXIT, exit_code=1)
+            self._mark_exited(path, None, str(exc), InstanceEnd.EXIT, exit_code=1)
             log.error("instance not started", workload=assignment.workload, node=self.node,
                       epoch=assignment.epoch, error=str(exc))
             return
@@ -152,13 +233,15 @@ class Supervisor:
                "HAFO_NODE": self.node, "HAFO_CHECKPOINT_DIR": str(checkpoint_dir),
                "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids), "PYTHONUNBUFFERED": "1", **gang,
                **port_env(ports)}
+        cgroup = self.containment.of(self.node, key.dirname)
         write_json_atomic(path / "launch.json", {
             "workload": assignment.workload, "epoch": assignment.epoch, "node": self.node,
             "argv": list(spec.command), "env": env, "cwd": spec.workdir or os.getcwd(),
             "grace": spec.stop_grace, "fence_file": str(self.state_dir / FENCE_FILE),
             "checkpoint_mode": spec.checkpoint_mode, "ports": ports,
             "output_max_bytes": self.logs.max_mib * MIB, "launched_at": time.time(),
-            "tmpdir": str(tmpdir) if tmpdir is not None else None})
+            "tmpdir": str(tmpdir) if tmpdir is not None else None,
+            "cgroup": str(cgroup) if cgroup is not None else None})
         with open(path / "guard.log", "ab") as guard_log:
             subprocess.Popen([sys.executable, "-m", "hafo", "guard", str(path)],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -172,40 +255,36 @@ class Supervisor:
         if state.state == "exited" or key in self.stopping_now or (
                 key in self.stopping and not urgent):
             return
-        if not (state.guard_pid and pid_alive(state.guard_pid)):
-            return  # its guard has not written its pid yet: asked again next cycle
+        guard = self._guard_identity(key, state)
+        if not procid.send(guard, signal.SIGUSR2 if urgent else signal.SIGTERM):
+            return  # its guard has not written its identity yet: asked again next cycle
         self.stopping.add(key)
         if urgent:
             self.stopping_now.add(key)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(state.guard_pid, signal.SIGUSR2 if urgent else signal.SIGTERM)
         log.info("instance stopping", workload=key.workload, node=self.node, epoch=key.epoch,
                  why=why, urgent=urgent)
 
     def kill_all(self, why: str) -> None:
         """Kill every instance at once (lease lost: someone else may run them now) and record
         each as fenced once its guard is gone (so the guard cannot overwrite the record)."""
-        killed: list[tuple[InstanceKey, GuardState]] = []
+        killed: list[tuple[InstanceKey, GuardState, ProcessId | None]] = []
         for key, state in self.states().items():
             if state.state == "exited":
                 continue
-            if state.pid:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(state.pid, signal.SIGKILL)
-            kill_instance(key.workload, key.epoch, self.node, state.guard_pid)
-            if state.guard_pid:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(state.guard_pid, signal.SIGKILL)
-            killed.append((key, state))
+            guard = self._guard_identity(key, state)
+            procid.send(guard, signal.SIGSTOP)  # it must not start or record anything more
+            self._kill_instance(key, state, guard)
+            procid.send(guard, signal.SIGKILL)
+            killed.append((key, state, guard))
             log.warning("instance killed", workload=key.workload, node=self.node,
                         epoch=key.epoch, why=why)
         deadline = time.monotonic() + 2.0
-        for key, state in killed:
-            while pid_alive(state.guard_pid) and time.monotonic() < deadline:
+        for key, state, guard in killed:
+            while procid.is_alive(guard) and time.monotonic() < deadline:
                 reap_children()
                 time.sleep(0.005)
-            self._mark_exited(instance_dir(self.state_dir, key), state.guard_pid, state.pid,
-                              f"fenced: {why}", InstanceEnd.FENCED, exit_code=-9)
+            self._mark_exited(instance_dir(self.state_dir, key), state, f"fenced: {why}",
+                              InstanceEnd.FENCED, exit_code=-9)
 
     def ports_of(self, key: InstanceKey) -> dict[str, int]:
         """The ports an instance was launched with (from its launch file, once)."""
@@ -230,7 +309,11 @@ class Supervisor:
         with contextlib.suppress(OSError):
             keep_ended(self.state_dir, path, key.workload, key.epoch, self.logs.keep_epochs)
         shutil.rmtree(path, ignore_errors=True)
+        cgroup = self.containment.of(self.node, key.dirname)
+        if cgroup is not None:
+            cgroups.remove(cgroup)
         self._ports.pop(key, None)
+        self._launches.pop(key, None)
         self.stopping.discard(key)
         self.stopping_now.discard(key)
 

@@ -20,7 +20,7 @@ from hafo.chaos.faults import (
 )
 from hafo.chaos.invariants import percentile
 from hafo.local.cluster import LocalCluster, demo_workload_spec
-from hafo.local.procs import pid_alive
+from hafo.local.procs import children_map
 from hafo.local.progress import Overlap, overlaps
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.views import workload_view
@@ -72,16 +72,21 @@ class ChaosReport:
         return "\n".join(rows)
 
 
+#: A process as a progress line names it: node, pid (in the node's numbering), boot id.
+LoggedProcess = tuple[str, int, str]
+
+
 class PidSampler:
-    """Every 50 ms, looks at the live processes of each workload (pids from its progress log)
-    and the epochs they belong to: processes of two epochs alive together are a sighting (a
-    gang's members share one epoch)."""
+    """Every 50 ms, looks at the live processes of each workload (from its progress log) and
+    the epochs they belong to: processes of two epochs alive together are a sighting (a gang's
+    members share one epoch). A logged process is alive while its node runs the boot it was
+    logged in and has a process of that number."""
 
     def __init__(self, cluster: LocalCluster, workloads: list[str]) -> None:
         self.cluster = cluster
         self.workloads = workloads
         self.offsets: dict[str, int] = {}
-        self.pids: dict[str, dict[int, int]] = {w: {} for w in workloads}  # pid -> epoch
+        self.pids: dict[str, dict[LoggedProcess, int]] = {w: {} for w in workloads}  # -> epoch
         self.sightings: list[str] = []
 
     def _read_new(self, wid: str) -> None:
@@ -97,18 +102,35 @@ class PidSampler:
         for line in complete.splitlines():
             try:
                 record = json.loads(line)
-                self.pids[wid][int(record["pid"])] = int(record["epoch"])
+                process = (str(record["node"]), int(record["pid"]), str(record.get("boot", "")))
+                self.pids[wid][process] = int(record["epoch"])
             except (ValueError, KeyError):
                 continue
 
+    def _live(self) -> dict[str, tuple[str, set[int]]]:
+        """Per node: its boot id and the numbers of its processes now (one look)."""
+        children = children_map()
+        return {name: (handle.boot(), set(handle.processes(children)))
+                for name, handle in self.cluster.node_handles.items()}
+
+    @staticmethod
+    def alive(process: LoggedProcess, live: dict[str, tuple[str, set[int]]]) -> bool:
+        """True while the logged process runs: its node runs the boot it was logged in (a
+        node without namespaces of its own has no boot id) and a process of its number."""
+        node, pid, boot = process
+        current, pids = live.get(node, ("", set()))
+        return (not current or current == boot) and pid in pids
+
     def sample(self) -> None:
         """One look at every workload."""
+        live = self._live()
         for wid in self.workloads:
             self._read_new(wid)
-            alive = {p: e for p, e in self.pids[wid].items() if pid_alive(p)}
+            alive = {p: e for p, e in self.pids[wid].items() if self.alive(p, live)}
             self.pids[wid] = alive
             if len(set(alive.values())) > 1:
-                self.sightings.append(f"{time.time():.3f} {wid}: pids {sorted(alive)} of "
+                pids = sorted(f"{node}:{pid}" for node, pid, _ in alive)
+                self.sightings.append(f"{time.time():.3f} {wid}: pids {pids} of "
                                       f"epochs {sorted(set(alive.values()))} alive together")
 
     async def run(self) -> None:

@@ -1,8 +1,11 @@
 """A whole hafo cluster on one machine: etcd, controllers and agents with simulated GPUs.
 
 Used by ``hafo demo``, the integration tests and the benchmarks. Every process is started
-here and stopped here by pid; each node runs under its own ``nodeinit`` (a child subreaper), so
-``power_off`` kills exactly that node's processes, all at once.
+here and stopped here by pid; each node runs under its own ``nodeinit``, so ``power_off`` kills
+exactly that node's processes, all at once. As root, a node is a machine in miniature
+(``hafo.local.nodeinit``): its own PID, mount and time namespaces, boot id and cgroup, all new
+at every power-on, while its state directory stays, as a disk does. The pids a node's agent
+reports are in the node's numbering: ``host_pid`` translates them.
 """
 
 from __future__ import annotations
@@ -16,18 +19,23 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from hafo.agent import cgroups
 from hafo.local.etcd import EtcdCluster
 from hafo.local.procs import (
     descendants,
     free_port,
     kill_pid,
+    node_cgroups,
+    ns_pids,
     pid_alive,
+    remove_cgroup_tree,
     spawn,
     stop_process,
     wait_until,
@@ -50,6 +58,8 @@ class NodeHandle:
     log_path: Path
     init: subprocess.Popen[bytes] | None = None
     proxy: subprocess.Popen[bytes] | None = None
+    cgroup: Path | None = None  # the node's cgroup (None: the host's)
+    boot_id_file: Path | None = None  # the node's boot id (None: no namespaces of its own)
 
     @property
     def pidfile(self) -> Path:
@@ -57,15 +67,50 @@ class NodeHandle:
         return self.state_dir.parent / f"{self.name}.agent.pid"
 
     def agent_pid(self) -> int | None:
-        """The agent's pid (None before it started)."""
+        """The agent's pid on the host (None before it started)."""
         try:
-            return int(self.pidfile.read_text())
+            return self.host_pid(int(self.pidfile.read_text()))
         except (OSError, ValueError):
             return None
 
     def powered(self) -> bool:
         """True while the node's init process lives."""
         return self.init is not None and self.init.poll() is None
+
+    def host_pid(self, pid: int | None) -> int | None:
+        """The host's number of the node's process ``pid`` (as the node numbers it), or None
+        if the node runs no such process."""
+        return self.processes().get(pid) if pid else None
+
+    def processes(self, children: dict[int, list[int]] | None = None) -> dict[int, int]:
+        """Every process of the node now: its number on the node -> its number on the host
+        (``children``: a ``children_map()`` already taken)."""
+        if not self.powered():
+            return {}
+        assert self.init is not None
+        tree = descendants(self.init.pid, children)
+        if not self.isolated:
+            return {pid: pid for pid in tree}
+        out: dict[int, int] = {}
+        for host in tree:
+            numbers = ns_pids(host)
+            if len(numbers) > 1:  # the outer nodeinit is the host's alone
+                out[numbers[-1]] = host
+        return out
+
+    def boot(self) -> str:
+        """The node's current boot id ("" when it has none of its own or is off)."""
+        if self.boot_id_file is None or not self.powered():
+            return ""
+        try:
+            return self.boot_id_file.read_text().strip()
+        except OSError:
+            return ""
+
+    @property
+    def isolated(self) -> bool:
+        """The node runs in namespaces of its own (its pids are not the host's)."""
+        return self.boot_id_file is not None
 
 
 @dataclass
@@ -100,6 +145,7 @@ class LocalCluster:
     keep: bool = False
     partitionable: bool = False
     api_token: str | None = None  # controllers then refuse mutations without it
+    isolate: bool = True  # nodes in namespaces and cgroups of their own, where root can
     health: dict[str, Any] = field(default_factory=lambda: {"interval": 0.5, "hold_down": 5})
     node_handles: dict[str, NodeHandle] = field(default_factory=dict)
     controller_handles: dict[str, ControllerHandle] = field(default_factory=dict)
@@ -111,6 +157,9 @@ class LocalCluster:
         self.etcd = EtcdCluster(self.base / "etcd", size=self.etcd_members)
         self.keys = Keys(self.cluster)
         self._store: EtcdStore | None = None
+        # unique per cluster: several clusters (tests beside each other) may share a base name
+        self.cgroup_base = (node_cgroups(f"{os.getpid()}.{uuid.uuid4().hex[:8]}")
+                            if self.isolate else None)
 
     # -- configuration --------------------------------------------------------------------
 
@@ -131,7 +180,9 @@ class LocalCluster:
         handle = NodeHandle(name=name, config_path=self.base / "config" / f"{name}.yaml",
                             state_dir=node_dir / "state", api_port=free_port(),
                             faults_file=node_dir / "faults.json",
-                            log_path=self.base / "logs" / f"{name}.log")
+                            log_path=self.base / "logs" / f"{name}.log",
+                            cgroup=self.cgroup_base / name if self.cgroup_base else None,
+                            boot_id_file=node_dir / "boot_id" if self.cgroup_base else None)
         endpoints = None
         if self.partitionable:  # the node reaches etcd only through its own proxy
             routes = [(free_port(), m.client_port) for m in self.etcd.members]
@@ -180,8 +231,11 @@ class LocalCluster:
         handle = self.node_handles[name]
         handle.state_dir.mkdir(parents=True, exist_ok=True)
         handle.pidfile.unlink(missing_ok=True)
+        machine = []
+        if handle.cgroup is not None and handle.boot_id_file is not None:
+            machine = ["--cgroup", str(handle.cgroup), "--boot-id-file", str(handle.boot_id_file)]
         handle.init = spawn([sys.executable, "-m", "hafo.local.nodeinit", str(handle.pidfile),
-                             "--", sys.executable, "-m", "hafo", "agent", "--config",
+                             *machine, "--", sys.executable, "-m", "hafo", "agent", "--config",
                              str(handle.config_path)], handle.log_path,
                             env=self.node_env(name))
 
@@ -253,9 +307,14 @@ class LocalCluster:
         tmp.replace(handle.faults_file)
 
     def power_off(self, name: str) -> list[int]:
-        """Power loss: freeze the node's whole process tree, then SIGKILL all of it at once."""
+        """Power loss: every process of the node killed at once (its cgroup, then its whole
+        tree, frozen first), and its cgroups gone, as after a reboot; its state directory
+        stays. Returns the host pids killed."""
         handle = self.node_handles[name]
-        frozen: set[int] = set()
+        pids = self.node_pids(name)
+        if handle.cgroup is not None:
+            cgroups.kill(handle.cgroup)
+        frozen: set[int] = set(pids)
         while True:
             pids = [p for p in self.node_pids(name) if p not in frozen]
             if not pids:
@@ -268,7 +327,14 @@ class LocalCluster:
         if handle.init is not None:
             handle.init.wait(5)
         wait_until(lambda: not any(pid_alive(p) for p in frozen), 5.0, interval=0.005)
+        if handle.cgroup is not None:
+            remove_cgroup_tree(handle.cgroup)
         return sorted(frozen)
+
+    def host_pid(self, node: str, pid: int | None) -> int | None:
+        """The host's number of node ``node``'s process ``pid`` as the node numbers it (an
+        agent's report, a progress log), or None if the node runs no such process now."""
+        return self.node_handles[node].host_pid(pid)
 
     def power_on(self, name: str) -> bool:
         """Power a node on again after ``power_off`` (same name, config and state directory):
@@ -347,6 +413,8 @@ class LocalCluster:
             if node.proxy is not None:
                 stop_process(node.proxy, grace=2.0)
         self.etcd.stop()
+        if self.cgroup_base is not None:
+            remove_cgroup_tree(self.cgroup_base)
         if self._own_dir and not self.keep:
             shutil.rmtree(self.base, ignore_errors=True)
 
@@ -441,13 +509,16 @@ class LocalCluster:
 
 def demo_workload_spec(name: str = "train-demo", steps: int = 0, interval: float = 0.05,
                        every: int = 10, gpus: int = 1, fail_at: int = 0,
-                       stall_at: int = 0) -> dict[str, Any]:
-    """Spec of the built-in checkpointing workload (``python -m hafo.local.workload``)."""
+                       stall_at: int = 0, escape: bool = False) -> dict[str, Any]:
+    """Spec of the built-in checkpointing workload (``python -m hafo.local.workload``);
+    ``escape``: it leaves a process behind that escapes its tree and environment."""
     command = [sys.executable, "-u", "-m", "hafo.local.workload", "--steps", str(steps),
                "--interval", str(interval), "--every", str(every)]
     if fail_at:
         command += ["--fail-at", str(fail_at)]
     if stall_at:
         command += ["--stall-at", str(stall_at)]
+    if escape:
+        command += ["--escape"]
     return {"name": name, "command": command, "gpus": gpus, "stop_grace": 5,
             "restart": {"max_restarts": 3, "window": 600}}

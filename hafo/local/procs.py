@@ -12,10 +12,11 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from hafo.agent.proctree import descendants, pid_alive
+from hafo.agent import cgroups
+from hafo.agent.proctree import children_map, descendants, pid_alive
 
-__all__ = ["descendants", "free_port", "kill_pid", "pid_alive", "spawn", "stop_process",
-           "wait_until"]
+__all__ = ["children_map", "descendants", "free_port", "kill_pid", "node_cgroups", "ns_pids",
+           "pid_alive", "remove_cgroup_tree", "spawn", "stop_process", "wait_until"]
 
 
 _HANDED_OUT: set[int] = set()
@@ -93,3 +94,46 @@ def wait_until(predicate: object, timeout: float, interval: float = 0.05) -> boo
     return bool(predicate())  # type: ignore[operator]
 
 
+
+
+def ns_pids(pid: int) -> list[int]:
+    """``pid``'s number in each PID namespace it is in, outermost (ours) first (``NSpid``)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return [int(n) for n in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []
+
+
+def node_cgroups(name: str) -> Path | None:
+    """A cgroup (v2) under this process's own, to hold the simulated nodes' cgroups, or None
+    where none can be made (not root, no cgroup v2): nodes then share the host's, and their
+    PID space (hafo.local.nodeinit)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        mount = cgroups.cgroup2_mount(Path("/proc/self/mountinfo").read_text())
+        own = cgroups.own_cgroup(Path("/proc/self/cgroup").read_text())
+    except OSError:
+        return None
+    if mount is None or own is None:
+        return None
+    path = mount / own.lstrip("/") / f"hafo-local.{name}"
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError:
+        return None
+    return path
+
+
+def remove_cgroup_tree(path: Path) -> None:
+    """Kill what is left in a cgroup and below it, and remove them all, deepest first."""
+    if not path.is_dir():
+        return
+    cgroups.kill(path)
+    for sub in sorted((p for p in path.rglob("*") if (p / "cgroup.procs").exists()),
+                      key=lambda p: len(p.parts), reverse=True):
+        cgroups.remove(sub)
+    cgroups.remove(path)

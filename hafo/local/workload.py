@@ -9,8 +9,46 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
+from pathlib import Path
 
+from hafo.agent.procid import boot_id
 from hafo.checkpoint import Checkpointer
+
+#: The escaped process (``--escape``): it ignores SIGTERM and logs a line every 0.1 s with the
+#: instance it came from, for as long as it lives. Standard library only: it runs with an
+#: empty environment.
+ESCAPED = """
+import json, os, signal, sys, time
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(sig, signal.SIG_IGN)
+log, workload, epoch, node = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+while True:
+    with open(log, "a") as fh:
+        fh.write(json.dumps({"workload": workload, "node": node, "epoch": epoch,
+                             "pid": os.getpid(), "boot": boot, "t": time.time(),
+                             "event": "escaped"}) + "\\n")
+    time.sleep(0.1)
+"""
+
+
+def escape(log_path: Path, identity: Mapping[str, object]) -> None:
+    """Leave a process behind that left the instance every way a process can but its cgroup:
+    a double fork in a new session (its parent exits at once), then an exec with an empty
+    environment (no ``HAFO_*`` marks), ignoring SIGTERM (as daemonising launchers and ``env
+    -i`` wrappers do). Only the instance's cgroup still holds it."""
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                os.execve(sys.executable, [sys.executable, "-c", ESCAPED, str(log_path),
+                                           str(identity["workload"]), str(identity["epoch"]),
+                                           str(identity["node"])], {})
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fail-at", type=int, default=0, help="exit 3 at this step once")
     parser.add_argument("--stall-at", type=int, default=0,
                         help="hang at this step once (as a stuck NCCL collective would)")
+    parser.add_argument("--escape", action="store_true",
+                        help="leave a process behind that escapes the instance's tree and "
+                             "environment and ignores SIGTERM")
     args = parser.parse_args(argv)
     ck = Checkpointer()
     # a gang member: rank 0 alone saves (every rank logs, and stops when asked)
@@ -32,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             ck.save(state, step=step)
     log_path = ck.root / "progress.jsonl"
     identity = {"workload": os.environ.get("HAFO_WORKLOAD"), "node": os.environ.get("HAFO_NODE"),
-                "epoch": int(os.environ.get("HAFO_EPOCH", "0")), "pid": os.getpid()}
+                "epoch": int(os.environ.get("HAFO_EPOCH", "0")), "pid": os.getpid(),
+                "boot": boot_id()}  # pid and boot: the process, on the node's own numbering
     latest = ck.load_latest()
     step = latest.step if latest else 0
     loss = float(latest.state["loss"]) if latest else 10.0
@@ -44,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             fh.write(json.dumps({**identity, "t": time.time(), **fields}) + "\n")
 
     record(event="start", resumed_from=step)
+    if args.escape:
+        escape(log_path, identity)
     print(f"start at step {step} on {identity['node']} epoch {identity['epoch']}", flush=True)
     while args.steps == 0 or step < args.steps:
         time.sleep(args.interval)

@@ -93,7 +93,9 @@ class NodeRecord(Record):
 
     ``lease``: the lease of the agent that registered the node last (a claimant waits while it
     lives, even if the liveness key was deleted). ``address``: where the node's peers reach
-    it (``node.address``; a gang's ``MASTER_ADDR``)."""
+    it (``node.address``; a gang's ``MASTER_ADDR``). ``containment``: how the agent holds
+    each instance's processes: ``cgroup``, or ``processes (...)`` with why no cgroup could be
+    made (docs/safety.md, rule 2; "" from an agent that predates it)."""
 
     name: str
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -104,6 +106,7 @@ class NodeRecord(Record):
     failsafe_seen: int = 0
     lease: int = 0
     address: str = ""
+    containment: str = ""
 
 
 @dataclass(frozen=True, slots=True)

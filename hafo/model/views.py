@@ -122,6 +122,7 @@ class NodeView(TypedDict):
     reason: str
     address: str
     api: str
+    containment: str
 
 
 class StatusView(TypedDict):
@@ -398,6 +399,7 @@ def node_view(snapshot: ClusterSnapshot, name: str) -> NodeView:
         "reason": record.reason,
         "address": record.address,
         "api": record.api,
+        "containment": record.containment,
     }
 
 

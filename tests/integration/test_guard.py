@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from hafo.agent.fencefile import read_deadline, write_deadline
+from hafo.agent.fencefile import FENCE_FILE, read_deadline, write_deadline
 from hafo.agent.guard import catches
 from hafo.agent.instances import read_guard_state, write_json_atomic
 from hafo.local.procs import kill_pid, pid_alive, wait_until
@@ -36,7 +36,7 @@ def start_guard(tmp_path: Path, deadline_in: float, argv: list[str] | None = Non
     write_json_atomic(path / "launch.json", {
         "workload": "w", "epoch": 7, "node": "n", "argv": argv or SLEEPER,
         "env": {**os.environ, **(env or {})}, "cwd": str(tmp_path), "grace": grace,
-        "fence_file": str(state_dir / "fence")})
+        "fence_file": str(state_dir / FENCE_FILE)})
     guard = subprocess.Popen([sys.executable, "-m", "hafo", "guard", str(path)],
                              start_new_session=True)
     return guard, path
@@ -52,7 +52,7 @@ def running_pid(path: Path) -> int:
 def test_guard_kills_workload_when_deadline_passes(tmp_path: Path) -> None:
     guard, path = start_guard(tmp_path, deadline_in=2.0)
     try:
-        fence_at = read_deadline(tmp_path / "state" / "fence")  # CLOCK_MONOTONIC, as ours
+        fence_at = read_deadline(tmp_path / "state" / FENCE_FILE)  # CLOCK_MONOTONIC, as ours
         pid = running_pid(path)
         assert pid_alive(pid)
         assert wait_until(lambda: not pid_alive(pid), 5, interval=0.01)

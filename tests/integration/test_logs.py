@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hafo.agent.fencefile import write_deadline
+from hafo.agent.fencefile import FENCE_FILE, write_deadline
 from hafo.agent.instances import read_guard_state, write_json_atomic
 from hafo.local.cluster import LocalCluster
 from hafo.local.procs import kill_pid, wait_until
@@ -208,7 +208,7 @@ def test_guard_records_the_stderr_tail_and_keeps_both_streams(tmp_path: Path) ->
     write_json_atomic(path / "launch.json", {
         "workload": "w-abc123", "epoch": 7, "node": "n",
         "argv": [sys.executable, "-c", script], "env": dict(os.environ), "cwd": str(tmp_path),
-        "grace": 5.0, "fence_file": str(state_dir / "fence"), "output_max_bytes": 1 << 20})
+        "grace": 5.0, "fence_file": str(state_dir / FENCE_FILE), "output_max_bytes": 1 << 20})
     guard = subprocess.run([sys.executable, "-m", "hafo", "guard", str(path)], timeout=30)
     assert guard.returncode == 0
     state = read_guard_state(path)
