@@ -67,6 +67,11 @@ class NodeHandle:
         """True while the node's init process lives."""
         return self.init is not None and self.init.poll() is None
 
+    def agent_alive(self) -> bool:
+        """True while the node is powered and the agent of its pidfile lives (a powered node
+        whose agent exited: False; ``LocalCluster.restart_agent`` starts it again)."""
+        return self.powered() and pid_alive(self.agent_pid())
+
 
 @dataclass
 class ControllerHandle:
