@@ -113,6 +113,7 @@ class Agent:
         self._read_only_states: dict[InstanceKey, GuardState] = {}  # see _states
         self._left_behind: set[InstanceKey] = set()  # forgotten, but its directory stays
         self._not_launched: dict[InstanceKey, InstanceStatus] = {}  # launches that failed
+        self._logged_faults: set[str] = set()  # state directory writes logged as failing
         self.registered = asyncio.Event()
         self.identity_revision = 0
         self._reclaiming = asyncio.Lock()
@@ -133,11 +134,13 @@ class Agent:
         try:
             write_deadline(self.state_dir, deadline)
         except OSError as exc:
+            first = not self.state_faults.fence_failing
             detail = self.state_faults.failed(StateDirFaults.FENCE,
                                               self.state_dir / FENCE_FILE, exc)
-            log.error("fencing deadline not published: the guards fence their work at the "
-                      "last one written", node=self.name, error=detail,
-                      fenced_in=round(self.published_deadline - self.keeper.clock(), 3))
+            if first:  # once until it is written again: it fails every heartbeat meanwhile
+                log.error("fencing deadline not published: the guards fence their work at "
+                          "the last one written", node=self.name, error=detail,
+                          fenced_in=round(self.published_deadline - self.keeper.clock(), 3))
             return
         self.published_deadline = deadline
         if self.state_faults.succeeded(StateDirFaults.FENCE):
@@ -169,7 +172,9 @@ class Agent:
         """A write into the state directory failed: log it and tell the health probe."""
         path = Path(exc.filename) if exc.filename else self.state_dir
         detail = self.state_faults.failed(what, path, exc)
-        log.error(f"state directory: {what} not written", node=self.name, error=detail)
+        if what not in self._logged_faults:  # once until the state directory works again
+            self._logged_faults.add(what)
+            log.error(f"state directory: {what} not written", node=self.name, error=detail)
 
     async def acquire_lease(self) -> bool:
         """Hold the node name (``hafo.agent.claim``): adopt the lease of our own records if it
@@ -396,8 +401,11 @@ class Agent:
             states = read_states(self.state_dir, self.name, known=self._read_only_states)
             self._read_only_states = {k: s for k, s in states.items() if s.state == "exited"}
             return {k: s for k, s in states.items() if k not in self._left_behind}
+        if self._read_only_states or self._left_behind or self._logged_faults:
+            log.warning("state directory: writable again", node=self.name)
         self._read_only_states.clear()
         self._left_behind.clear()
+        self._logged_faults.clear()
         return states
 
     async def _announce_start(self, key: InstanceKey) -> bool:
