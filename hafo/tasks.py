@@ -1,11 +1,22 @@
-"""Run a daemon's concurrent loops as one unit: the first failure stops them all."""
+"""Run a daemon's concurrent loops as one unit: the first failure stops them all.
+
+``restarting`` wraps one loop so that an unexpected exception is logged with the loop's
+name and the loop is started again after a jittered, capped backoff (``Backoff``), instead
+of ending the daemon: only cancellation and the exceptions it is told are fatal get through.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
+
+import structlog
+
+log = structlog.get_logger("hafo.tasks")
 
 
 async def run_all(**loops: Awaitable[Any]) -> None:
@@ -48,3 +59,54 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
     finally:
         waiter.cancel()
     return event.is_set()
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff: ``first`` seconds doubling up to ``cap``, each delay jittered
+    down by up to ``jitter`` of itself (restarted loops of several daemons spread out)."""
+
+    first: float = 0.1
+    cap: float = 5.0
+    jitter: float = 0.5
+
+    def delay(self, failures: int, rng: Callable[[], float] = random.random) -> float:
+        """The wait before the restart after ``failures`` consecutive failures (1 or more)."""
+        base = min(self.cap, self.first * 2.0 ** max(0, min(failures - 1, 30)))
+        return float(base * (1.0 - self.jitter * rng()))
+
+
+class LoopFatal(Exception):
+    """A loop that cannot be restarted meaningfully failed: the daemon must exit."""
+
+
+async def restarting(name: str, loop: Callable[[], Awaitable[Any]], *,
+                     backoff: Backoff = Backoff(),
+                     fatal: tuple[type[BaseException], ...] = (LoopFatal,),
+                     logger: Any = None) -> None:
+    """Run ``loop()`` forever: when it raises (or returns, which a daemon loop must not), log
+    it with ``name`` and call it again after ``backoff``. A loop that ran longer than the
+    backoff's cap without failing starts again from the first delay. Cancellation, exceptions
+    that are not ``Exception`` (SystemExit, KeyboardInterrupt) and those in ``fatal`` are
+    re-raised; a fatal one is logged first as the reason the daemon stops."""
+    logger = logger if logger is not None else log
+    failures = 0
+    while True:
+        started = loop_time()
+        try:
+            await loop()
+        except fatal as exc:
+            logger.critical("loop failed and cannot be restarted: stopping", loop=name,
+                            error=repr(exc))
+            raise
+        except Exception as exc:
+            failures = 1 if loop_time() - started > backoff.cap else failures + 1
+            delay = backoff.delay(failures)
+            logger.exception("loop failed: restarting it", loop=name, error=repr(exc),
+                             failures=failures, restart_in=round(delay, 3))
+        else:
+            failures = 1 if loop_time() - started > backoff.cap else failures + 1
+            delay = backoff.delay(failures)
+            logger.error("loop ended unexpectedly: restarting it", loop=name,
+                         restart_in=round(delay, 3))
+        await asyncio.sleep(delay)

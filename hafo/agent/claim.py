@@ -163,7 +163,12 @@ class NodeClaim:
         if not result.succeeded:
             return False  # someone registered first: look again
         self.claimed = revision
-        write_record(self.state_dir, LeaseRecord(lease, revision))
+        try:
+            write_record(self.state_dir, LeaseRecord(lease, revision))
+        except OSError as exc:  # the state directory read-only or full: keep the claim
+            log.error("lease record not written: a restarted agent cannot adopt this lease",
+                      node=self.name, path=str(exc.filename or self.state_dir),
+                      error=exc.strerror or str(exc))
         await self.keeper.publish()
         log.info("node claimed", node=self.name, lease=f"{lease:x}", claimed=revision,
                  ttl=self.keeper.granted_ttl, why=why)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import shutil
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,16 @@ from hafo.agent.app_checks import AppChecks
 from hafo.agent.assignments import NodeAssignments
 from hafo.agent.cgroups import CgroupRoot
 from hafo.agent.claim import Displaced, NodeClaim
+from hafo.agent.environment import (
+    StateDirFaults,
+    fence_without_records,
+    os_error_text,
+    read_states,
+)
 from hafo.agent.failsafe import AgentFailsafe
-from hafo.agent.fencefile import write_deadline
+from hafo.agent.fencefile import FENCE_FILE, write_deadline
 from hafo.agent.health import HealthReport, NodeHealth
-from hafo.agent.instances import GuardState, InstanceKey
+from hafo.agent.instances import GuardState, InstanceKey, instance_dir
 from hafo.agent.metrics import AgentMetrics
 from hafo.agent.outputlog import list_outputs, read_output
 from hafo.agent.supervisor import Supervisor, newest_per_workload, reap_children
@@ -29,7 +36,15 @@ from hafo.checks.os_probes import LoopLagMonitor, OsProbe
 from hafo.decisions.fencing import can_start
 from hafo.decisions.instances import plan_instances
 from hafo.gpu import GpuBackend, backend_for
-from hafo.model.cluster import Event, Gpu, InstanceEnd, InstanceStatus, NodeRecord
+from hafo.model.cluster import (
+    Assignment,
+    Event,
+    Gpu,
+    InstanceEnd,
+    InstanceStatus,
+    NodeRecord,
+    Submission,
+)
 from hafo.model.config import Config
 from hafo.model.errors import ValidationError
 from hafo.model.output import OutputChunk, OutputRequest
@@ -47,7 +62,7 @@ from hafo.store import (
     StoreError,
     codec,
 )
-from hafo.tasks import run_all, wait_event
+from hafo.tasks import restarting, run_all, wait_event
 
 log = structlog.get_logger("hafo.agent")
 
@@ -73,6 +88,8 @@ class Agent:
             config.etcd, reconnect_backoff=config.timing.heartbeat / 2)
         self.registry = CollectorRegistry()  # Prometheus metrics served at /metrics
         self.gpus = gpus if gpus is not None else backend_for(config.node)
+        self.state_faults = StateDirFaults(self.state_dir)
+        self.published_deadline = 0.0  # the fencing deadline on disk, as the guards read it
         timing = config.timing
         self.failsafe = AgentFailsafe(self.name, self.store, self.keys, timing.failsafe_max,
                                       last_contact=lambda: self.keeper.last_ack,
@@ -86,7 +103,8 @@ class Agent:
                                      config.node.ports, config.node.logs, self.containment)
         self.events = EventLog(self.store, self.keys)
         self.inventory: list[Gpu] = []
-        self.os_probe = OsProbe(Path(config.checkpoint_root), config.health)
+        self.os_probe = OsProbe(Path(config.checkpoint_root), config.health,
+                                state_dir=self.state_faults.findings)
         self.health = NodeHealth(self.name, self.gpus, self.os_probe, config.health)
         self.healthy, self.unhealthy_reason = True, ""
         self.app_checks = AppChecks(self.name, Path(config.checkpoint_root),
@@ -94,11 +112,15 @@ class Agent:
         self.ready_since: dict[InstanceKey, float] = {}  # running instances that are ready
         self.app_faults: dict[InstanceKey, str] = {}  # restart-app findings on its GPUs
         self.reported: dict[str, InstanceStatus] = {}
+        self._read_only_states: dict[InstanceKey, GuardState] = {}  # see _states
+        self._left_behind: set[InstanceKey] = set()  # forgotten, but its directory stays
+        self._not_launched: dict[InstanceKey, InstanceStatus] = {}  # launches that failed
+        self._logged_faults: set[str] = set()  # state directory writes logged as failing
         self.registered = asyncio.Event()
         self.identity_revision = 0
         self._reclaiming = asyncio.Lock()
         self.claim = NodeClaim(self.name, self.store, self.keys, self.keeper, self.state_dir,
-                               self.events, timing.heartbeat, self.supervisor.kill_all)
+                               self.events, timing.heartbeat, self.fence_all)
         self.api_address = ""
         self.address = node_address(config.node.address, config.etcd.endpoints)
         self.metrics = AgentMetrics(self, self.registry)
@@ -107,7 +129,54 @@ class Agent:
     # -- lease and registration ------------------------------------------------------------
 
     def _publish_deadline(self, deadline: float) -> None:
-        write_deadline(self.state_dir, deadline)
+        """Write the fencing deadline for the guards. A write that fails (the state directory
+        read-only or full) is recorded for the health probe, never raised: the lease is still
+        kept, and the guards fence their work at the deadline last written, which is the one
+        this agent goes on believing (``fence_deadline``)."""
+        try:
+            write_deadline(self.state_dir, deadline)
+        except OSError as exc:
+            first = not self.state_faults.fence_failing
+            detail = self.state_faults.failed(StateDirFaults.FENCE,
+                                              self.state_dir / FENCE_FILE, exc)
+            if first:  # once until it is written again: it fails every heartbeat meanwhile
+                log.error("fencing deadline not published: the guards fence their work at "
+                          "the last one written", node=self.name, error=detail,
+                          fenced_in=round(self.published_deadline - self.keeper.clock(), 3))
+            return
+        self.published_deadline = deadline
+        if self.state_faults.succeeded(StateDirFaults.FENCE):
+            log.warning("fencing deadline published again", node=self.name,
+                        fenced_in=round(deadline - self.keeper.clock(), 3))
+
+    def fence_deadline(self) -> float:
+        """The fencing deadline this agent's guards hold it to: the lease's, as far as it was
+        published (a deadline that could not be written is not the guards')."""
+        return min(self.keeper.deadline, self.published_deadline)
+
+    def fence_valid(self) -> bool:
+        """The lease is valid and the guards' deadline has not passed."""
+        return self.keeper.valid() and self.keeper.clock() < self.fence_deadline()
+
+    def fence_all(self, why: str) -> None:
+        """Kill every instance (``Supervisor.kill_all``); with a state directory that cannot
+        be written, kill them all the same without recording it (``fence_without_records``:
+        reported exited by ``_states``)."""
+        try:
+            self.supervisor.kill_all(why)
+        except OSError as exc:
+            self._state_dir_failed("fence records", exc)
+            killed = fence_without_records(self.state_dir, self.name, why)
+            log.warning("instances killed; not recorded on disk", node=self.name, why=why,
+                        instances=[k.dirname for k in killed])
+
+    def _state_dir_failed(self, what: str, exc: OSError) -> None:
+        """A write into the state directory failed: log it and tell the health probe."""
+        path = Path(exc.filename) if exc.filename else self.state_dir
+        detail = self.state_faults.failed(what, path, exc)
+        if what not in self._logged_faults:  # once until the state directory works again
+            self._logged_faults.add(what)
+            log.error(f"state directory: {what} not written", node=self.name, error=detail)
 
     async def acquire_lease(self) -> bool:
         """Hold the node name (``hafo.agent.claim``): adopt the lease of our own records if it
@@ -147,7 +216,7 @@ class Agent:
         fence all work, then hold the name again (waiting while someone else holds it)."""
         async with self._reclaiming:
             self.registered.clear()
-            self.supervisor.kill_all(why)
+            self.fence_all(why)
             log.warning(f"{why}: all work fenced, registering again", node=self.name)
             while True:
                 try:
@@ -279,10 +348,10 @@ class Agent:
     async def supervise_once(self) -> None:
         """One pass: stop what is not wanted, start what is, report what runs."""
         reap_children()
-        states = self.supervisor.states()
+        states = self._states()
         desired = {InstanceKey(w, a.epoch): a for w, a in self.assignments.placed.items()}
         may_start = self.registered.is_set() and can_start(
-            self.keeper.clock(), self.keeper.deadline, START_HEADROOM)
+            self.keeper.clock(), self.fence_deadline(), START_HEADROOM)
         plan = plan_instances([(k.workload, k.epoch) for k in desired],
                               {(k.workload, k.epoch): s.state != "exited"
                                for k, s in states.items()}, may_start, self.claim.claimed)
@@ -298,17 +367,56 @@ class Agent:
             submission = await self.assignments.spec(key.workload, key.epoch)
             if submission is None or not await self._announce_start(key):
                 continue
-            by_index = {g.index: g.uuid for g in self.inventory}
-            try:
-                self.supervisor.launch(assignment, submission,
-                                       [str(i) if self.node.simulate is not None else
-                                        by_index.get(i, str(i)) for i in assignment.gpus])
-            except ValidationError as exc:  # an id no submit makes: never a path from it
-                log.error("refusing to start", workload=workload, node=self.name,
-                          epoch=epoch, error=str(exc))
-        states = self.supervisor.states()
+            await self._launch(key, assignment, submission)
+        states = self._states()
         await self._check_apps(states, desired)
         await self._report(states, desired)
+
+    async def _launch(self, key: InstanceKey, assignment: Assignment,
+                      submission: Submission) -> None:
+        """Start one announced instance. A launch the state directory refuses (read-only,
+        full) is reported exited at once (``guard-lost``: not the workload's fault), so the
+        controller, which saw it ``starting``, does not wait for it."""
+        by_index = {g.index: g.uuid for g in self.inventory}
+        try:
+            self.supervisor.launch(assignment, submission,
+                                   [str(i) if self.node.simulate is not None else
+                                    by_index.get(i, str(i)) for i in assignment.gpus])
+        except ValidationError as exc:  # an id no submit makes: never a path from it
+            log.error("refusing to start", workload=key.workload, node=self.name,
+                      epoch=key.epoch, error=str(exc))
+        except OSError as exc:
+            self._state_dir_failed("launch files", exc)
+            shutil.rmtree(instance_dir(self.state_dir, key), ignore_errors=True)
+            status = InstanceStatus(workload=key.workload, node=self.name, epoch=key.epoch,
+                                    state="exited", finished_at=time.time(),
+                                    ended=InstanceEnd.GUARD_LOST,
+                                    stderr_tail=f"not launched: {os_error_text(exc)}"
+                                    + (f": {exc.filename}" if exc.filename else ""))
+            if self.keeper.lease_id is not None:
+                await self.store.put(self.keys.status(key.workload, self.name),
+                                     codec.encode(status.to_dict()), lease=self.keeper.lease_id)
+            self.reported[key.workload] = status
+            self._not_launched[key] = status
+
+    def _states(self) -> dict[InstanceKey, GuardState]:
+        """Every instance's guard state (``Supervisor.states``); with a state directory that
+        cannot be written, read without writing (``read_states``): a dead guard's instance is
+        then reported exited from memory, and an instance already forgotten whose directory
+        could not be removed is left out."""
+        try:
+            states = self.supervisor.states()
+        except OSError as exc:
+            self._state_dir_failed("instance records", exc)
+            states = read_states(self.state_dir, self.name, known=self._read_only_states)
+            self._read_only_states = {k: s for k, s in states.items() if s.state == "exited"}
+            return {k: s for k, s in states.items() if k not in self._left_behind}
+        if self._read_only_states or self._left_behind or self._logged_faults:
+            log.warning("state directory: writable again", node=self.name)
+        self._read_only_states.clear()
+        self._left_behind.clear()
+        self._logged_faults.clear()
+        return states
 
     async def _announce_start(self, key: InstanceKey) -> bool:
         """Report the instance as ``starting`` before it is launched, in one txn with a
@@ -381,7 +489,23 @@ class Agent:
                 if newest_key == key:
                     await self.store.delete(self.keys.status(key.workload, self.name))
                     self.reported.pop(key.workload, None)
-                self.supervisor.forget(key)
+                self._forget(key)
+        for key in [k for k in self._not_launched if k not in desired]:
+            status = self._not_launched.pop(key)
+            if self.reported.get(key.workload) == status:
+                await self.store.delete(self.keys.status(key.workload, self.name))
+                self.reported.pop(key.workload, None)
+
+    def _forget(self, key: InstanceKey) -> None:
+        """``Supervisor.forget``; an instance whose directory stays (the state directory
+        cannot be written) is remembered as forgotten until it can be."""
+        try:
+            self.supervisor.forget(key)
+        except OSError as exc:
+            self._state_dir_failed("instance removal", exc)
+        if instance_dir(self.state_dir, key).exists():
+            self._left_behind.add(key)
+        self._read_only_states.pop(key, None)
 
     def _readiness(self, key: InstanceKey, status: InstanceStatus,
                    desired: dict[InstanceKey, Any]) -> float | None:
@@ -400,7 +524,7 @@ class Agent:
         why). A replica being replaced is out of rotation (read from etcd; unreachable:
         this node's own view counts)."""
         if not self.ready():
-            return False, "this node's agent holds no valid lease"
+            return False, "this node's agent holds no valid lease or fencing deadline"
         for workload, status in sorted(self.reported.items()):
             submission = self.assignments.specs.get(workload)
             if submission is None or ref not in (workload, submission.service,
@@ -449,7 +573,7 @@ class Agent:
                         "environment, a weaker guarantee (docs/safety.md, rule 2)",
                         node=self.name, why=self.containment.reason)
         await self.acquire_lease()
-        lease = asyncio.create_task(self._keep_lease(), name="lease")
+        lease = asyncio.create_task(self._restarting("lease", self._keep_lease), name="lease")
         try:
             async with self._reclaiming:  # a lease lost meanwhile is reclaimed after this
                 await self.register()
@@ -460,10 +584,19 @@ class Agent:
             raise
         if ready is not None:
             ready.set()
-        await run_all(lease=lease, identity=self._watch_identity(),
-                      assignments=self.assignments.follow(),
-                      supervise=self._supervise_loop(), health=self._health_loop(),
-                      loop_lag=self._loop_lag())
+        await run_all(lease=lease, identity=self._restarting("identity", self._watch_identity),
+                      assignments=self._restarting("assignments", self.assignments.follow),
+                      supervise=self._restarting("supervise", self._supervise_loop),
+                      health=self._restarting("health", self._health_loop),
+                      loop_lag=self._restarting("loop_lag", self._loop_lag))
+
+    async def _restarting(self, name: str, loop: Callable[[], Awaitable[Any]]) -> None:
+        """Run one of the agent's loops, started again (logged, with backoff) after an
+        unexpected exception (``hafo.tasks.restarting``). Every loop may be: each starts from
+        state the agent keeps (the lease loop from the keeper, whose deadline moves only on
+        acknowledged keepalives; a lease lost meanwhile is found by its next keepalive and
+        fences all work)."""
+        await restarting(name, loop, logger=log.bind(node=self.name))
 
     async def close(self) -> None:
         """Release the etcd connection and the GPU backend (the lease is kept: guards and
@@ -490,13 +623,15 @@ class Agent:
         return read_output(self.state_dir, self.name, workload, epoch, request)
 
     def ready(self) -> bool:
-        """Registered, with a lease whose fencing deadline has not passed."""
-        return self.registered.is_set() and self.keeper.valid()
+        """Registered, with a lease whose fencing deadline, as published to the guards, has
+        not passed."""
+        return self.registered.is_set() and self.fence_valid()
 
     def status(self) -> dict[str, Any]:
         """For ``GET /v1/node``."""
         return {"node": self.node_record().to_dict(), "lease_valid": self.keeper.valid(),
-                "fenced_in": round(self.keeper.deadline - self.keeper.clock(), 3),
+                "fenced_in": round(self.fence_deadline() - self.keeper.clock(), 3),
+                "fence_unpublished": self.state_faults.fence_failing or None,
                 "etcd_contact_age": round(self.keeper.clock() - self.keeper.last_ack, 3),
                 "waiting_for_name": (f"{self.claim.waiting_for:x}"
                                      if self.claim.waiting_for else None),

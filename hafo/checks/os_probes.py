@@ -1,4 +1,5 @@
-"""Node-wide OS health probes: checkpoint filesystem, memory pressure, clock, event-loop lag.
+"""Node-wide OS health probes: checkpoint filesystem, memory pressure, clock, event-loop lag,
+and (given one) the agent's state directory (``hafo.agent.environment.StateDirFaults``).
 
 ``OsProbe.findings()`` is blocking (statvfs, a small fsync'ed write, /proc reads); the agent
 runs it in a thread every health cycle. It returns a ``Finding`` only when a threshold of the
@@ -45,7 +46,9 @@ class OsProbe:
 
     def __init__(self, checkpoint_root: Path, config: HealthConfig,
                  proc_root: Path = Path("/proc"), wall: Callable[[], float] = time.time,
-                 mono: Callable[[], float] = time.monotonic) -> None:
+                 mono: Callable[[], float] = time.monotonic,
+                 state_dir: Callable[[], list[Finding]] | None = None) -> None:
+        self.state_dir = state_dir
         self.checkpoint_root = Path(checkpoint_root)
         self.config = config
         self.proc_root = Path(proc_root)
@@ -65,7 +68,8 @@ class OsProbe:
         """Run every sub-probe and return the findings over threshold (never raises)."""
         out: list[Finding] = []
         for name, probe in (("clock", self._clock), ("disk", self._disk),
-                            ("memory", self._memory), ("loop", self._loop)):
+                            ("memory", self._memory), ("loop", self._loop),
+                            ("state_dir", self._state_dir)):
             try:
                 out.extend(probe())
             except Exception as exc:  # guarded: log once, skip this probe
@@ -81,6 +85,9 @@ class OsProbe:
         log.warning("os probe failed", probe=probe, error=str(exc), error_type=type(exc).__name__)
 
     # -- sub-probes ---------------------------------------------------------------------------
+
+    def _state_dir(self) -> list[Finding]:
+        return self.state_dir() if self.state_dir is not None else []
 
     def _clock(self) -> list[Finding]:
         now = (self._wall(), self._mono())

@@ -103,7 +103,8 @@ def register(sub: Any) -> None:
                         "Ctrl-C) instead of a temporary directory")
     actions = p.add_subparsers(dest="dev_action", metavar="[ACTION]", required=False)
     for name, text in (("power-off", "power loss: kill every process of NODE at once"),
-                       ("power-on", "start NODE again after a power-off")):
+                       ("power-on", "start NODE again after a power-off (a powered NODE "
+                                    "whose agent exited: start its agent again)")):
         a = actions.add_parser(name, help=text, description=text)
         a.add_argument("node", metavar="NODE")
         _dev_arg(a)
@@ -187,10 +188,12 @@ def _control(args: argparse.Namespace) -> int:
     for c in status.controllers:
         print(f"  {c.name:<8} {'running' if c.running else 'stopped':<8} "
               f"dashboard {c.dashboard}")
-    print(f"{'NODE':<12} {'POWER':<6} {'AGENT PID':<10} GPU FAULTS")
+    print(f"{'NODE':<12} {'POWER':<6} {'AGENT':<26} GPU FAULTS")
     for n in status.nodes:
         faults = "; ".join(f"GPU {gpu}: {json.dumps(f, sort_keys=True)}"
                            for gpu, f in sorted(n.faults.items())) or "-"
-        print(f"{n.name:<12} {'on' if n.powered else 'off':<6} "
-              f"{n.agent_pid if n.agent_pid else '-'!s:<10} {faults}")
+        print(f"{n.name:<12} {'on' if n.powered else 'off':<6} {n.agent_words():<26} {faults}")
+    for n in status.nodes:
+        if n.powered and n.agent_alive is False:
+            print(f"{n.name}: its agent exited; `hafo dev power-on {n.name}` starts it again")
     return 0

@@ -97,6 +97,7 @@ KIND_TABLE: Mapping[str, tuple[HealthAction, str]] = {
     h.MEMORY_PRESSURE: ("drain-node", "memory pressure"),
     h.CLOCK_JUMP: ("drain-node", "wall clock jumped"),
     h.LOOP_LAG: ("drain-node", "agent event loop lagging"),
+    h.STATE_DIR: ("drain-node", "the agent cannot write its state directory"),
 }
 # Kinds with a rate threshold from the config: above -> degraded, below -> ignore
 RATE_KINDS: Mapping[str, str] = {h.ECC_SBE_RATE: "sbe_rate_per_hour",

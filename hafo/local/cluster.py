@@ -112,6 +112,11 @@ class NodeHandle:
         """The node runs in namespaces of its own (its pids are not the host's)."""
         return self.boot_id_file is not None
 
+    def agent_alive(self) -> bool:
+        """True while the node is powered and the agent of its pidfile lives (a powered node
+        whose agent exited: False; ``LocalCluster.restart_agent`` starts it again)."""
+        return self.powered() and pid_alive(self.agent_pid())
+
 
 @dataclass
 class ControllerHandle:

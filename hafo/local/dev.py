@@ -43,6 +43,7 @@ MAX_SOCKET_PATH = 107
 #: same rule as the daemon config's ``cluster`` field (hafo.model.config)
 CLUSTER_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 MAX_REQUEST = 64 * 1024
+AGENT_RESTART = 10.0  # seconds power-on waits for a dead agent to start again
 
 OK, USAGE, UNAVAILABLE, NOT_FOUND = 0, 2, 3, 4  # exit codes (hafo.commands.base)
 
@@ -157,6 +158,15 @@ class NodeState:
     agent_pid: int | None
     api: str
     faults: dict[str, dict[str, Any]] = field(default_factory=dict)
+    agent_alive: bool | None = None  # None: not powered (or a dev cluster before this field)
+
+    def agent_words(self) -> str:
+        """The agent in words: ``pid 123``, ``dead (pid 123 exited)``, ``-`` (powered off)."""
+        if not self.powered or self.agent_pid is None:
+            return "-"
+        if self.agent_alive is False:
+            return f"dead (pid {self.agent_pid} exited)"
+        return f"pid {self.agent_pid}"
 
 
 @dataclass(frozen=True)
@@ -428,7 +438,8 @@ class DevCluster:
             nodes.append(NodeState(name=handle.name, powered=powered,
                                    agent_pid=handle.agent_pid() if powered else None,
                                    api=f"http://127.0.0.1:{handle.api_port}",
-                                   faults=faults if isinstance(faults, dict) else {}))
+                                   faults=faults if isinstance(faults, dict) else {},
+                                   agent_alive=handle.agent_alive() if powered else None))
         controllers = [ControllerState(name=h.name, running=h.running(),
                                        dashboard=f"http://127.0.0.1:{h.api_port}/")
                        for h in c.controller_handles.values()]
@@ -455,9 +466,12 @@ class DevCluster:
                 message = (f"{node} powered off: killed {len(pids)} processes at once "
                            f"(pids {' '.join(map(str, pids))})")
             elif request.action == "power-on":
+                handle = self.cluster.node_handles[node]
+                if handle.powered() and not handle.agent_alive():
+                    return await self._restart_agent(node)
                 if not await asyncio.to_thread(self.cluster.power_on, node):
-                    return ControlReply(True, f"{node} is already powered on",
-                                        status=self.status())
+                    return ControlReply(True, f"{node} is already powered on (agent pid "
+                                        f"{handle.agent_pid()})", status=self.status())
                 message = f"{node} powered on: its agent starts again"
             elif request.action == "fault":
                 assert request.fault is not None and request.gpu is not None  # check_request
@@ -469,6 +483,28 @@ class DevCluster:
                 return ControlReply(True, "ok", status=self.status())
             say(f"hafo dev: {message}")
             return ControlReply(True, message, status=self.status())
+
+    async def _restart_agent(self, node: str) -> ControlReply:
+        """``power-on`` of a powered node whose agent exited: its nodeinit starts the agent
+        again (its guards and workloads, if any, stayed). Fails (exit 3) if no live agent
+        appears within ``AGENT_RESTART`` seconds."""
+        from hafo.local.procs import wait_until
+
+        handle = self.cluster.node_handles[node]
+        old = handle.agent_pid()
+        await asyncio.to_thread(self.cluster.restart_agent, node)
+        started = await asyncio.to_thread(
+            wait_until, lambda: handle.agent_pid() != old and handle.agent_alive(),
+            AGENT_RESTART)
+        if not started:
+            return ControlReply(False, f"{node} is powered on but its agent (pid {old}) had "
+                                f"exited, and it did not start again within {AGENT_RESTART:g}"
+                                f" s: see {handle.log_path}", UNAVAILABLE,
+                                status=self.status())
+        message = (f"{node} was powered on but its agent (pid {old}) had exited: agent "
+                   f"started again (pid {handle.agent_pid()})")
+        say(f"hafo dev: {message}")
+        return ControlReply(True, message, status=self.status())
 
     async def serve_client(self, reader: asyncio.StreamReader,
                            writer: asyncio.StreamWriter) -> None:

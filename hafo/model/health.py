@@ -32,11 +32,13 @@ DISK_READONLY = "disk_readonly"
 MEMORY_PRESSURE = "memory_pressure"  # value: PSI some avg10 (%), or MemAvailable %
 CLOCK_JUMP = "clock_jump"            # value: seconds the wall clock jumped
 LOOP_LAG = "loop_lag"                # value: seconds the agent's event loop lagged
+STATE_DIR = "state_dir"              # detail: "PATH: OS error" (the agent cannot write there)
 
 GPU_KINDS = frozenset({XID, ECC_DBE, ECC_SBE_RATE, RETIRED_PAGES_PENDING, REMAP_PENDING,
                        REMAP_FAILED, LOST, THERMAL, HW_SLOWDOWN, HW_THERMAL_SLOWDOWN,
                        HW_POWER_BRAKE, PCIE_REPLAY, RECOVERY_ACTION})
-OS_KINDS = frozenset({DISK_FULL, DISK_READONLY, MEMORY_PRESSURE, CLOCK_JUMP, LOOP_LAG})
+OS_KINDS = frozenset({DISK_FULL, DISK_READONLY, MEMORY_PRESSURE, CLOCK_JUMP, LOOP_LAG,
+                      STATE_DIR})
 
 HealthAction = Literal["ignore", "restart-app", "degraded", "drain-gpu", "drain-node"]
 HEALTH_ACTIONS: tuple[HealthAction, ...] = ("ignore", "restart-app", "degraded", "drain-gpu",

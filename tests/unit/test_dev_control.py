@@ -143,3 +143,53 @@ def test_status_round_trip_is_plain_json() -> None:
     reply = ControlReply(True, "ok", status=status())
     raw = json.loads(reply.to_json())
     assert raw["status"]["nodes"][0]["faults"] == {"0": {"xid": 79}}
+
+
+def test_a_dead_agent_is_shown_dead_and_old_replies_still_parse() -> None:
+    alive = NodeState("node-1", True, 123, "http://127.0.0.1:4001", agent_alive=True)
+    dead = NodeState("node-1", True, 123, "http://127.0.0.1:4001", agent_alive=False)
+    off = NodeState("node-2", False, None, "http://127.0.0.1:4002")
+    assert [n.agent_words() for n in (alive, dead, off)] == [
+        "pid 123", "dead (pid 123 exited)", "-"]
+    raw = json.loads(ControlReply(True, "ok", status=status()).to_json())["status"]
+    for node in raw["nodes"]:
+        del node["agent_alive"]  # a dev cluster of an earlier version
+    assert DevStatus.from_dict(raw).nodes[0].agent_alive is None
+
+
+def test_power_on_of_a_powered_node_whose_agent_died_starts_the_agent_again(
+        tmp_path: Path) -> None:
+    """A real nodeinit, with ``sleep`` for its agent (no etcd): the agent killed, status says
+    it is dead, power-on starts it again."""
+    import asyncio
+    import signal
+    import subprocess
+    import sys
+
+    from hafo.local.dev import DevCluster, DevOptions
+    from hafo.local.procs import kill_pid, pid_alive, stop_process, wait_until
+
+    dev = DevCluster(DevOptions(nodes=1, gpus=1), tmp_path, temporary=False)
+    handle = dev.cluster.add_node("node-1")
+    handle.state_dir.mkdir(parents=True)
+    handle.init = subprocess.Popen([sys.executable, "-m", "hafo.local.nodeinit",
+                                    str(handle.pidfile), "--", "sleep", "60"])
+    try:
+        assert wait_until(handle.agent_alive, 10.0)
+        first = handle.agent_pid()
+        assert first is not None
+        kill_pid(first, signal.SIGKILL)
+        assert wait_until(lambda: not pid_alive(first), 5.0)
+        node = dev.status().node("node-1")
+        assert node is not None and node.powered and node.agent_alive is False
+        reply = asyncio.run(dev.handle(ControlRequest("power-on", node="node-1")))
+        assert reply.ok, reply.message
+        assert f"its agent (pid {first}) had exited: agent started again" in reply.message
+        assert handle.agent_pid() != first and handle.agent_alive()
+        reply = asyncio.run(dev.handle(ControlRequest("power-on", node="node-1")))
+        assert reply.message == f"node-1 is already powered on (agent pid {handle.agent_pid()})"
+    finally:
+        agent = handle.agent_pid()
+        stop_process(handle.init, grace=3.0)
+        if agent is not None and pid_alive(agent):
+            kill_pid(agent, signal.SIGKILL)
