@@ -19,12 +19,7 @@ from hafo.agent.app_checks import AppChecks
 from hafo.agent.assignments import NodeAssignments
 from hafo.agent.cgroups import CgroupRoot
 from hafo.agent.claim import Displaced, NodeClaim
-from hafo.agent.environment import (
-    StateDirFaults,
-    fence_without_records,
-    os_error_text,
-    read_states,
-)
+from hafo.agent.environment import StateDirFaults, os_error_text
 from hafo.agent.failsafe import AgentFailsafe
 from hafo.agent.fencefile import FENCE_FILE, write_deadline
 from hafo.agent.health import HealthReport, NodeHealth
@@ -100,7 +95,8 @@ class Agent:
         self.assignments = NodeAssignments(self.store, self.keys, self.name)
         self.containment = CgroupRoot.detect()
         self.supervisor = Supervisor(self.name, self.state_dir, Path(config.checkpoint_root),
-                                     config.node.ports, config.node.logs, self.containment)
+                                     config.node.ports, config.node.logs, self.containment,
+                                     write_failed=self._state_dir_failed)
         self.events = EventLog(self.store, self.keys)
         self.inventory: list[Gpu] = []
         self.os_probe = OsProbe(Path(config.checkpoint_root), config.health,
@@ -112,15 +108,13 @@ class Agent:
         self.ready_since: dict[InstanceKey, float] = {}  # running instances that are ready
         self.app_faults: dict[InstanceKey, str] = {}  # restart-app findings on its GPUs
         self.reported: dict[str, InstanceStatus] = {}
-        self._read_only_states: dict[InstanceKey, GuardState] = {}  # see _states
-        self._left_behind: set[InstanceKey] = set()  # forgotten, but its directory stays
         self._not_launched: dict[InstanceKey, InstanceStatus] = {}  # launches that failed
         self._logged_faults: set[str] = set()  # state directory writes logged as failing
         self.registered = asyncio.Event()
         self.identity_revision = 0
         self._reclaiming = asyncio.Lock()
         self.claim = NodeClaim(self.name, self.store, self.keys, self.keeper, self.state_dir,
-                               self.events, timing.heartbeat, self.fence_all)
+                               self.events, timing.heartbeat, self.supervisor.kill_all)
         self.api_address = ""
         self.address = node_address(config.node.address, config.etcd.endpoints)
         self.metrics = AgentMetrics(self, self.registry)
@@ -157,18 +151,6 @@ class Agent:
     def fence_valid(self) -> bool:
         """The lease is valid and the guards' deadline has not passed."""
         return self.keeper.valid() and self.keeper.clock() < self.fence_deadline()
-
-    def fence_all(self, why: str) -> None:
-        """Kill every instance (``Supervisor.kill_all``); with a state directory that cannot
-        be written, kill them all the same without recording it (``fence_without_records``:
-        reported exited by ``_states``)."""
-        try:
-            self.supervisor.kill_all(why)
-        except OSError as exc:
-            self._state_dir_failed("fence records", exc)
-            killed = fence_without_records(self.state_dir, self.name, why)
-            log.warning("instances killed; not recorded on disk", node=self.name, why=why,
-                        instances=[k.dirname for k in killed])
 
     def _state_dir_failed(self, what: str, exc: OSError) -> None:
         """A write into the state directory failed: log it and tell the health probe."""
@@ -216,7 +198,7 @@ class Agent:
         fence all work, then hold the name again (waiting while someone else holds it)."""
         async with self._reclaiming:
             self.registered.clear()
-            self.fence_all(why)
+            self.supervisor.kill_all(why)
             log.warning(f"{why}: all work fenced, registering again", node=self.name)
             while True:
                 try:
@@ -400,22 +382,13 @@ class Agent:
             self._not_launched[key] = status
 
     def _states(self) -> dict[InstanceKey, GuardState]:
-        """Every instance's guard state (``Supervisor.states``); with a state directory that
-        cannot be written, read without writing (``read_states``): a dead guard's instance is
-        then reported exited from memory, and an instance already forgotten whose directory
-        could not be removed is left out."""
-        try:
-            states = self.supervisor.states()
-        except OSError as exc:
-            self._state_dir_failed("instance records", exc)
-            states = read_states(self.state_dir, self.name, known=self._read_only_states)
-            self._read_only_states = {k: s for k, s in states.items() if s.state == "exited"}
-            return {k: s for k, s in states.items() if k not in self._left_behind}
-        if self._read_only_states or self._left_behind or self._logged_faults:
+        """Every instance's guard state (``Supervisor.states``, which keeps in memory what
+        the state directory refuses); says once when the directory works again."""
+        states = self.supervisor.states()
+        if self._logged_faults and not (self.supervisor.pending_writes
+                                        or self.state_faults.fence_failing):
             log.warning("state directory: writable again", node=self.name)
-        self._read_only_states.clear()
-        self._left_behind.clear()
-        self._logged_faults.clear()
+            self._logged_faults.clear()
         return states
 
     async def _announce_start(self, key: InstanceKey) -> bool:
@@ -489,23 +462,12 @@ class Agent:
                 if newest_key == key:
                     await self.store.delete(self.keys.status(key.workload, self.name))
                     self.reported.pop(key.workload, None)
-                self._forget(key)
+                self.supervisor.forget(key)
         for key in [k for k in self._not_launched if k not in desired]:
             status = self._not_launched.pop(key)
             if self.reported.get(key.workload) == status:
                 await self.store.delete(self.keys.status(key.workload, self.name))
                 self.reported.pop(key.workload, None)
-
-    def _forget(self, key: InstanceKey) -> None:
-        """``Supervisor.forget``; an instance whose directory stays (the state directory
-        cannot be written) is remembered as forgotten until it can be."""
-        try:
-            self.supervisor.forget(key)
-        except OSError as exc:
-            self._state_dir_failed("instance removal", exc)
-        if instance_dir(self.state_dir, key).exists():
-            self._left_behind.add(key)
-        self._read_only_states.pop(key, None)
 
     def _readiness(self, key: InstanceKey, status: InstanceStatus,
                    desired: dict[InstanceKey, Any]) -> float | None:

@@ -3,31 +3,19 @@ by a failing disk, full, I/O errors).
 
 The agent must not die of such a fault (docs/safety.md, "The agent and its environment"):
 it records each write that failed (``StateDirFaults``) so the health probe reports the node
-unhealthy with the path and the OS error, and falls back to reading the instance records
-without writing them (``read_states``, ``fence_without_records``) so it can still report and
-fence its work. The fencing deadline it no longer publishes runs out in every guard, which
-then kills its workload by itself.
+unhealthy with the path and the OS error, while the supervisor keeps in memory what it could
+not record (``Supervisor.write_failed``) and still reports and fences its work. The fencing
+deadline it no longer publishes runs out in every guard, which then kills its workload by
+itself.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import threading
-import time
-from collections.abc import Mapping
 from pathlib import Path
 
-from hafo.agent.instances import (
-    GuardState,
-    InstanceKey,
-    instance_dir,
-    list_instances,
-    read_guard_state,
-)
-from hafo.agent.proctree import kill_instance, pid_alive
-from hafo.model.ends import InstanceEnd
 from hafo.model.health import STATE_DIR, Finding
 
 #: How long a guard may take to write its first state before it counts as not started
@@ -111,61 +99,3 @@ class StateDirFaults:
         except OSError as exc:
             return f"{root}: {os_error_text(exc)}"
         return ""
-
-
-def read_states(state_dir: Path, node: str,
-                known: Mapping[InstanceKey, GuardState] | None = None
-                ) -> dict[InstanceKey, GuardState]:
-    """``Supervisor.states`` without writing anything: for when the state directory cannot be
-    written. A guard that died (or never started) is reported exited, and the rest of its
-    instance is killed, as there; its record stays as it is on disk. ``known``: exited
-    states of an earlier call, used as they are (not killed again)."""
-    out: dict[InstanceKey, GuardState] = {}
-    for key in list_instances(state_dir):
-        if known and key in known:
-            out[key] = known[key]
-            continue
-        path = instance_dir(state_dir, key)
-        state = read_guard_state(path)
-        now = time.time()
-        if state is None:
-            try:
-                launched = (path / "launch.json").exists()
-                age = now - path.stat().st_mtime if launched else 0.0
-            except OSError:
-                continue  # removed meanwhile
-            state = (GuardState(None, None, "starting", None, None, None, "")
-                     if age < GUARD_START else
-                     GuardState(None, None, "exited", None, None, now, "guard did not start",
-                                ended=InstanceEnd.GUARD_LOST))
-        elif state.state != "exited" and not pid_alive(state.guard_pid):
-            _kill(key, state, node)
-            state = GuardState(state.guard_pid, state.pid, "exited", -9, state.started_at, now,
-                               "guard died", ended=InstanceEnd.GUARD_LOST)
-        out[key] = state
-    return out
-
-
-def fence_without_records(state_dir: Path, node: str, why: str) -> list[InstanceKey]:
-    """``Supervisor.kill_all`` without writing anything: kill every instance that may still
-    run (workload, its process tree, its guard). Returns the instances killed."""
-    killed = []
-    for key in list_instances(state_dir):
-        state = read_guard_state(instance_dir(state_dir, key))
-        if state is not None and state.state == "exited":
-            continue
-        _kill(key, state, node)
-        killed.append(key)
-    return killed
-
-
-def _kill(key: InstanceKey, state: GuardState | None, node: str) -> None:
-    """SIGKILL whatever of one instance may still run (never raises for a gone process)."""
-    if state is not None and state.pid:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(state.pid, signal.SIGKILL)
-    guard = state.guard_pid if state is not None else None
-    kill_instance(key.workload, key.epoch, node, guard)
-    if guard:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(guard, signal.SIGKILL)

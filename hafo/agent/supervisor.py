@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,10 +83,15 @@ class Supervisor:
     #: where instances' cgroups are made (the agent passes ``CgroupRoot.detect()``); without
     #: one, an instance's processes are found by tree and environment (hafo.agent.proctree)
     containment: CgroupRoot = field(default_factory=lambda: CgroupRoot(None, "not asked for"))
+    #: told of each write into the state directory that failed (read-only, full): what was
+    #: not written, and the error; the supervisor goes on from what it keeps in memory
+    write_failed: Callable[[str, OSError], None] | None = None
 
     def __post_init__(self) -> None:
         self._ports: dict[InstanceKey, dict[str, int]] = {}
         self._launches: dict[InstanceKey, dict[str, object]] = {}
+        self._unrecorded: dict[InstanceKey, GuardState] = {}  # exits not written to disk yet
+        self._forgotten: set[InstanceKey] = set()  # forgotten, but the directory stays
         self.stopping: set[InstanceKey] = set()
         self.stopping_now: set[InstanceKey] = set()
         self._checkpoint_cache: dict[str, tuple[float, CheckpointInfo | None]] = {}
@@ -97,34 +102,54 @@ class Supervisor:
         """Every instance on disk with its guard's state. An instance whose guard is gone is
         killed whole and marked exited; one recorded in an earlier boot is marked ended by
         the reboot and never signalled; one whose processes are not all dead yet (its cgroup
-        not empty) reads as ``stopping``, so that no new epoch starts beside them."""
+        not empty) reads as ``stopping``, so that no new epoch starts beside them. With a
+        state directory that cannot be written, what could not be recorded is kept in memory
+        (and written once it can be)."""
         out: dict[InstanceKey, GuardState] = {}
-        for key in list_instances(self.state_dir):
-            path = instance_dir(self.state_dir, key)
-            state = read_guard_state(path)
+        present = set(list_instances(self.state_dir))
+        self._forgotten &= present
+        for key in sorted(present - self._forgotten, key=lambda k: k.dirname):
+            state = self._state_of(key)
             if state is None:
-                launched = (path / "launch.json").exists()
-                age = time.time() - path.stat().st_mtime if launched else 0.0
-                if age < 10.0:
-                    state = GuardState(None, None, "starting", None, None, None, "")
-                else:  # the guard never wrote its state: it did not start
-                    state = self._mark_exited(path, state, "guard did not start",
-                                              InstanceEnd.GUARD_LOST)
-            elif state.state != "exited" and state.guard is not None and not (
-                    state.guard.this_boot):
-                state = self._mark_exited(path, state, "ended by a reboot of the node",
-                                          InstanceEnd.FENCED, exit_code=-9)
-            elif state.state != "exited" and not self._guard_alive(key, state):
-                # the workload may be orphaned: never leave any of its processes running
-                if not self._kill_instance(key, state):
-                    out[key] = dataclasses.replace(state, state="stopping")
-                    continue
-                state = self._mark_exited(path, state, "guard died", InstanceEnd.GUARD_LOST,
-                                          exit_code=-9)
+                continue  # removed meanwhile
             if state.state == "exited" and not self._kill_leftovers(key):
                 state = dataclasses.replace(state, state="stopping")
             out[key] = state
         return out
+
+    @property
+    def pending_writes(self) -> bool:
+        """Something is known in memory only (the state directory refused a write)."""
+        return bool(self._unrecorded or self._forgotten)
+
+    def _state_of(self, key: InstanceKey) -> GuardState | None:
+        path = instance_dir(self.state_dir, key)
+        unrecorded = self._unrecorded.get(key)
+        if unrecorded is not None:
+            self._record_exit(key, unrecorded)  # again: the directory may take it now
+            return unrecorded
+        state = read_guard_state(path)
+        if state is None:
+            try:
+                launched = (path / "launch.json").exists()
+                age = time.time() - path.stat().st_mtime if launched else 0.0
+            except OSError:
+                return None
+            if age < 10.0:
+                return GuardState(None, None, "starting", None, None, None, "")
+            # the guard never wrote its state: it did not start
+            return self._mark_exited(key, state, "guard did not start", InstanceEnd.GUARD_LOST)
+        if state.state == "exited":
+            return state
+        if state.guard is not None and not state.guard.this_boot:
+            return self._mark_exited(key, state, "ended by a reboot of the node",
+                                     InstanceEnd.FENCED, exit_code=-9)
+        if self._guard_alive(key, state):
+            return state
+        # the workload may be orphaned: never leave any of its processes running
+        if not self._kill_instance(key, state):
+            return dataclasses.replace(state, state="stopping")
+        return self._mark_exited(key, state, "guard died", InstanceEnd.GUARD_LOST, exit_code=-9)
 
     def cgroup_of(self, key: InstanceKey) -> Path | None:
         """The instance's cgroup, if it was launched in one: the path this agent would give
@@ -184,22 +209,37 @@ class Supervisor:
                     node=self.node, epoch=key.epoch, pids=cgroups.members(cgroup))
         return cgroups.kill(cgroup, wait=1.0)
 
-    @staticmethod
-    def _mark_exited(path: Path, state: GuardState | None, reason: str, ended: InstanceEnd,
-                     exit_code: int | None = None) -> GuardState:
+    def _mark_exited(self, key: InstanceKey, state: GuardState | None, reason: str,
+                     ended: InstanceEnd, exit_code: int | None = None) -> GuardState:
         """Record the instance as exited (by the agent: its guard is gone or never was)."""
-        now = time.time()
-        guard_pid = state.guard_pid if state else None
-        pid = state.pid if state else None
-        guard = state.guard if state else None
-        workload = state.workload if state else None
-        write_json_atomic(path / "state.json", {
-            "guard_pid": guard_pid, "pid": pid, "state": "exited", "exit_code": exit_code,
-            "guard": guard.to_dict() if guard else None,
-            "workload": workload.to_dict() if workload else None,
-            "started_at": None, "finished_at": now, "reason": reason, "ended": ended.value})
-        return GuardState(guard_pid, pid, "exited", exit_code, None, now, reason,
-                          ended=ended, guard=guard, workload=workload)
+        exited = GuardState(state.guard_pid if state else None, state.pid if state else None,
+                            "exited", exit_code, None, time.time(), reason, ended=ended,
+                            guard=state.guard if state else None,
+                            workload=state.workload if state else None)
+        self._record_exit(key, exited)
+        return exited
+
+    def _record_exit(self, key: InstanceKey, exited: GuardState) -> None:
+        """Write an exit to the instance's state.json; kept in memory if it cannot be."""
+        data = {"guard_pid": exited.guard_pid, "pid": exited.pid, "state": "exited",
+                "exit_code": exited.exit_code,
+                "guard": exited.guard.to_dict() if exited.guard else None,
+                "workload": exited.workload.to_dict() if exited.workload else None,
+                "started_at": None, "finished_at": exited.finished_at, "reason": exited.reason,
+                "ended": exited.ended.value if exited.ended else None}
+        try:
+            write_json_atomic(instance_dir(self.state_dir, key) / "state.json", data)
+        except OSError as exc:
+            self._unrecorded[key] = exited
+            self._failed("instance record", exc)
+            return
+        self._unrecorded.pop(key, None)
+
+    def _failed(self, what: str, exc: OSError) -> None:
+        if self.write_failed is not None:
+            self.write_failed(what, exc)
+        else:
+            log.error(f"state directory: {what} not written", node=self.node, error=str(exc))
 
     # -- actions ------------------------------------------------------------------------
 
@@ -217,7 +257,7 @@ class Supervisor:
                                  assignment.workload)
         except NoFreePort as exc:  # reported as a failed start: restarted or moved
             path.mkdir(parents=True, exist_ok=False)
-            self._mark_exited(path, None, str(exc), InstanceEnd.EXIT, exit_code=1)
+            self._mark_exited(key, None, str(exc), InstanceEnd.EXIT, exit_code=1)
             log.error("instance not started", workload=assignment.workload, node=self.node,
                       epoch=assignment.epoch, error=str(exc))
             return
@@ -283,8 +323,7 @@ class Supervisor:
             while procid.is_alive(guard) and time.monotonic() < deadline:
                 reap_children()
                 time.sleep(0.005)
-            self._mark_exited(instance_dir(self.state_dir, key), state, f"fenced: {why}",
-                              InstanceEnd.FENCED, exit_code=-9)
+            self._mark_exited(key, state, f"fenced: {why}", InstanceEnd.FENCED, exit_code=-9)
 
     def ports_of(self, key: InstanceKey) -> dict[str, int]:
         """The ports an instance was launched with (from its launch file, once)."""
@@ -305,10 +344,18 @@ class Supervisor:
         if not any(other.workload == key.workload and other != key
                    for other in list_instances(self.state_dir)):
             launch = read_launch(path) or {}  # its last instance here
-            remove_tmpdir(key.workload, launch.get("tmpdir"))
+            with contextlib.suppress(OSError):
+                remove_tmpdir(key.workload, launch.get("tmpdir"))
         with contextlib.suppress(OSError):
             keep_ended(self.state_dir, path, key.workload, key.epoch, self.logs.keep_epochs)
-        shutil.rmtree(path, ignore_errors=True)
+        self._unrecorded.pop(key, None)
+        try:
+            shutil.rmtree(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # a state directory that refuses the removal: not seen again
+            self._forgotten.add(key)
+            self._failed("instance removal", exc)
         cgroup = self.containment.of(self.node, key.dirname)
         if cgroup is not None:
             cgroups.remove(cgroup)

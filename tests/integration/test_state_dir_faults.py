@@ -30,20 +30,33 @@ def _run(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=15, check=False)
 
 
+def on_node(cluster: LocalCluster, node: str) -> list[str]:
+    """The prefix that runs a command in the node's mount namespace (a simulated node has its
+    own, as a machine has its own mounts; none: the host's)."""
+    handle = cluster.node_handles[node]
+    if not handle.isolated:
+        return []
+    init = handle.processes().get(1)
+    assert init is not None, "the node has a PID 1 of its own"
+    return ["nsenter", "-t", str(init), "-m", "--"]
+
+
 @contextlib.contextmanager
-def read_only(path: Path) -> Iterator[None]:
-    """``path`` read-only for every process (root included) until the block ends: a bind
-    mount of it over itself, remounted read-only; unmounted after, whatever happens."""
-    bound = _run("mount", "--bind", str(path), str(path))
+def read_only(cluster: LocalCluster, node: str, path: Path) -> Iterator[None]:
+    """``path`` read-only for every process of the node (root included) until the block
+    ends: a bind mount of it over itself in the node's mounts, remounted read-only; unmounted
+    after, whatever happens."""
+    there = on_node(cluster, node)
+    bound = _run(*there, "mount", "--bind", str(path), str(path))
     if bound.returncode != 0:
         pytest.skip(f"mount --bind not permitted here: {bound.stderr.strip()}")
     try:
-        done = _run("mount", "-o", "remount,bind,ro", str(path))
+        done = _run(*there, "mount", "-o", "remount,bind,ro", str(path))
         assert done.returncode == 0, done.stderr
         yield
     finally:
-        if _run("umount", str(path)).returncode != 0:
-            _run("umount", "-l", str(path))  # busy: detach it at once all the same
+        if _run(*there, "umount", str(path)).returncode != 0:
+            _run(*there, "umount", "-l", str(path))  # busy: detach it at once all the same
 
 
 def hafo(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -60,19 +73,21 @@ async def test_a_read_only_state_dir_fences_the_node_without_killing_its_agent(
     handle = cluster.node_handles[victim]
     agent = handle.agent_pid()
     old = snapshot.current_status(wid)
-    assert agent is not None and old is not None and old.pid and pid_alive(old.pid)
+    assert agent is not None and old is not None and old.pid
+    old_pid = cluster.host_pid(victim, old.pid)  # the host's number of the node's process
+    assert old_pid is not None and pid_alive(old_pid)
     state_dir = handle.state_dir
 
-    with read_only(state_dir):
-        with pytest.raises(OSError):
-            (state_dir / "probe").write_text("x")  # really read-only, for root too
+    with read_only(cluster, victim, state_dir):
+        probe = _run(*on_node(cluster, victim), "touch", str(state_dir / "probe"))
+        assert probe.returncode != 0, "really read-only on the node, for root too"
         snapshot = await cluster.wait_for(
             lambda s: s.node_state(victim) == "unhealthy", 20, what="node unhealthy")
         reason = snapshot.nodes[victim].reason
         assert f"state dir ({state_dir}" in reason and "read-only file system" in reason
         snapshot = await cluster.wait_for(running(wid, not_on=victim), 30,
                                           what="the workload moved off the node")
-        assert not pid_alive(old.pid), "the old instance outlived its move"
+        assert not pid_alive(old_pid), "the old instance outlived its move"
         assert handle.agent_pid() == agent and pid_alive(agent), "the agent died"
         listed = hafo(cluster, "nodes")
         assert listed.returncode == 0, listed.stderr

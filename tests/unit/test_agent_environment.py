@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 
 from hafo.agent import daemon
 from hafo.agent.daemon import Agent
-from hafo.agent.environment import StateDirFaults, read_states
+from hafo.agent.environment import StateDirFaults
 from hafo.agent.fencefile import FENCE_FILE, read_deadline
 from hafo.agent.instances import InstanceKey, instance_dir, write_json_atomic
 from hafo.model.config import parse_config
@@ -249,14 +249,30 @@ def test_the_state_dir_probe_names_the_directory_and_the_error(tmp_path: Path) -
     assert faults.probe() == f"{tmp_path / 'missing'}: no such file or directory"
 
 
-def test_read_states_writes_nothing_and_reports_a_dead_guard_exited(tmp_path: Path) -> None:
+def test_the_supervisor_keeps_in_memory_what_a_read_only_state_dir_refuses(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hafo.agent import supervisor as supervisor_module
+    from hafo.agent.supervisor import Supervisor
+
     key = InstanceKey("job-0a1b2c", 5)
     path = instance_dir(tmp_path, key)
     path.mkdir(parents=True)
     write_json_atomic(path / "state.json", {"guard_pid": 2 ** 22 + 1, "pid": None,
                                             "state": "running"})
     before = (path / "state.json").read_text()
-    states = read_states(tmp_path, "node-a")
+    refused: list[str] = []
+
+    def read_only(_path: Path, _data: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system", str(_path))
+
+    monkeypatch.setattr(supervisor_module, "write_json_atomic", read_only)
+    supervisor = Supervisor("node-a", tmp_path, tmp_path / "ck",
+                            write_failed=lambda what, exc: refused.append(what))
+    states = supervisor.states()
     assert states[key].state == "exited" and states[key].ended is InstanceEnd.GUARD_LOST
-    assert (path / "state.json").read_text() == before
-    assert read_states(tmp_path, "node-a", known=states) == states
+    assert (path / "state.json").read_text() == before and refused == ["instance record"]
+    assert supervisor.states() == states and supervisor.pending_writes  # from memory
+    supervisor.kill_all("lease lost")  # nothing left to kill: no error either
+    monkeypatch.undo()
+    assert supervisor.states() == states and not supervisor.pending_writes
+    assert '"guard died"' in (path / "state.json").read_text()  # written once it could be
