@@ -1,4 +1,4 @@
-"""A cgroup (v2) for each instance: its processes are the cgroup's (docs/safety.md, rule 2).
+"""A cgroup (v2) for each instance: its processes are the cgroup's (docs/safety.md, rule 7).
 
 A process cannot leave its cgroup by forking, by starting a new session, by re-executing with
 an empty environment or by outliving its parent: only a write to another cgroup's

@@ -532,7 +532,7 @@ class Agent:
                      cgroup=str(self.containment.path))
         else:
             log.warning("no cgroup for instances: their processes are found by tree and "
-                        "environment, a weaker guarantee (docs/safety.md, rule 2)",
+                        "environment, a weaker guarantee (docs/safety.md, rule 7)",
                         node=self.name, why=self.containment.reason)
         await self.acquire_lease()
         lease = asyncio.create_task(self._restarting("lease", self._keep_lease), name="lease")

@@ -1,5 +1,5 @@
 """Process identity: a pid is a number, a process is (pid, start time, boot) (docs/safety.md,
-rule 7).
+rule 8).
 
 A pid names a process only while that process lives: once it exits the number is handed to the
 next process the kernel starts, and after a reboot every recorded number belongs to someone

@@ -1,4 +1,4 @@
-"""Every process of one instance, and killing them all at once (docs/safety.md, rule 2).
+"""Every process of one instance, and killing them all at once (docs/safety.md, rule 7).
 
 A workload may start processes outside its own process group and session: torchrun starts
 each worker in a new session. Killing the workload's process group alone would leave those

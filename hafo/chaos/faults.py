@@ -10,7 +10,7 @@ from random import Random
 from typing import Any
 
 from hafo.local.cluster import LocalCluster
-from hafo.local.procs import kill_pid, pid_alive, stop_process
+from hafo.local.procs import kill_pid, stop_process
 from hafo.model.cluster import ClusterSnapshot, InstanceStatus
 
 FAULT_KINDS = (
@@ -35,13 +35,15 @@ class Fault:
     downtime: float = 0.0  # etcd was away this long inside ``inject``: not recovery time
 
 
-async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float) -> Fault:
-    """Inject one fault of ``kind`` on a target chosen by ``rng``; lasting faults (freezes,
-    partitions, a dead etcd member) are undone by the caller after ``hold`` seconds."""
+async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float,
+                 node: str | None = None) -> Fault:
+    """Inject one fault of ``kind`` on a target chosen by ``rng`` (a node fault: on ``node``
+    if given); lasting faults (freezes, partitions, a dead etcd member) are undone by the
+    caller after ``hold`` seconds."""
     snapshot = await cluster.snapshot()
     running = running_instances(snapshot)
     busy_nodes = sorted({s.node for s in running.values()}) or sorted(cluster.node_handles)
-    node = rng.choice(busy_nodes)
+    node = node or rng.choice(busy_nodes)
 
     if kind == "node-power-loss":
         cluster.power_off(node)
@@ -145,9 +147,10 @@ async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float) -
         if not running:
             return Fault(kind, "-", False, None)
         key = rng.choice(sorted(running))
-        pid = running[key].pid
-        if pid and pid_alive(pid):
-            kill_pid(pid, signal.SIGKILL)
+        pid = running[key].pid  # in the node's numbering: the host's is another
+        host = cluster.host_pid(running[key].node, pid)
+        if host is not None:
+            kill_pid(host, signal.SIGKILL)
         return Fault(kind, running[key].workload, True, None,
                      details={"pid": pid, "node": running[key].node})
     raise ValueError(f"unknown fault kind {kind!r}")
@@ -166,12 +169,13 @@ def running_instances(snapshot: ClusterSnapshot) -> dict[str, InstanceStatus]:
     return out
 
 
-def hitless_violations(fault: Fault, statuses: dict[str, tuple[int, int]]) -> list[str]:
+def hitless_violations(fault: Fault, statuses: dict[str, tuple[int, int]],
+                       alive: Callable[[str, int], bool]) -> list[str]:
     """For an agent restart: every instance (``"workload@node"``) must still run with the
-    same epoch and pid."""
+    same epoch and pid (``alive(node, pid)``: the node runs a process of that number)."""
     broken = []
     for key, before in fault.hitless.items():
         after = statuses.get(key)
-        if after != before or not pid_alive(before[1]):
+        if after != before or not alive(key.rpartition("@")[2], before[1]):
             broken.append(f"{key}: {before} -> {after}")
     return broken

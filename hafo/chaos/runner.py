@@ -11,6 +11,7 @@ from pathlib import Path
 from random import Random
 from typing import Any
 
+from hafo.chaos.bystanders import Bystanders
 from hafo.chaos.faults import (
     FAULT_KINDS,
     Fault,
@@ -46,11 +47,13 @@ class ChaosReport:
     concurrent: list[str]
     not_running: list[str]
     duration: float
+    bystanders: list[str] = field(default_factory=list)  # processes hafo did not start, hit
+    rebooted: dict[str, int] = field(default_factory=dict)  # kind of workload -> reboots
 
     @property
     def ok(self) -> bool:
         """No invariant broken."""
-        return not (self.overlaps or self.concurrent or self.not_running
+        return not (self.overlaps or self.concurrent or self.not_running or self.bystanders
                     or any(r.violations or r.recovery is None for r in self.results))
 
     def table(self) -> str:
@@ -68,7 +71,10 @@ class ChaosReport:
         rows.append(f"{len(self.results)} faults in {self.duration:.0f}s, seed {self.seed}: "
                     f"{len(self.overlaps)} logged overlaps, {len(self.concurrent)} "
                     f"concurrent-pid sightings, {len(self.not_running)} workloads not running "
-                    f"at the end -> {'OK' if self.ok else 'VIOLATIONS'}")
+                    f"at the end, {len(self.bystanders)} bystanders signalled -> "
+                    f"{'OK' if self.ok else 'VIOLATIONS'}")
+        rows.append("rebooted with their node: " + ", ".join(
+            f"{kind} x{count}" for kind, count in sorted(self.rebooted.items())))
         return "\n".join(rows)
 
 
@@ -146,6 +152,25 @@ def nodes_of(snapshot: ClusterSnapshot, wid: str) -> set[str]:
     return {m["node"] for m in view["members"]} or ({view["node"]} if view["node"] else set())
 
 
+#: The kinds of workload a chaos run watches; each must run on a node that reboots.
+WORKLOAD_KINDS = ("single", "gang-member", "service-replica", "escaping")
+
+
+def kinds_on(snapshot: ClusterSnapshot, kinds: dict[str, str], node: str) -> set[str]:
+    """The kinds of workload running on ``node`` (``kinds``: workload id -> kind)."""
+    return {kind for wid, kind in kinds.items() if node in nodes_of(snapshot, wid)}
+
+
+def reboot_target(snapshot: ClusterSnapshot, kinds: dict[str, str], missing: set[str],
+                  rng: Random) -> str | None:
+    """The node to power-cycle next: the one running most of the kinds not yet rebooted
+    (seeded choice among equals), or None if no node runs any of them."""
+    nodes = sorted(snapshot.nodes)
+    rng.shuffle(nodes)
+    best = max(nodes, key=lambda n: len(kinds_on(snapshot, kinds, n) & missing), default=None)
+    return best if best is not None and kinds_on(snapshot, kinds, best) & missing else None
+
+
 def all_running(workloads: list[str]) -> Callable[[ClusterSnapshot], bool]:
     """Predicate: every workload runs."""
     return lambda s: all(workload_view(s, w)["state"] == "running" for w in workloads)
@@ -170,13 +195,24 @@ async def _wait_recovered(cluster: LocalCluster, fault: Fault, before: ClusterSn
     await cluster.wait_for(recovered, timeout, interval=0.05, what=f"recovery from {fault.kind}")
 
 
+async def _watch(bystanders: Bystanders) -> None:
+    """Look at the bystanders every 100 ms until cancelled."""
+    while True:
+        bystanders.check()
+        await asyncio.sleep(0.1)
+
+
 async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int = 2,
                     workloads: int = 4, gangs: int = 1, services: int = 1,
                     base_dir: Path | None = None, keep: bool = False,
                     say: Callable[[str], Any] = print) -> ChaosReport:
     """Start a cluster, inject ``faults`` seeded faults, check the invariants, tear down.
-    ``gangs``: how many 2-member gangs run beside the ``workloads`` single-node ones;
-    ``services``: how many 2-replica services (each replica is watched like a workload)."""
+    ``gangs``: how many 2-member gangs run beside the ``workloads`` single-node ones (one of
+    them leaves an escaped process behind, ``hafo.local.workload --escape``); ``services``:
+    how many 2-replica services (each replica is watched like a workload). A power loss
+    targets the node that runs most kinds of workload not yet rebooted, and more power
+    cycles follow the seeded faults until every kind has rebooted with its node at least
+    once. Processes hafo did not start run on every node (``hafo.chaos.bystanders``)."""
     rng = Random(seed)
     cluster = LocalCluster(base_dir=base_dir, nodes=nodes, controllers=controllers,
                            etcd_members=3, partitionable=True, keep=keep)
@@ -185,18 +221,24 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
     results: list[FaultResult] = []
     cluster.start()
     sampler_task: asyncio.Task[None] | None = None
+    watch_task: asyncio.Task[None] | None = None
+    bystanders: Bystanders | None = None
     try:
         await cluster.wait_ready(60)
         ids = []
+        kinds: dict[str, str] = {}
         for i in range(workloads):
-            spec = demo_workload_spec(name=f"chaos-{i}", interval=0.02, every=10)
+            spec = demo_workload_spec(name=f"chaos-{i}", interval=0.02, every=10,
+                                      escape=i == 0)
             spec["restart"] = {"max_restarts": 100000, "window": 60}
             ids.append(await cluster.submit(spec))
+            kinds[ids[-1]] = "escaping" if i == 0 else "single"
         for i in range(gangs):
             spec = demo_workload_spec(name=f"chaos-gang-{i}", interval=0.02, every=10)
             spec["restart"] = {"max_restarts": 100000, "window": 60}
             spec["nodes"] = 2
             ids.append(await cluster.submit(spec))
+            kinds[ids[-1]] = "gang-member"
         for i in range(services):
             spec = demo_workload_spec(name=f"chaos-svc-{i}", interval=0.02, every=10)
             spec["restart"] = {"max_restarts": 100000, "window": 60}
@@ -205,17 +247,38 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
             found = await cluster.wait_for(lambda s, sid=sid: len(s.replicas.get(sid, ())) == 2,
                                            30, what=f"the replicas of {sid}")
             ids.extend(found.replicas[sid])
+            kinds.update({replica: "service-replica" for replica in found.replicas[sid]})
         await cluster.wait_for(all_running(ids), 60, what="workloads running")
         sampler = PidSampler(cluster, ids)
         sampler_task = asyncio.create_task(sampler.run())
-        kinds = list(FAULT_KINDS)
-        for n in range(faults):
-            if n % len(kinds) == 0:
-                rng.shuffle(kinds)  # every kind once per round, in a seeded order
-            kind = kinds[n % len(kinds)]
+        bystanders = Bystanders(cluster)
+        for name in cluster.node_handles:
+            bystanders.start(name)
+        watch_task = asyncio.create_task(_watch(bystanders))
+        rebooted: dict[str, int] = {}
+        fault_kinds = list(FAULT_KINDS)
+        extra_reboots = 0
+        n = 0
+        while True:
+            missing = {k for k in WORKLOAD_KINDS if k in kinds.values()} - set(rebooted)
+            if n < faults:
+                if n % len(fault_kinds) == 0:
+                    rng.shuffle(fault_kinds)  # every kind once per round, in a seeded order
+                kind = fault_kinds[n % len(fault_kinds)]
+            elif missing and extra_reboots < 3:  # until every kind rebooted with its node
+                kind, extra_reboots = "node-power-loss", extra_reboots + 1
+            else:
+                break
+            n += 1
             before = await cluster.snapshot()
+            target = reboot_target(before, kinds, missing or set(WORKLOAD_KINDS), rng) if (
+                kind == "node-power-loss") else None
             t0 = time.monotonic()
-            fault = await inject(kind, cluster, rng, outage)
+            fault = await inject(kind, cluster, rng, outage, node=target)
+            if kind == "node-power-loss":
+                bystanders.powered_off(fault.target)
+                for rebooted_kind in kinds_on(before, kinds, fault.target):
+                    rebooted[rebooted_kind] = rebooted.get(rebooted_kind, 0) + 1
             result = FaultResult(kind, fault.target, None)
             try:
                 await _wait_recovered(cluster, fault, before, ids, 60)
@@ -228,25 +291,33 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
                 snap = await cluster.snapshot()
                 now = {k: (s.epoch, s.pid or 0) for k, s in running_instances(snap).items()
                        if k in fault.hitless}
-                result.violations += hitless_violations(fault, now)
+                result.violations += hitless_violations(
+                    fault, now, lambda node, pid: cluster.host_pid(node, pid) is not None)
             if fault.undo is not None:
                 await fault.undo()
             await cluster.wait_ready(60)
+            if kind == "node-power-loss":  # it booted again: new processes to watch there
+                bystanders.start(fault.target)
             await cluster.wait_for(all_running(ids), 60, what="all running after undo")
             results.append(result)
-            say(f"[{n + 1:3d}/{faults}] {kind:18s} {fault.target:12s} recovered in "
+            say(f"[{n:3d}/{faults}] {kind:18s} {fault.target:12s} recovered in "
                 + (f"{result.recovery:5.2f}s" if result.recovery is not None else "  never")
                 + (f"  VIOLATIONS: {result.violations}" if result.violations else ""))
         final = await cluster.wait_for(all_running(ids), 60, what="all running at the end")
         sampler.sample()
+        bystanders.check()
         lines = [line for w in ids for line in cluster.progress_log(w)]
         return ChaosReport(seed=seed, results=results, overlaps=overlaps(lines),
                            concurrent=sampler.sightings,
                            not_running=[w for w in ids
                                         if workload_view(final, w)["state"] != "running"],
-                           duration=time.monotonic() - started)
+                           duration=time.monotonic() - started,
+                           bystanders=bystanders.violations, rebooted=rebooted)
     finally:
-        if sampler_task is not None:
-            sampler_task.cancel()
+        for task in (sampler_task, watch_task):
+            if task is not None:
+                task.cancel()
+        if bystanders is not None:
+            bystanders.stop()
         await cluster.close_store()
         cluster.stop()

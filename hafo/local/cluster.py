@@ -60,6 +60,7 @@ class NodeHandle:
     proxy: subprocess.Popen[bytes] | None = None
     cgroup: Path | None = None  # the node's cgroup (None: the host's)
     boot_id_file: Path | None = None  # the node's boot id (None: no namespaces of its own)
+    last_agent_pid: int | None = None  # the host pid the agent had when last seen (this boot)
 
     @property
     def pidfile(self) -> Path:
@@ -67,11 +68,15 @@ class NodeHandle:
         return self.state_dir.parent / f"{self.name}.agent.pid"
 
     def agent_pid(self) -> int | None:
-        """The agent's pid on the host (None before it started)."""
+        """The agent's pid on the host (None before it started, or once it exited: then
+        ``last_agent_pid`` says which it was)."""
         try:
-            return self.host_pid(int(self.pidfile.read_text()))
+            pid = self.host_pid(int(self.pidfile.read_text()))
         except (OSError, ValueError):
             return None
+        if pid is not None:
+            self.last_agent_pid = pid
+        return pid
 
     def powered(self) -> bool:
         """True while the node's init process lives."""
@@ -236,6 +241,7 @@ class LocalCluster:
         handle = self.node_handles[name]
         handle.state_dir.mkdir(parents=True, exist_ok=True)
         handle.pidfile.unlink(missing_ok=True)
+        handle.last_agent_pid = None
         machine = []
         if handle.cgroup is not None and handle.boot_id_file is not None:
             machine = ["--cgroup", str(handle.cgroup), "--boot-id-file", str(handle.boot_id_file)]

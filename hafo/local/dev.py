@@ -436,7 +436,8 @@ class DevCluster:
                 faults = {}
             powered = handle.powered()
             nodes.append(NodeState(name=handle.name, powered=powered,
-                                   agent_pid=handle.agent_pid() if powered else None,
+                                   agent_pid=(handle.agent_pid() or handle.last_agent_pid)
+                                   if powered else None,
                                    api=f"http://127.0.0.1:{handle.api_port}",
                                    faults=faults if isinstance(faults, dict) else {},
                                    agent_alive=handle.agent_alive() if powered else None))
@@ -491,7 +492,7 @@ class DevCluster:
         from hafo.local.procs import wait_until
 
         handle = self.cluster.node_handles[node]
-        old = handle.agent_pid()
+        old = handle.agent_pid() or handle.last_agent_pid
         await asyncio.to_thread(self.cluster.restart_agent, node)
         started = await asyncio.to_thread(
             wait_until, lambda: handle.agent_pid() != old and handle.agent_alive(),

@@ -95,7 +95,7 @@ class NodeRecord(Record):
     lives, even if the liveness key was deleted). ``address``: where the node's peers reach
     it (``node.address``; a gang's ``MASTER_ADDR``). ``containment``: how the agent holds
     each instance's processes: ``cgroup``, or ``processes (...)`` with why no cgroup could be
-    made (docs/safety.md, rule 2; "" from an agent that predates it)."""
+    made (docs/safety.md, rule 7; "" from an agent that predates it)."""
 
     name: str
     labels: Mapping[str, str] = field(default_factory=dict)

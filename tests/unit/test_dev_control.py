@@ -171,6 +171,7 @@ def test_power_on_of_a_powered_node_whose_agent_died_starts_the_agent_again(
 
     dev = DevCluster(DevOptions(nodes=1, gpus=1), tmp_path, temporary=False)
     handle = dev.cluster.add_node("node-1")
+    handle.cgroup = handle.boot_id_file = None  # the host's namespaces, as started below
     handle.state_dir.mkdir(parents=True)
     handle.init = subprocess.Popen([sys.executable, "-m", "hafo.local.nodeinit",
                                     str(handle.pidfile), "--", "sleep", "60"])
