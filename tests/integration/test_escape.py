@@ -1,5 +1,5 @@
 """A process that leaves its instance every way but its cgroup is still killed with it (issue 27,
-finding 2; docs/safety.md, rule 2).
+finding 2; docs/safety.md, rule 7).
 
 The workload double-forks a grandchild in a new session that re-executes itself with an empty
 environment and ignores SIGTERM (``hafo.local.workload --escape``): it is no descendant of the

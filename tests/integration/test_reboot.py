@@ -1,5 +1,5 @@
 """A node that comes back from a power cut is as safe as one that dies (issue 27, finding 1;
-docs/safety.md, rule 7).
+docs/safety.md, rule 8).
 
 After a reboot every pid the agent recorded before the cut names another process: one of the
 new agent's own threads, an unrelated process, a new guard. The agent must treat each such

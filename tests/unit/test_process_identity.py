@@ -1,5 +1,5 @@
 """Process identity (hafo.agent.procid) and the fence file's boot: a signal only to a process
-whose identity was recorded, in this boot (docs/safety.md, rule 7)."""
+whose identity was recorded, in this boot (docs/safety.md, rule 8)."""
 
 from __future__ import annotations
 
