@@ -65,9 +65,12 @@ async def one(cluster: LocalCluster, wid: str, fault: str) -> float:
     assert status is not None and status.pid
     sick = cluster.checkpoint_root / wid / "sick"
     old_gpu = snapshot.assignments[wid].gpus[0]
+    assert node is not None
+    host = cluster.host_pid(node, status.pid)  # the agent reports the node's number
+    assert host is not None, f"{node} runs no process {status.pid}"
     started = time.time()
     if fault == "crash":
-        os.kill(status.pid, signal.SIGKILL)
+        os.kill(host, signal.SIGKILL)
     elif fault == "check":
         sick.write_text("yes")
     else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,7 +102,7 @@ class NodeClaim:
 
     async def acquire(self) -> bool:
         """Hold the node name; True when our own lease was adopted (hitless restart)."""
-        last_said = 0.0
+        last_said = -math.inf  # said at once: a monotonic clock may be young (a fresh boot)
         announced: int | None = None
         while True:
             try:

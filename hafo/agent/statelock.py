@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import math
 import os
 import time
 from pathlib import Path
@@ -47,7 +48,7 @@ def holder(state_dir: Path) -> str:
 
 async def hold_state_dir(state_dir: Path, poll: float = 0.1) -> int:
     """Wait until this process alone holds ``state_dir``; returns the descriptor to keep."""
-    said = 0.0
+    said = -math.inf  # said at once: a monotonic clock may be young (a fresh boot)
     while True:
         fd = try_lock(state_dir)
         if fd is not None:

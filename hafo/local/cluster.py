@@ -268,9 +268,10 @@ class LocalCluster:
                               same_state_dir: bool = False) -> tuple[
             subprocess.Popen[bytes], Path, int]:
         """Start a second agent that claims node ``name`` (as an operator's copy-paste
-        mistake would): its own config and API port, outside the node's process tree, with
-        its own state directory or (``same_state_dir``) the node's. Returns (process, state
-        dir, API port); stop it by pid."""
+        mistake would): its own config and API port, on the node's machine (its namespaces
+        and cgroup) but outside its process tree, with its own state directory or
+        (``same_state_dir``) the node's. Returns (process, state dir, API port); stop it by
+        pid (signals to the process reach the agent)."""
         handle = self.node_handles[name]
         config = yaml.safe_load(handle.config_path.read_text())
         state_dir = (Path(config["node"]["state_dir"]) if same_state_dir
@@ -280,8 +281,12 @@ class LocalCluster:
         config["api"]["listen"] = f"127.0.0.1:{port}"
         path = self.base / "config" / f"{name}-{tag}.yaml"
         self._write_config(path, config)
-        proc = spawn([sys.executable, "-m", "hafo", "agent", "--config", str(path)],
-                     self.base / "logs" / f"{name}-{tag}.log", env=self.node_env(name))
+        argv = [sys.executable, "-m", "hafo", "agent", "--config", str(path)]
+        init = handle.processes().get(1) if handle.isolated else None
+        if init is not None:  # on that machine: its namespaces and cgroup, as a second unit
+            argv = [sys.executable, "-m", "hafo.local.nodeinit", "--enter", str(init),
+                    *(["--cgroup", str(handle.cgroup)] if handle.cgroup else []), "--", *argv]
+        proc = spawn(argv, self.base / "logs" / f"{name}-{tag}.log", env=self.node_env(name))
         return proc, state_dir, port
 
     def move_state_dir(self, name: str, tag: str = "moved") -> Path:

@@ -149,10 +149,42 @@ def _forward_to(child: int) -> None:
         signal.signal(sig, forward)
 
 
+def enter(target: int, cgroup: Path | None, argv: list[str]) -> int:
+    """Run ``argv`` on a running node as one of its own processes (a second agent started by
+    hand on that machine): in the cgroup and the mount, time and PID namespaces of the node's
+    process ``target`` (a host pid). Unlike ``nsenter``, signals to this process reach the
+    command, and this process ends with it."""
+    if cgroup is not None:
+        join_cgroup(cgroup)
+    kinds = (("mnt", CLONE_NEWNS), ("time", CLONE_NEWTIME), ("pid", CLONE_NEWPID))
+    fds = [(os.open(f"/proc/{target}/ns/{name}", os.O_RDONLY), flag) for name, flag in kinds]
+    for fd, flag in fds:  # all opened first: the node's /proc has no such pid
+        _check(_libc.setns(fd, flag), "setns")
+        os.close(fd)
+    child = os.fork()  # born in the node's PID and time namespaces
+    if child == 0:
+        try:
+            os.execvp(argv[0], argv)
+        finally:
+            os._exit(127)
+    _forward_to(child)
+    while True:
+        with contextlib.suppress(InterruptedError):
+            _pid, status = os.waitpid(child, 0)
+            return os.waitstatus_to_exitcode(status)
+
+
 def main(argv: list[str]) -> int:
     """``python -m hafo.local.nodeinit PIDFILE [--cgroup PATH] [--boot-id-file PATH] -- argv``
-    (``--boot-id-file``: run in namespaces of the node's own, with that file as boot id)."""
+    (``--boot-id-file``: run in namespaces of the node's own, with that file as boot id);
+    ``python -m hafo.local.nodeinit --enter HOST_PID [--cgroup PATH] -- argv``: run ``argv``
+    on the running node of that process (``enter``)."""
     split = argv.index("--")
+    if argv[0] == "--enter":
+        values = dict(zip(argv[:split:2], argv[1:split:2], strict=True))
+        cgroup = values.get("--cgroup")
+        return enter(int(values["--enter"]), Path(cgroup) if cgroup else None,
+                     argv[split + 1:])
     pidfile, options, command = Path(argv[0]), argv[1:split], argv[split + 1:]
     values = dict(zip(options[::2], options[1::2], strict=True))
     if "--cgroup" in values:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hafo.agent.procid import start_time
 from hafo.local.cluster import LocalCluster
+from hafo.local.procs import pid_alive
 from hafo.local.progress import overlaps
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.views import workload_view
@@ -24,6 +27,41 @@ def running(wid: str, not_on: str | None = None) -> Any:
         v = workload_view(snapshot, wid)
         return bool(v["state"] == "running" and v["node"] is not None and v["node"] != not_on)
     return check
+
+
+@dataclass(frozen=True)
+class HostProcess:
+    """A node's process as the host sees it. A node numbers its processes in a PID namespace
+    of its own (``hafo.local.nodeinit``): the pid its agent reports, or its workload logs, is
+    not the host's. This is the host's pid of that process and its start time read on the
+    host, which tell it from any later holder of either number."""
+
+    node: str
+    pid: int  # as the node numbers it
+    host: int  # as the host numbers it
+    start: int  # field 22 of the host's /proc/<host>/stat
+
+    def alive(self) -> bool:
+        """The very same process still runs (not a zombie)."""
+        return pid_alive(self.host) and start_time(self.host) == self.start
+
+
+def find_node_process(cluster: LocalCluster, node: str, pid: int | None) -> HostProcess | None:
+    """The live process ``pid`` of node ``node`` (as the node numbers it), seen from the
+    host, or None if the node runs no such process now."""
+    host = cluster.host_pid(node, pid)
+    start = start_time(host) if host else None
+    if not pid or not host or start is None:
+        return None
+    return HostProcess(node, pid, host, start)
+
+
+def node_process(cluster: LocalCluster, node: str, pid: int | None) -> HostProcess:
+    """As ``find_node_process``, failing the test if the node runs no such process."""
+    found = find_node_process(cluster, node, pid)
+    assert found is not None, f"{node} runs no process {pid}"
+    return found
+
 
 
 def assert_never_two_copies(cluster: LocalCluster, wid: str) -> None:

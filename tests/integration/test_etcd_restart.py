@@ -18,11 +18,10 @@ from typing import Any
 import pytest
 
 from hafo.local.cluster import LocalCluster, demo_workload_spec
-from hafo.local.procs import pid_alive
 from hafo.store import read_events
 
 from .conftest import ClusterFactory
-from .helpers import assert_never_two_copies, running, view
+from .helpers import HostProcess, assert_never_two_copies, node_process, running, view
 
 HEARTBEAT = 1.0
 BACK_WITHIN = HEARTBEAT + 1.0  # one heartbeat, plus slack for a busy 2-core machine
@@ -70,12 +69,18 @@ async def back_on_etcd(cluster: LocalCluster, serving_since: float,
     raise AssertionError(f"daemons not back on etcd: {sorted(back)}")
 
 
-async def five_workloads(cluster: LocalCluster) -> tuple[list[str], dict[str, tuple]]:  # type: ignore[type-arg]
+async def five_workloads(cluster: LocalCluster) -> tuple[
+        list[str], dict[str, tuple[str, int, HostProcess]]]:
+    """Five 1-GPU workloads running: per workload (node, epoch, its process on the host)."""
     wids = [await cluster.submit(demo_workload_spec(name=f"w{i}", gpus=1)) for i in range(5)]
     snapshot = await cluster.wait_for(lambda s: all(running(w)(s) for w in wids), 30,
                                       what="5 workloads running")
-    return wids, {w: (view(snapshot, w)["node"], view(snapshot, w)["epoch"],
-                      snapshot.current_status(w).pid) for w in wids}  # type: ignore[union-attr]
+    before = {}
+    for w in wids:
+        node = view(snapshot, w)["node"]
+        before[w] = (node, view(snapshot, w)["epoch"],
+                     node_process(cluster, node, snapshot.current_status(w).pid))  # type: ignore[union-attr]
+    return wids, before
 
 
 def why_changed(cluster: LocalCluster, wid: str, node: str, events: list[Any]) -> str:
@@ -137,10 +142,10 @@ async def test_etcd_killed_and_restarted_within_failsafe_max_kills_nothing(
                                       what="cluster whole")
     events = await read_events(cluster.store, cluster.keys, 200)
     for wid in wids:
-        node, epoch, pid = before[wid]
+        node, epoch, process = before[wid]
         now = (view(snapshot, wid)["node"], view(snapshot, wid)["epoch"])
         assert now == (node, epoch) and view(snapshot, wid)["restarts"] == 0 \
-            and pid_alive(pid), why_changed(cluster, wid, node, events)
+            and process.alive(), why_changed(cluster, wid, node, events)
     kinds = {e.kind for e in events}
     assert not kinds & {"fenced", "restarted", "failover", "node-reregistered"}, kinds
     _, status, headers = await asyncio.to_thread(
@@ -156,7 +161,7 @@ async def test_etcd_away_longer_than_failsafe_max_fences_then_restarts_uncounted
     wids, before = await five_workloads(cluster)
     await kill_etcd(cluster)
     await asyncio.sleep(6 + 3 + 2)  # failsafe_max, then the last extension, then slack
-    assert not any(pid_alive(pid) for _n, _e, pid in before.values()), "fenced"
+    assert not any(process.alive() for _n, _e, process in before.values()), "fenced"
     await start_etcd(cluster)
     snapshot = await cluster.wait_for(
         lambda s: all(running(w)(s) and view(s, w)["epoch"] > before[w][1] for w in wids), 30,

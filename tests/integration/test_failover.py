@@ -17,7 +17,14 @@ from hafo.local.procs import pid_alive
 from hafo.store import read_events
 
 from .conftest import ClusterFactory
-from .helpers import assert_never_two_copies, running, start_with_workload, view
+from .helpers import (
+    HostProcess,
+    assert_never_two_copies,
+    node_process,
+    running,
+    start_with_workload,
+    view,
+)
 
 pytestmark = pytest.mark.timeout(90)
 TTL = 3
@@ -51,7 +58,7 @@ async def test_node_power_loss_moves_workload_within_ttl_plus_2(
         local_cluster: ClusterFactory) -> None:
     cluster, wid, snapshot = await start_with_workload(local_cluster, nodes=3, controllers=2)
     victim, old_epoch = view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]
-    old_pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    old = node_process(cluster, victim, snapshot.current_status(wid).pid)  # type: ignore[union-attr]
     await leader_sees(cluster, wid, lambda v: v["checkpoint"] is not None,
                       "a reported checkpoint", 20)
     killed_at = time.time()
@@ -61,7 +68,7 @@ async def test_node_power_loss_moves_workload_within_ttl_plus_2(
     status = snapshot.current_status(wid)
     assert status is not None and status.started_at is not None
     assert status.started_at - killed_at < BOUND
-    assert status.pid != old_pid
+    assert cluster.host_pid(status.node, status.pid) not in (None, old.host)
     assert view(snapshot, wid)["epoch"] > old_epoch
     assert_never_two_copies(cluster, wid)
     failover = [e for e in await read_events(cluster.store, cluster.keys, 0)
@@ -73,8 +80,9 @@ async def test_agent_killed_alone_its_guard_kills_the_workload_before_lease_expi
         local_cluster: ClusterFactory) -> None:
     cluster, wid, snapshot = await start_with_workload(local_cluster, nodes=2, controllers=1)
     victim = view(snapshot, wid)["node"]
-    workload_pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
-    assert workload_pid and pid_alive(workload_pid)
+    workload = node_process(cluster, victim,
+                            snapshot.current_status(wid).pid)  # type: ignore[union-attr]
+    assert workload.alive()
     # The watch replays from that revision whenever it starts, and the lease cannot expire
     # sooner than TTL - heartbeat (2 s) after the kill: no need to wait for it to start.
     expiry = cluster.watch_expiry(victim, snapshot.revision + 1)
@@ -82,7 +90,7 @@ async def test_agent_killed_alone_its_guard_kills_the_workload_before_lease_expi
     died_at = None
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and (died_at is None or not expiry.done()):
-        if died_at is None and not pid_alive(workload_pid):
+        if died_at is None and not workload.alive():
             died_at = time.time()
         await asyncio.sleep(0.005)
     assert died_at is not None, "the guard never killed the workload"
@@ -145,14 +153,15 @@ async def test_deleted_workload_is_stopped(local_cluster: ClusterFactory) -> Non
     cluster = await local_cluster.start(nodes=1, controllers=1)
     wid = await cluster.submit(demo_workload_spec(gpus=2))
     snapshot = await cluster.wait_for(running(wid), 20, what="running")
-    pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    process = node_process(cluster, view(snapshot, wid)["node"],
+                           snapshot.current_status(wid).pid)  # type: ignore[union-attr]
     await intents.delete(cluster.store, cluster.keys, wid)
     await cluster.wait_for(lambda s: wid not in s.assignments and not any(
         w == wid for w, _ in s.statuses), 15, what="forgotten")
     deadline = time.monotonic() + 10
-    while pid_alive(pid) and time.monotonic() < deadline:  # type: ignore[arg-type]
+    while process.alive() and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    assert not pid_alive(pid)  # type: ignore[arg-type]
+    assert not process.alive()
 
 
 async def test_agent_restarted_before_lease_expiry_readopts_its_workload(
@@ -160,6 +169,7 @@ async def test_agent_restarted_before_lease_expiry_readopts_its_workload(
     cluster, wid, snapshot = await start_with_workload(local_cluster, nodes=2, controllers=1)
     node, epoch = view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]
     pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    process = node_process(cluster, node, pid)
     old_agent = cluster.kill_agent(node)
     cluster.restart_agent(node)
     deadline = time.monotonic() + 10
@@ -170,16 +180,17 @@ async def test_agent_restarted_before_lease_expiry_readopts_its_workload(
     snapshot = await cluster.snapshot()
     assert view(snapshot, wid)["node"] == node and view(snapshot, wid)["epoch"] == epoch
     assert view(snapshot, wid)["state"] == "running"
-    assert snapshot.current_status(wid).pid == pid and pid_alive(pid)  # type: ignore[union-attr,arg-type]
+    assert snapshot.current_status(wid).pid == pid and process.alive()  # type: ignore[union-attr]
     assert view(snapshot, wid)["restarts"] == 0
 
 
-def assert_unmoved(snapshot: Any, wid: str, before: dict[str, Any], pid: int | None) -> None:
+def assert_unmoved(snapshot: Any, wid: str, before: dict[str, Any],
+                   process: HostProcess) -> None:
     """Same node, same epoch, no restart, same live process."""
     after = view(snapshot, wid)
     assert (after["node"], after["epoch"], after["restarts"]) == \
         (before["node"], before["epoch"], 0), "no failover, no restart"
-    assert snapshot.current_status(wid).pid == pid and pid_alive(pid)  # type: ignore[arg-type]
+    assert snapshot.current_status(wid).pid == process.pid and process.alive()
 
 
 @pytest.mark.parametrize("which", ["raft-leader", "follower"])
@@ -188,7 +199,8 @@ async def test_etcd_member_crash_causes_no_failover(local_cluster: ClusterFactor
     cluster, wid, snapshot = await start_with_workload(
         local_cluster, nodes=2, controllers=2, etcd_members=3)
     before = view(snapshot, wid)
-    pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    process = node_process(cluster, before["node"],
+                           snapshot.current_status(wid).pid)  # type: ignore[union-attr]
     leader = await cluster.etcd_leader_index()
     assert leader is not None
     victim = leader if which == "raft-leader" else (leader + 1) % 3
@@ -197,7 +209,7 @@ async def test_etcd_member_crash_causes_no_failover(local_cluster: ClusterFactor
     await asyncio.sleep(TTL * 2 + 1)  # on purpose: two lease TTLs in which nothing may move
     snapshot = await cluster.wait_for(lambda s: s.leader is not None and len(s.alive) == 2, 10,
                                       what="cluster still whole")
-    assert_unmoved(snapshot, wid, before, pid)
+    assert_unmoved(snapshot, wid, before, process)
     events = [e.kind for e in await read_events(cluster.store, cluster.keys, 100)]
     assert "failover" not in events and "node-reregistered" not in events
 
@@ -209,13 +221,14 @@ async def test_frozen_or_cut_off_agent_is_fenced_then_rejoins_cleanly(
         local_cluster, nodes=2, controllers=1, partitionable=True)
     victim, epoch = view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]
     old_lease = snapshot.alive[victim].lease
-    pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    process = node_process(cluster, victim,
+                           snapshot.current_status(wid).pid)  # type: ignore[union-attr]
     if fault == "freeze":
         cluster.freeze_agent(victim)
     else:
         cluster.partition(victim)
     snapshot = await cluster.wait_for(running(wid, not_on=victim), 15, what="failover")
-    assert not pid_alive(pid)  # type: ignore[arg-type]
+    assert not process.alive()
     await asyncio.sleep(1.0)  # on purpose: the fault lasts a while past the failover
     if fault == "freeze":
         cluster.thaw_agent(victim)
@@ -259,19 +272,20 @@ async def test_all_of_etcd_down_past_the_ttl_kills_nothing_failsafe(
     cluster, wid, snapshot = await start_with_workload(
         local_cluster, nodes=2, controllers=2, etcd_members=3)
     before = view(snapshot, wid)
-    pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    process = node_process(cluster, before["node"],
+                           snapshot.current_status(wid).pid)  # type: ignore[union-attr]
     await cluster.close_store()
     for index in range(3):
         cluster.etcd.kill_member(index)
     await asyncio.sleep(TTL * 3)  # well past the TTL and every fencing deadline
-    assert pid_alive(pid), "failsafe: the workload must survive an etcd outage"  # type: ignore[arg-type]
+    assert process.alive(), "failsafe: the workload must survive an etcd outage"
     for index in range(3):
         cluster.etcd.restart_member(index)
     await asyncio.to_thread(cluster.etcd.wait_ready, 30.0)
     await asyncio.sleep(TTL + 2)  # past every controller's failsafe hold
     snapshot = await cluster.wait_for(lambda s: s.leader is not None and len(s.alive) == 2, 20,
                                       what="cluster whole again")
-    assert_unmoved(snapshot, wid, before, pid)
+    assert_unmoved(snapshot, wid, before, process)
 
 
 async def test_failsafe_does_not_cover_an_agent_cut_off_alone(
@@ -279,9 +293,10 @@ async def test_failsafe_does_not_cover_an_agent_cut_off_alone(
     cluster, wid, snapshot = await start_with_workload(
         local_cluster, nodes=2, controllers=2, partitionable=True)
     victim = view(snapshot, wid)["node"]
-    pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    process = node_process(cluster, victim,
+                           snapshot.current_status(wid).pid)  # type: ignore[union-attr]
     cluster.partition(victim)  # controllers still reach etcd: they say so, no failsafe
     await cluster.wait_for(running(wid, not_on=victim), 15, what="failover")
-    assert not pid_alive(pid)  # type: ignore[arg-type]
+    assert not process.alive()
     cluster.heal(victim)
     assert_never_two_copies(cluster, wid)

@@ -10,12 +10,17 @@ from typing import Any
 import pytest
 
 from hafo.local.cluster import demo_workload_spec
-from hafo.local.procs import pid_alive
 from hafo.model.cluster import Event
 from hafo.store import intents, read_events
 
 from .conftest import ClusterFactory
-from .helpers import assert_never_two_copies, running, start_with_workload, view
+from .helpers import (
+    assert_never_two_copies,
+    node_process,
+    running,
+    start_with_workload,
+    view,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -110,6 +115,7 @@ async def test_migrate_to_a_full_node_is_refused_and_nothing_stops(
     other = view(snapshot, second)["node"]
     before = view(snapshot, first)
     pid = snapshot.current_status(first).pid  # type: ignore[union-attr]
+    process = node_process(cluster, before["node"], pid)
     await intents.migrate(cluster.store, cluster.keys, first, to=other)
     await cluster.wait_for(lambda s: first not in s.moves, 10, what="request consumed")
     events = await read_events(cluster.store, cluster.keys, 0)
@@ -120,7 +126,7 @@ async def test_migrate_to_a_full_node_is_refused_and_nothing_stops(
     after = view(snapshot, first)
     assert (after["state"], after["node"], after["epoch"]) == (
         "running", before["node"], before["epoch"]), "the assignment was left as it was"
-    assert snapshot.current_status(first).pid == pid and pid_alive(pid)  # type: ignore[union-attr,arg-type]
+    assert snapshot.current_status(first).pid == pid and process.alive()  # type: ignore[union-attr]
 
 
 async def test_workload_that_does_not_checkpoint_is_stopped_anyway_and_says_so(

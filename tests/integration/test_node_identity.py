@@ -9,27 +9,24 @@ import json
 import shutil
 import time
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from hafo.local.cluster import demo_workload_spec
-from hafo.local.procs import pid_alive, stop_process
+from hafo.local.procs import stop_process
 from hafo.store import intents, read_events
 
 from .conftest import ClusterFactory
-from .helpers import assert_never_two_copies, running, start_with_workload, view
+from .helpers import (
+    assert_never_two_copies,
+    node_process,
+    running,
+    start_with_workload,
+    view,
+)
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def started_at(pid: int) -> str | None:
-    """The process's start time (clock ticks since boot), to tell it from a reused pid."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
 
 
 def node_status(port: int) -> dict[str, Any]:
@@ -42,6 +39,7 @@ async def test_a_second_agent_with_the_same_name_waits_and_runs_nothing(
     cluster, wid, snapshot = await start_with_workload(local_cluster, nodes=2, controllers=1)
     node, epoch = view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]
     pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    process = node_process(cluster, node, pid)
     lease = snapshot.alive[node].lease
     dup, dup_state, dup_port = cluster.start_duplicate_agent(node)
     try:
@@ -61,7 +59,7 @@ async def test_a_second_agent_with_the_same_name_waits_and_runs_nothing(
         snapshot = await cluster.snapshot()
         assert snapshot.alive[node].lease == lease
         assert (view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]) == (node, epoch)
-        assert snapshot.current_status(wid).pid == pid and pid_alive(pid)  # type: ignore[union-attr,arg-type]
+        assert snapshot.current_status(wid).pid == pid and process.alive()  # type: ignore[union-attr]
         events = await read_events(cluster.store, cluster.keys, 100)
         assert any(e.kind == "duplicate-node" and e.node == node for e in events)
         log = (cluster.base / "logs" / f"{node}-dup.log").read_text()
@@ -71,7 +69,7 @@ async def test_a_second_agent_with_the_same_name_waits_and_runs_nothing(
     await asyncio.sleep(2 * cluster.lease_ttl)  # the duplicate is gone: nothing changes
     snapshot = await cluster.snapshot()
     assert snapshot.node_state(node) == "ready" and snapshot.alive[node].lease == lease
-    assert snapshot.current_status(wid).pid == pid and pid_alive(pid)  # type: ignore[union-attr,arg-type]
+    assert snapshot.current_status(wid).pid == pid and process.alive()  # type: ignore[union-attr]
     assert_never_two_copies(cluster, wid)
 
 
@@ -80,8 +78,7 @@ async def test_an_agent_restarted_without_its_records_never_runs_an_epoch_twice(
         local_cluster: ClusterFactory, how: str) -> None:
     cluster, wid, snapshot = await start_with_workload(local_cluster, nodes=1, controllers=1)
     node, epoch = view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]
-    pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
-    born = started_at(pid)  # type: ignore[arg-type]
+    process = node_process(cluster, node, snapshot.current_status(wid).pid)  # type: ignore[union-attr]
     handle = cluster.node_handles[node]
     old_agent = cluster.kill_agent(node)
     if how == "moved":
@@ -96,7 +93,7 @@ async def test_an_agent_restarted_without_its_records_never_runs_an_epoch_twice(
     snapshot = await cluster.wait_for(
         lambda s: running(wid)(s) and view(s, wid)["epoch"] > epoch, 30,
         what="running again with a new epoch")
-    assert not (pid_alive(pid) and started_at(pid) == born), "the old instance is dead"  # type: ignore[arg-type]
+    assert not process.alive(), "the old instance is dead"
     assert view(snapshot, wid)["restarts"] == 0, "not the workload's fault"
     new_epoch = view(snapshot, wid)["epoch"]
     deadline = time.monotonic() + 10
@@ -114,6 +111,7 @@ async def test_a_liveness_key_deleted_by_hand_is_put_back_and_nothing_moves(
     cluster, wid, snapshot = await start_with_workload(local_cluster, nodes=2, controllers=1)
     node, epoch = view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]
     pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    process = node_process(cluster, node, pid)
     lease = snapshot.alive[node].lease
     for _ in range(3):
         deleted_at = time.monotonic()
@@ -129,7 +127,7 @@ async def test_a_liveness_key_deleted_by_hand_is_put_back_and_nothing_moves(
     snapshot = await cluster.snapshot()
     assert snapshot.alive[node].lease == lease and snapshot.node_state(node) == "ready"
     assert (view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]) == (node, epoch)
-    assert snapshot.current_status(wid).pid == pid and pid_alive(pid)  # type: ignore[union-attr,arg-type]
+    assert snapshot.current_status(wid).pid == pid and process.alive()  # type: ignore[union-attr]
     kinds = {e.kind for e in await read_events(cluster.store, cluster.keys, 100)}
     assert not kinds & {"failover", "fenced", "restarted", "node-reregistered"}, kinds
 
@@ -157,6 +155,7 @@ async def test_a_second_agent_on_the_same_state_directory_waits_then_adopts(
     cluster, wid, snapshot = await start_with_workload(local_cluster, nodes=1, controllers=1)
     node, epoch = view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]
     pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    process = node_process(cluster, node, pid)
     lease = snapshot.alive[node].lease
     dup, _state, dup_port = cluster.start_duplicate_agent(node, tag="same-dir",
                                                           same_state_dir=True)
@@ -170,7 +169,7 @@ async def test_a_second_agent_on_the_same_state_directory_waits_then_adopts(
         with pytest.raises(OSError):  # it waits before it serves anything
             await asyncio.to_thread(node_status, dup_port)
         await asyncio.sleep(2.0)
-        assert snapshot.current_status(wid).pid == pid and pid_alive(pid)  # type: ignore[union-attr,arg-type]
+        assert snapshot.current_status(wid).pid == pid and process.alive()  # type: ignore[union-attr]
         cluster.kill_agent(node)  # the first one dies (its nodeinit does not restart it)
         deadline = time.monotonic() + 15
         while True:
@@ -184,7 +183,7 @@ async def test_a_second_agent_on_the_same_state_directory_waits_then_adopts(
         assert snapshot.alive[node].lease == lease
         assert (view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]) == (node, epoch)
         assert view(snapshot, wid)["restarts"] == 0
-        assert snapshot.current_status(wid).pid == pid and pid_alive(pid)  # type: ignore[union-attr,arg-type]
+        assert snapshot.current_status(wid).pid == pid and process.alive()  # type: ignore[union-attr]
         assert "saved lease renewed before start-up" in log_path.read_text()
     finally:
         stop_process(dup, grace=3.0)
@@ -199,6 +198,7 @@ async def test_an_agent_crashed_and_restarted_repeatedly_keeps_its_work(
     cluster, wid, snapshot = await start_with_workload(local_cluster, nodes=1, controllers=1)
     node, epoch = view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]
     pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+    process = node_process(cluster, node, pid)
     handle = cluster.node_handles[node]
     for _ in range(5):
         old_agent = cluster.kill_agent(node)
@@ -209,7 +209,7 @@ async def test_an_agent_crashed_and_restarted_repeatedly_keeps_its_work(
             assert time.monotonic() < deadline
             await asyncio.sleep(0.02)
         await asyncio.sleep(cluster.lease_ttl)  # past the old fencing deadline
-        assert pid_alive(pid), handle.log_path.read_text()[-3000:]  # type: ignore[arg-type]
+        assert process.alive(), handle.log_path.read_text()[-3000:]
     snapshot = await cluster.snapshot()
     assert (view(snapshot, wid)["node"], view(snapshot, wid)["epoch"]) == (node, epoch)
     assert view(snapshot, wid)["restarts"] == 0 and view(snapshot, wid)["state"] == "running"

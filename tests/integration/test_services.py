@@ -26,12 +26,11 @@ from benchmarks.haproxy_setup import BACKEND, Haproxy, have_haproxy, left_rotati
 from hafo.lb.haproxy import run_haproxy_lb
 from hafo.local.cluster import LocalCluster
 from hafo.local.loadgen import LoadResult, run_load
-from hafo.local.procs import pid_alive
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.endpoints import endpoints_of
 from hafo.model.views import workload_view
 from hafo.store import EtcdStore, intents
-from tests.integration.helpers import started_cluster
+from tests.integration.helpers import find_node_process, started_cluster
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,13 +119,14 @@ class Service:
                 self.lb_task.cancel()
         if self.wid:
             snapshot = await self.cluster.snapshot()
-            pids = [s.pid for r in snapshot.replicas.get(self.wid, ())
-                    if (s := snapshot.current_status(r)) is not None and s.pid]
+            procs = [p for r in snapshot.replicas.get(self.wid, ())
+                     if (s := snapshot.current_status(r)) is not None
+                     and (p := find_node_process(self.cluster, s.node, s.pid)) is not None]
             await intents.delete(self.cluster.store, self.cluster.keys, self.wid)
             deadline = time.monotonic() + 15
-            while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+            while any(p.alive() for p in procs) and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
-            assert not any(pid_alive(p) for p in pids), f"replicas still running: {pids}"
+            assert not any(p.alive() for p in procs), f"replicas still running: {procs}"
         if self.lb_store is not None:
             await self.lb_store.close()
         await self.cluster.close_store()
