@@ -115,8 +115,9 @@ def _clock(ts: float) -> str:
 
 
 def _fields(pairs: Sequence[tuple[str, Any]]) -> list[str]:
-    """``key:  value`` lines, the values aligned."""
-    return [f"{key + ':':<12}{'-' if value is None or value == '' else value}"
+    """``key:  value`` lines, the values aligned (a key too long for the column keeps one
+    space before its value)."""
+    return [f"{key + ':':<11} {'-' if value is None or value == '' else value}"
             for key, value in pairs]
 
 

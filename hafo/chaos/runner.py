@@ -11,6 +11,7 @@ from pathlib import Path
 from random import Random
 from typing import Any
 
+from hafo.agent.procid import start_time
 from hafo.chaos.bystanders import Bystanders
 from hafo.chaos.faults import (
     FAULT_KINDS,
@@ -21,7 +22,7 @@ from hafo.chaos.faults import (
 )
 from hafo.chaos.invariants import percentile
 from hafo.local.cluster import LocalCluster, demo_workload_spec
-from hafo.local.procs import children_map
+from hafo.local.procs import children_map, pid_alive
 from hafo.local.progress import Overlap, overlaps
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.views import workload_view
@@ -85,14 +86,16 @@ LoggedProcess = tuple[str, int, str]
 class PidSampler:
     """Every 50 ms, looks at the live processes of each workload (from its progress log) and
     the epochs they belong to: processes of two epochs alive together are a sighting (a gang's
-    members share one epoch). A logged process is alive while its node runs the boot it was
-    logged in and has a process of that number."""
+    members share one epoch). A logged process is found once, when its first line is read, as
+    a host process (its node must run the boot it was logged in and a process of that number);
+    it is alive while that host process runs (same host pid, same host start time)."""
 
     def __init__(self, cluster: LocalCluster, workloads: list[str]) -> None:
         self.cluster = cluster
         self.workloads = workloads
         self.offsets: dict[str, int] = {}
         self.pids: dict[str, dict[LoggedProcess, int]] = {w: {} for w in workloads}  # -> epoch
+        self.hosts: dict[LoggedProcess, tuple[int, int] | None] = {}  # -> host pid, start
         self.sightings: list[str] = []
 
     def _read_new(self, wid: str) -> None:
@@ -113,26 +116,39 @@ class PidSampler:
             except (ValueError, KeyError):
                 continue
 
-    def _live(self) -> dict[str, tuple[str, set[int]]]:
-        """Per node: its boot id and the numbers of its processes now (one look)."""
+    def _find(self, processes: list[LoggedProcess]) -> None:
+        """Find newly logged processes on the host (one look at /proc for all of them)."""
         children = children_map()
-        return {name: (handle.boot(), set(handle.processes(children)))
-                for name, handle in self.cluster.node_handles.items()}
+        nodes: dict[str, tuple[str, dict[int, int]]] = {}
+        for process in processes:
+            node, pid, boot = process
+            handle = self.cluster.node_handles.get(node)
+            if handle is None:
+                self.hosts[process] = None
+                continue
+            if node not in nodes:
+                nodes[node] = (handle.boot(), handle.processes(children))
+            current, numbers = nodes[node]
+            host = numbers.get(pid) if not current or current == boot else None
+            start = start_time(host) if host is not None else None
+            self.hosts[process] = (host, start) if host is not None and start else None
 
-    @staticmethod
-    def alive(process: LoggedProcess, live: dict[str, tuple[str, set[int]]]) -> bool:
-        """True while the logged process runs: its node runs the boot it was logged in (a
-        node without namespaces of its own has no boot id) and a process of its number."""
-        node, pid, boot = process
-        current, pids = live.get(node, ("", set()))
-        return (not current or current == boot) and pid in pids
+    def alive(self, process: LoggedProcess) -> bool:
+        """True while the logged process runs (found once, then by its host identity)."""
+        found = self.hosts.get(process)
+        return found is not None and start_time(found[0]) == found[1] and pid_alive(found[0])
 
     def sample(self) -> None:
         """One look at every workload."""
-        live = self._live()
         for wid in self.workloads:
             self._read_new(wid)
-            alive = {p: e for p, e in self.pids[wid].items() if self.alive(p, live)}
+        new = [p for wid in self.workloads for p in self.pids[wid] if p not in self.hosts]
+        if new:
+            self._find(new)
+        for wid in self.workloads:
+            alive = {p: e for p, e in self.pids[wid].items() if self.alive(p)}
+            for gone in set(self.pids[wid]) - set(alive):
+                self.hosts[gone] = None  # dead for good: never looked up again
             self.pids[wid] = alive
             if len(set(alive.values())) > 1:
                 pids = sorted(f"{node}:{pid}" for node, pid, _ in alive)

@@ -207,6 +207,8 @@ def test_agent_unit_keeps_workloads_alive_across_restarts() -> None:
     # Guards (and their workloads) must survive an agent restart: only the main process is
     # signalled.
     assert service["KillMode"] == ["process"]
+    # Each instance gets a cgroup of its own under the unit's: the subtree is the agent's.
+    assert service["Delegate"] == ["yes"]
     assert service["OOMScoreAdjust"] == ["-500"]
     assert "User" not in service  # root: GPU devices, /dev/kmsg, workloads
     # Hardening that would break GPU workloads stays out (see the template's comments).

@@ -8,6 +8,17 @@ of its PID namespace at once (power loss, no shutdown), and ``boot()`` starts it
 same disk. Nothing is routed beyond the bridge: no forwarding, no NAT, no default route inside.
 ``close()`` powers every machine off, unmounts the overlays, deletes the bridge and the run
 folder; it is safe to call twice and after a failed start.
+
+cgroups: like a real machine, each machine has a cgroup tree of its own with cgroup v2 mounted
+at /sys/fs/cgroup (its agent's unit delegates a subtree to it, ``Delegate=yes``). Without a
+systemd on the host to give it a scope, every ``systemd-nspawn`` would put its container in
+the same ``/payload`` cgroup of the host's hierarchies, so that the three machines' systemds
+would share one cgroup tree; and on a host in the hybrid layout (cgroup2 only at
+/sys/fs/cgroup/unified) the containers would get the hybrid layout too. So each machine's
+nspawn starts in a cgroup of its own, ``hafo-lab.<bridge>/<machine>`` in every hierarchy
+nspawn uses (cgroup2 and v1's name=systemd, where mounted), and with
+``SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1``. A machine's cgroups are removed when it is powered off
+(a real power cut leaves no cgroup behind either).
 """
 
 from __future__ import annotations
@@ -38,6 +49,40 @@ def _free_subnet() -> ipaddress.IPv4Network:
         if f"10.231.{k}." not in used:
             return net
     raise RuntimeError("no free 10.231.K.0/24 subnet")
+
+
+def _host_cgroup_mounts() -> list[Path]:
+    """The host's cgroup hierarchies that systemd-nspawn places its container in: cgroup2 and
+    v1's name=systemd, where mounted (from /proc/self/mountinfo, hierarchy roots only)."""
+    mounts = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        fields, kind = left.split(), right.split()
+        if len(fields) < 5 or fields[3] != "/" or not kind:
+            continue
+        if kind[0] == "cgroup2" or (kind[0] == "cgroup" and len(kind) > 2
+                                    and "name=systemd" in kind[2].split(",")):
+            mounts.append(Path(fields[4]))
+    return mounts
+
+
+def _remove_cgroup_tree(top: Path, timeout: float = 10) -> bool:
+    """rmdir ``top`` and everything below it, deepest first; a cgroup whose last processes
+    are still dying is retried until ``timeout``. True once gone."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if not top.exists():
+            return True
+        dirs = sorted((Path(d) for d, _subdirs, _files in os.walk(top)),
+                      key=lambda p: len(p.parts), reverse=True)
+        for path in dirs:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        if not top.exists():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
 
 
 def _children(pid: int) -> list[int]:
@@ -95,6 +140,16 @@ class Machine:
         (ssh / "authorized_keys").write_text(self.lab.public_key)
         (ssh / "authorized_keys").chmod(0o600)
 
+    # --- cgroups ----------------------------------------------------------------------------
+    @property
+    def cgroups(self) -> list[Path]:
+        """The machine's cgroup in each of the host's hierarchies that nspawn uses."""
+        return [mount / self.lab.cgroup_name / self.name for mount in _host_cgroup_mounts()]
+
+    def _remove_cgroups(self) -> None:
+        for path in self.cgroups:
+            _remove_cgroup_tree(path)
+
     # --- power ------------------------------------------------------------------------------
     @property
     def running(self) -> bool:
@@ -107,13 +162,21 @@ class Machine:
             return
         self._mount()
         self._write_identity()
+        self._remove_cgroups()  # left by a failed start: a machine boots with none
+        procs = []
+        for path in self.cgroups:
+            path.mkdir(parents=True, exist_ok=True)
+            procs.append(str(path / "cgroup.procs"))
         log = (self.dir / "console.log").open("ab")
+        # The shell moves itself into the machine's cgroups, then becomes systemd-nspawn
+        # (same pid): nspawn creates its payload and supervisor cgroups below them.
         self.process = subprocess.Popen(
-            ["systemd-nspawn", "--quiet", "-D", str(self.root), f"--machine={self.name}",
-             "--register=no", "--keep-unit", "--boot", f"--network-bridge={self.lab.bridge}",
-             "--console=passive", "--link-journal=no"],
+            ["sh", "-c", 'for procs in "$@"; do echo $$ > "$procs" || exit 1; done; '
+             'exec systemd-nspawn --quiet -D "$0" --machine="$1" --register=no --keep-unit '
+             '--boot --network-bridge="$2" --console=passive --link-journal=no',
+             str(self.root), self.name, self.lab.bridge, *procs],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            start_new_session=True, env={**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"})
         log.close()
         self.boots += 1
         self.init_pid = self._find_init()
@@ -161,6 +224,7 @@ class Machine:
                 self.process.wait(timeout=10)
         self.process = None
         self.init_pid = None
+        self._remove_cgroups()
         return at
 
     # --- commands ---------------------------------------------------------------------------
@@ -206,6 +270,8 @@ class Lab:
         self.dir = run_dir
         self.image = image
         self.bridge = f"hafobr{os.getpid() % 100000}"
+        #: The parent of the machines' cgroups in each host hierarchy.
+        self.cgroup_name = f"hafo-lab.{self.bridge}"
         self.subnet = _free_subnet()
         hosts = list(self.subnet.hosts())
         self.host_address = str(hosts[0])
@@ -239,6 +305,8 @@ class Lab:
         """Power everything off and remove the bridge, the overlays and the run folder."""
         for machine in self.machines.values():
             machine.cleanup()
+        for mount in _host_cgroup_mounts():
+            _remove_cgroup_tree(mount / self.cgroup_name, timeout=2)
         if self._bridge_made:
             _run("ip", "link", "del", self.bridge, check=False)
             self._bridge_made = False

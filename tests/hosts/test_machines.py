@@ -5,16 +5,22 @@ with two simulated GPUs; m1 and m2 run the controllers. The tests run in this or
 deployment (each leaves every machine on and no workload behind):
 
 1. site.yml a second time changes nothing;
-2. power loss of a machine (not the leading controller's): its workload runs again elsewhere
+2. every agent contains its instances in cgroups (``containment: cgroup``): each workload
+   process is in its instance's cgroup ``hafo.<node>.<workload>.<epoch>``;
+3. power loss of a machine (not the leading controller's): its workload runs again elsewhere
    within TTL + 2 s (5 trials);
-3. ``systemctl restart hafo-agent`` keeps every workload (same pid, same epoch);
-4. a SIGSTOPped agent: stopped for less than the slack it keeps its work; stopped for good,
+4. a machine powered back on with its disk (the agent's state directory) after its work
+   failed over: its agent comes up and stays up, ends the old instance as "ended by a reboot
+   of the node" without signalling anything (bystander processes, two of them at the old
+   guard's and workload's pids, live on), and the node takes work again;
+5. ``systemctl restart hafo-agent`` keeps every workload (same pid, same epoch);
+6. a SIGSTOPped agent: stopped for less than the slack it keeps its work; stopped for good,
    its work is fenced and runs elsewhere, and systemd's watchdog replaces the agent;
-5. power loss of the machine of the leading controller: the other leads and fails work over;
-6. a machine cut off the network (nftables in its namespace) is fenced before its work runs
+7. power loss of the machine of the leading controller: the other leads and fails work over;
+8. a machine cut off the network (nftables in its namespace) is fenced before its work runs
    elsewhere;
-7. power loss of etcd's raft leader's machine, 10 times: no workload elsewhere is fenced;
-8. upgrade.yml to another version, machine by machine: no workload restarted.
+9. power loss of etcd's raft leader's machine, 10 times: no workload elsewhere is fenced;
+10. upgrade.yml to another version, machine by machine: no workload restarted.
 
 The watcher (tests/hosts/watch.py) reads every machine's processes from the host throughout
 and fails any test during which two copies of a workload were alive at once.
@@ -22,6 +28,9 @@ and fails any test during which two copies of a workload were alive at once.
 
 from __future__ import annotations
 
+import shlex
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -34,6 +43,7 @@ from tests.hosts.cluster import (
     UPGRADE_VERSION,
     DeployedCluster,
 )
+from tests.hosts.lab import Machine
 from tests.hosts.watch import Instance, boottime
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -81,6 +91,47 @@ def test_second_deploy_changes_nothing(lab_cluster: DeployedCluster) -> None:
     plain = cluster.lab["m1"].ssh("etcdctl --endpoints=http://127.0.0.1:2379 "
                                   "--command-timeout=2s endpoint health", check=False)
     assert plain.returncode != 0
+
+
+def _machine_pid(host_pid: int) -> int:
+    """A process's pid in its machine's PID namespace (the last of /proc/PID/status NSpid)."""
+    for line in Path(f"/proc/{host_pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    raise AssertionError(f"no NSpid for pid {host_pid}")
+
+
+def _parent(host_pid: int) -> int:
+    """A process's parent (host pid): a workload's is its guard."""
+    return int(Path(f"/proc/{host_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _node_view(cluster: DeployedCluster, machine: Machine, node: str) -> str:
+    """``hafo nodes NODE`` run on ``machine`` with the agent's config (etcd, TLS, user)."""
+    return machine.ssh(f"/opt/hafo/venv/bin/hafo nodes {node} "
+                       "--config /etc/hafo/agent.yaml").stdout
+
+
+def _assert_contained(cluster: DeployedCluster, instance: Instance) -> None:
+    """The agent of the instance's machine reports ``containment: cgroup``, and the workload
+    process (read on the machine) is in the instance's own cgroup."""
+    machine = cluster.lab[instance.machine]
+    view = _node_view(cluster, machine, instance.node)
+    containment = [value.strip() for key, _, value in
+                   (line.partition(":") for line in view.splitlines()) if key == "containment"]
+    assert containment == ["cgroup"], view
+    pid = _machine_pid(instance.pid)
+    cgroup = machine.ssh(f"cat /proc/{pid}/cgroup").stdout
+    expected = f"/hafo.{instance.node}.{instance.workload}.{instance.epoch}"
+    v2 = [line[3:] for line in cgroup.splitlines() if line.startswith("0::")]
+    assert v2 and v2[0].endswith(expected), (instance, cgroup)
+    assert v2[0] == f"/system.slice/hafo-agent.service{expected}", cgroup
+
+
+def test_instances_run_in_cgroups_of_their_own(lab_cluster: DeployedCluster) -> None:
+    cluster = lab_cluster
+    for instance in _spread(cluster, "cg").values():
+        _assert_contained(cluster, instance)
 
 
 def _place_on(cluster: DeployedCluster, wid: str, old: Instance, avoid: set[str]) -> Instance:
@@ -140,6 +191,116 @@ def test_power_loss_fails_over_within_ttl_plus_two(lab_cluster: DeployedCluster)
         f"failover took {took:.2f} s (the leading controller was "
         f"{'also' if double else 'not'} on that machine)\n"
         + _journals(cluster, started, "hafo-controller", [m.name for m in cluster.controllers]))
+
+
+#: A copy of /bin/sleep under another name: the watcher (which counts processes named
+#: ``sleep`` that carry HAFO_WORKLOAD) never takes a bystander for a workload.
+BYSTANDER = "hafo-bystander"
+
+
+def _stat(machine: Machine, pid: int) -> tuple[str, int] | None:
+    """(state, start time in ticks) of ``pid`` read on the machine; None if it is gone."""
+    result = machine.ssh(f"cat /proc/{pid}/stat", check=False)
+    if result.returncode != 0:
+        return None
+    fields = result.stdout.rsplit(")", 1)[1].split()
+    return fields[0], int(fields[19])
+
+
+def _spawn_at(machine: Machine, binary: Path, pid: int, env: dict[str, str]) -> int:
+    """A bystander in the machine's PID namespace, at pid ``pid`` if that is free (the
+    namespace's ns_last_pid, set from the host: the machine's /proc/sys is read-only), else at
+    whatever pid it gets. Its parent exits at once: the machine's init adopts it. Returns its
+    pid on the machine."""
+    assert machine.init_pid is not None
+    variables = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    script = (f"echo {pid - 1} > /proc/sys/kernel/ns_last_pid; "
+              f"env {variables} setsid {shlex.quote(str(binary))} 600 "
+              "</dev/null >/dev/null 2>&1 & echo $!")
+    done = subprocess.run(["nsenter", "-t", str(machine.init_pid), "-p", "--", "sh", "-c",
+                           script], capture_output=True, text=True, timeout=10, check=True)
+    return int(done.stdout.split()[-1])
+
+
+def test_machine_back_from_a_power_cut_is_safe(lab_cluster: DeployedCluster,
+                                               tmp_path: Path) -> None:
+    cluster = lab_cluster
+    wid = cluster.submit("boot", gpus=2)
+    old = _place_on(cluster, wid, cluster.watcher.one_live(wid),
+                    {cluster.leader(), cluster.etcd_leader()})
+    machine = cluster.lab[old.machine]
+    old_pids = {"workload": _machine_pid(old.pid), "guard": _machine_pid(_parent(old.pid))}
+    machine.power_off()
+    cluster.watcher.one_live(wid, timeout=30, where=lambda i: i.machine != old.machine)
+
+    # Back on, from the same disk: the agent's state directory still holds the old instance's
+    # state.json (a guard and a workload of the last boot, "running"). Bystanders at once,
+    # before the agent can start: two at the pids the old guard and workload had (the second
+    # with the old workload's HAFO_ environment), then (once SSH answers) a unit of their own
+    # and a process of the SSH session.
+    binary = tmp_path / BYSTANDER
+    shutil.copy("/bin/sleep", binary)
+    binary.chmod(0o755)
+    machine.boot(wait=False)
+    booted_at = time.time()
+    bystanders: dict[str, int] = {
+        "at the old guard's pid": _spawn_at(machine, binary, old_pids["guard"], {}),
+        "at the old workload's pid": _spawn_at(
+            machine, binary, old_pids["workload"],
+            {"HAFO_WORKLOAD": wid, "HAFO_EPOCH": str(old.epoch), "HAFO_NODE": old.node}),
+    }
+    units: list[str] = []
+    started: dict[str, tuple[str, int] | None] = {}
+    try:
+        machine.wait_ssh()
+        machine.ssh(f"cp /bin/sleep /usr/local/bin/{BYSTANDER}")
+        for n in range(2):
+            unit = f"hafo-bystander-{n}"
+            machine.ssh(f"systemd-run --quiet --unit={unit} /usr/local/bin/{BYSTANDER} 600")
+            units.append(unit)
+            bystanders[f"unit {unit}"] = cluster.main_pid(machine, unit)
+        bystanders["of an SSH session"] = int(machine.ssh(
+            f"setsid /usr/local/bin/{BYSTANDER} 600 </dev/null >/dev/null 2>&1 & echo $!"
+        ).stdout.split()[-1])
+        started = {what: _stat(machine, pid) for what, pid in bystanders.items()}
+        assert all(started.values()), started
+
+        cluster.wait_ready(list(cluster.lab.machines))
+        cluster.record("power cut -> machine back, agent ready (s)", time.time() - booted_at)
+        agent = cluster.main_pid(machine, "hafo-agent")
+        restarts = cluster.systemctl(machine, "show", "-p", "NRestarts", "--value",
+                                     "hafo-agent")
+        time.sleep(3 * LEASE_TTL)  # a few lease TTLs: the agent has reconciled its last boot
+        journal = machine.ssh("journalctl -b -u hafo-agent --no-pager -o cat").stdout
+        assert cluster.systemctl(machine, "is-active", "hafo-agent") == "active", journal[-3000:]
+        assert cluster.main_pid(machine, "hafo-agent") == agent, journal[-3000:]
+        assert cluster.systemctl(machine, "show", "-p", "NRestarts", "--value",
+                                 "hafo-agent") == restarts, journal[-3000:]
+        assert "Traceback" not in journal, journal[-3000:]
+        assert "ended by a reboot of the node" in journal, journal[-3000:]
+        print("\n".join(line for line in journal.splitlines()
+                        if "instance exited" in line or "cgroup" in line))
+        now = {what: _stat(machine, pid) for what, pid in bystanders.items()}
+        for what, before in started.items():
+            after = now[what]
+            assert after is not None and after[1] == before[1], (
+                f"bystander {what} (pid {bystanders[what]}) was killed: {before} -> {after}"
+                f"\n{journal[-3000:]}")
+            assert after[0] not in ("T", "t", "Z"), (what, after)
+
+        # The node takes work again: the workload moved back there runs, in its cgroup.
+        back = _place_on(cluster, wid, cluster.watcher.one_live(wid),
+                         {m for m in cluster.lab.machines if m != machine.name})
+        assert back.machine == machine.name and back.epoch > old.epoch
+        _assert_contained(cluster, back)
+    finally:
+        for unit in units:
+            machine.ssh(f"systemctl stop {unit}", check=False)
+        for what, pid in bystanders.items():  # by pid, if still the same process
+            now_at = _stat(machine, pid) if machine.running else None
+            before = started.get(what, now_at)
+            if now_at is not None and before is not None and now_at[1] == before[1]:
+                machine.ssh(f"kill -KILL {pid}", check=False)
 
 
 def test_agent_restart_keeps_workloads(lab_cluster: DeployedCluster) -> None:
