@@ -30,7 +30,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 SSH_OPTIONS = ("-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
@@ -83,6 +83,15 @@ def _remove_cgroup_tree(top: Path, timeout: float = 10) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.1)
+
+
+def _joiner(procs: list[str]) -> Callable[[], None]:
+    """Between fork and exec: move the child into each of the machine's cgroups."""
+    def join() -> None:
+        for path in procs:
+            with open(path, "w") as handle:
+                handle.write("0")
+    return join
 
 
 def _children(pid: int) -> list[int]:
@@ -168,15 +177,13 @@ class Machine:
             path.mkdir(parents=True, exist_ok=True)
             procs.append(str(path / "cgroup.procs"))
         log = (self.dir / "console.log").open("ab")
-        # The shell moves itself into the machine's cgroups, then becomes systemd-nspawn
-        # (same pid): nspawn creates its payload and supervisor cgroups below them.
         self.process = subprocess.Popen(
-            ["sh", "-c", 'for procs in "$@"; do echo $$ > "$procs" || exit 1; done; '
-             'exec systemd-nspawn --quiet -D "$0" --machine="$1" --register=no --keep-unit '
-             '--boot --network-bridge="$2" --console=passive --link-journal=no',
-             str(self.root), self.name, self.lab.bridge, *procs],
+            ["systemd-nspawn", "--quiet", "-D", str(self.root), f"--machine={self.name}",
+             "--register=no", "--keep-unit", "--boot", f"--network-bridge={self.lab.bridge}",
+             "--console=passive", "--link-journal=no"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, env={**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"})
+            start_new_session=True, env={**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"},
+            preexec_fn=_joiner(procs))  # nspawn makes its payload cgroups below them
         log.close()
         self.boots += 1
         self.init_pid = self._find_init()
