@@ -11,11 +11,11 @@ itself.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from pathlib import Path
 
+from hafo.checks.os_probes import write_probe
 from hafo.model.health import STATE_DIR, Finding
 
 #: How long a guard may take to write its first state before it counts as not started
@@ -85,17 +85,7 @@ class StateDirFaults:
         try:
             if os.statvfs(root).f_flag & os.ST_RDONLY:
                 return f"{root}: read-only file system"
-            probe = root / f".hafo-probe-{os.getpid()}"
-            try:
-                fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                try:
-                    os.write(fd, b"hafo")
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            finally:
-                with contextlib.suppress(OSError):
-                    probe.unlink()
+            write_probe(root)
         except OSError as exc:
             return f"{root}: {os_error_text(exc)}"
         return ""

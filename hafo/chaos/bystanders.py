@@ -72,7 +72,7 @@ class Bystanders:
             log.parent.mkdir(parents=True, exist_ok=True)
             log.touch()
             subprocess.run(["nsenter", "-t", str(init), "-p", "-m", "--", "setsid", "-f",
-                            sys.executable, "-c", PROGRAM, str(log)],
+                            sys.executable, "-I", "-S", "-c", PROGRAM, str(log)],  # light
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, check=True,
                            timeout=10)
             mark = str(log).encode()

@@ -168,6 +168,9 @@ def nodes_of(snapshot: ClusterSnapshot, wid: str) -> set[str]:
     return {m["node"] for m in view["members"]} or ({view["node"]} if view["node"] else set())
 
 
+#: Seconds the cluster is left alone after bystanders start (not part of the next fault).
+SETTLE = 1.0
+
 #: The kinds of workload a chaos run watches; each must run on a node that reboots.
 WORKLOAD_KINDS = ("single", "gang-member", "service-replica", "escaping")
 
@@ -271,6 +274,7 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
         for name in cluster.node_handles:
             bystanders.start(name)
         watch_task = asyncio.create_task(_watch(bystanders))
+        await asyncio.sleep(SETTLE)  # their start-up is not part of the first fault
         rebooted: dict[str, int] = {}
         fault_kinds = list(FAULT_KINDS)
         extra_reboots = 0
@@ -314,6 +318,7 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
             await cluster.wait_ready(60)
             if kind == "node-power-loss":  # it booted again: new processes to watch there
                 bystanders.start(fault.target)
+                await asyncio.sleep(SETTLE)
             await cluster.wait_for(all_running(ids), 60, what="all running after undo")
             results.append(result)
             say(f"[{n:3d}/{faults}] {kind:18s} {fault.target:12s} recovered in "

@@ -18,6 +18,7 @@ import errno
 import os
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +40,23 @@ log = structlog.get_logger("hafo.checks")
 _MIB = 1024 * 1024
 # Errors of the write probe that mean "checkpoints cannot be written here".
 _UNWRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.ENOSPC, errno.EIO, errno.EDQUOT})
+
+
+def write_probe(root: Path) -> None:
+    """Write, fsync and remove a small file in ``root`` (OSError if the filesystem refuses).
+    Its name is unique to this probe: the directory may be shared by many nodes, whose agents
+    may well have the same pid (every machine numbers its processes from 1)."""
+    probe = root / f".hafo-probe-{uuid.uuid4().hex}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b"hafo")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
 
 
 class OsProbe:
@@ -116,18 +134,9 @@ class OsProbe:
         if st.f_flag & os.ST_RDONLY:
             out.append(Finding(DISK_READONLY, detail=f"{root} mounted read-only"))
             return out
-        probe = root / f".hafo-probe-{os.getpid()}"
         try:
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                os.write(fd, b"hafo")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.unlink(probe)
+            write_probe(root)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                probe.unlink(missing_ok=True)
             if exc.errno not in _UNWRITABLE:
                 raise
             out.append(Finding(DISK_READONLY, detail=f"write probe in {root}: {exc}"))

@@ -8,7 +8,7 @@ node gets what a machine that boots gets:
 - its own mount namespace with its own ``/proc`` (the node sees only its processes) and a boot
   id of its own at ``/proc/sys/kernel/random/boot_id``, new at every power-on;
 - its own time namespace: CLOCK_MONOTONIC and CLOCK_BOOTTIME start near zero at every
-  power-on, as after a reboot;
+  power-on, as after a reboot (``HAFO_LOCAL_TIMENS=0`` in the environment: the host's clocks);
 - with ``--cgroup PATH``, its own cgroup (v2), in which the agent makes its instances'
   cgroups; the local cluster removes it at power-off, as a reboot empties the hierarchy.
 
@@ -72,6 +72,8 @@ def enter_namespaces() -> bool:
     """New PID, mount and time namespaces for the children of this process (True), or False
     where the kernel refuses (not root): the node then runs in the host's."""
     try:
+        if os.environ.get("HAFO_LOCAL_TIMENS") == "0":
+            raise OSError("time namespace turned off")
         _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWTIME), "unshare")
     except OSError:
         try:  # a kernel without time namespaces (before 5.6)
