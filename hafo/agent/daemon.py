@@ -57,7 +57,7 @@ from hafo.store import (
     StoreError,
     codec,
 )
-from hafo.tasks import restarting, run_all, wait_event
+from hafo.tasks import Backoff, restarting, run_all, wait_event
 
 log = structlog.get_logger("hafo.agent")
 
@@ -534,12 +534,12 @@ class Agent:
             log.warning("no cgroup for instances: their processes are found by tree and "
                         "environment, a weaker guarantee (docs/safety.md, rule 7)",
                         node=self.name, why=self.containment.reason)
-        await self.acquire_lease()
+        await self._until_done("claim the node name", self.acquire_lease)
         lease = asyncio.create_task(self._restarting("lease", self._keep_lease), name="lease")
         try:
             async with self._reclaiming:  # a lease lost meanwhile is reclaimed after this
-                await self.register()
-                await self.assignments.load()
+                await self._until_done("register", self.register)
+                await self._until_done("load assignments", self.assignments.load)
         except BaseException:
             lease.cancel()
             await asyncio.gather(lease, return_exceptions=True)
@@ -551,6 +551,22 @@ class Agent:
                       supervise=self._restarting("supervise", self._supervise_loop),
                       health=self._restarting("health", self._health_loop),
                       loop_lag=self._restarting("loop_lag", self._loop_lag))
+
+    async def _until_done(self, what: str, step: Callable[[], Awaitable[Any]]) -> None:
+        """One start-up step, tried again (logged, with backoff) while etcd is unavailable or
+        refuses it (an etcd restarting, a dropped raft proposal): the agent does not exit of
+        it at start-up any more than later."""
+        backoff, failures = Backoff(), 0
+        while True:
+            try:
+                await step()
+                return
+            except RECOVERABLE as exc:
+                failures += 1
+                delay = backoff.delay(failures)
+                log.warning(f"start-up: could not {what}; trying again", node=self.name,
+                            error=str(exc) or type(exc).__name__, retry_in=round(delay, 3))
+                await asyncio.sleep(delay)
 
     async def _restarting(self, name: str, loop: Callable[[], Awaitable[Any]]) -> None:
         """Run one of the agent's loops, started again (logged, with backoff) after an
