@@ -105,8 +105,17 @@ class Bystanders:
                 self._violation(bystander, "killed")
             elif fields[0] in ("T", "t"):
                 self._violation(bystander, "stopped")
-            elif bystander.log.stat().st_size:
-                self._violation(bystander, bystander.log.read_text().strip()[:200])
+            elif logged := self._logged(bystander):
+                self._violation(bystander, logged)
+
+    @staticmethod
+    def _logged(bystander: Bystander) -> str:
+        """What the bystander logged (a signal it got), or "" (an unreadable log is said:
+        the watch must not end of it)."""
+        try:
+            return bystander.log.read_text().strip()[:200]
+        except OSError as exc:
+            return f"its log is unreadable: {exc}"
 
     def _violation(self, bystander: Bystander, what: str) -> None:
         text = f"bystander {bystander.pid} on {bystander.node}: {what}"
