@@ -48,8 +48,8 @@ e2e: $(STAMP) test-deps
 # that times real processes, etcd or machines runs alone, one test at a time.
 test: $(STAMP) test-deps
 	$(MAKE) lint
-	$(BIN)/pytest -q -rs -n 2 -p no:cacheprovider tests/unit $(addsuffix /tests,$(PLUGINS))
-	$(BIN)/pytest -q -rs --durations=25 -p no:cacheprovider tests/e2e tests/hosts tests/integration
+	$(BIN)/pytest -q -rfEs -n 2 -p no:cacheprovider tests/unit $(addsuffix /tests,$(PLUGINS))
+	$(BIN)/pytest -q -rfEs --durations=25 -p no:cacheprovider tests/e2e tests/hosts tests/integration
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/failover.py

@@ -10,55 +10,25 @@ lease record and so is a new claimant, never an adopter of guards it cannot see.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
-from hafo.agent.instances import INSTANCES, write_json_atomic
+from hafo.agent.lease_record import (
+    LeaseRecord,
+    read_record,
+    write_record,
+)
 from hafo.decisions.claim import ClaimView, decide_claim
 from hafo.model.cluster import Event, Liveness
 from hafo.store import TRANSIENT, Compare, EventLog, Get, Keys, LeaseKeeper, Put, Store, codec
 
 log = structlog.get_logger("hafo.agent")
 
-LEASE_RECORD = ".lease.json"
-LEGACY_LEASE_RECORD = "lease.json"  # before the claim rule: beside instances/, no claim
 WAIT_LOG_EVERY = 30.0
-
-
-@dataclass(frozen=True)
-class LeaseRecord:
-    """What an agent remembers of its hold on the node."""
-
-    lease: int
-    claimed: int
-
-
-def read_record(state_dir: Path) -> LeaseRecord | None:
-    """The lease record, or None (no records of ours: a new claimant). The legacy location
-    is read only while the instance records directory exists beside it."""
-    for path in (state_dir / INSTANCES / LEASE_RECORD, state_dir / LEGACY_LEASE_RECORD):
-        if path.name == LEGACY_LEASE_RECORD and not (state_dir / INSTANCES).is_dir():
-            continue
-        try:
-            data = json.loads(path.read_text())
-            return LeaseRecord(int(data["lease"]), int(data.get("claimed", 0)))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return None
-
-
-def write_record(state_dir: Path, record: LeaseRecord) -> None:
-    """Replace the lease record atomically (and drop the legacy one)."""
-    root = state_dir / INSTANCES
-    root.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(root / LEASE_RECORD, {"lease": record.lease, "claimed": record.claimed})
-    (state_dir / LEGACY_LEASE_RECORD).unlink(missing_ok=True)
 
 
 class Displaced(Exception):

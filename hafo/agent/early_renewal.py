@@ -21,8 +21,8 @@ import asyncio
 import time
 from pathlib import Path
 
-from hafo.agent.claim import read_record
 from hafo.agent.fencefile import FENCE_FILE, read_deadline, write_deadline
+from hafo.agent.lease_record import read_record
 from hafo.decisions.fencing import renewed_deadline
 from hafo.model.config import Config
 from hafo.store import EtcdStore

@@ -34,7 +34,7 @@ from hafo.model.schema import (
     Text,
     invalid,
 )
-from hafo.model.spec import STRATEGIES, Strategy
+from hafo.model.strategy import STRATEGIES, Strategy
 
 __all__ = ["ELECTION_ROUND_TRIPS", "ETCD_ELECTION_TIMEOUT_MS", "ETCD_HEARTBEAT_INTERVAL_MS",
            "STRATEGIES", "ApiConfig", "Config", "EtcdConfig", "GpuSource", "NodeConfig",

@@ -31,13 +31,12 @@ from hafo.model.schema import (
     WorkloadName,
     invalid,
 )
+from hafo.model.strategy import STRATEGIES, Strategy
 
 __all__ = ["BUILTIN_CHECK_TYPES", "MAX_GANG_NODES", "MAX_REPLICAS", "SPEC", "STRATEGIES",
            "CheckSpec", "CheckpointPolicy", "PortName", "RestartPolicy", "Topology",
            "UpdatePolicy", "WorkloadSpec", "parse_spec", "unknown_check_types"]
 
-Strategy = Literal["spread", "binpack"]
-STRATEGIES: tuple[Strategy, ...] = ("spread", "binpack")
 
 
 @dataclass(frozen=True, slots=True)

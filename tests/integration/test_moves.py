@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 import time
 from typing import Any
 
 import pytest
 
+from hafo.agent.guard import catches
 from hafo.local.cluster import demo_workload_spec
 from hafo.model.cluster import Event
 from hafo.store import intents, read_events
@@ -25,13 +27,21 @@ from .helpers import (
 pytestmark = pytest.mark.timeout(120)
 
 
-async def migrate_and_read_stop_events(factory: ClusterFactory,
-                                       spec: dict[str, object]) -> list[Event]:
-    """Run ``spec`` (1 GPU) on a 2-node cluster, migrate it, return its ``stopped`` events."""
+async def migrate_and_read_stop_events(factory: ClusterFactory, spec: dict[str, object],
+                                       listens: bool = False) -> list[Event]:
+    """Run ``spec`` (1 GPU) on a 2-node cluster, migrate it, return its ``stopped`` events.
+    ``listens``: the workload installs a SIGUSR1 handler; the move waits until it has."""
     cluster = await factory.start(nodes=2, controllers=1)
     wid = await cluster.submit({**spec, "gpus": 1})
     snapshot = await cluster.wait_for(running(wid), 20, what="running")
     source = view(snapshot, wid)["node"]
+    if listens:  # "running" means started: the interpreter may not have got to its handler
+        pid = snapshot.current_status(wid).pid  # type: ignore[union-attr]
+        process = node_process(cluster, source, pid)
+        deadline = time.monotonic() + 20
+        while not catches(process.host, signal.SIGUSR1):
+            assert time.monotonic() < deadline, "the workload never installed its handler"
+            await asyncio.sleep(0.05)
     await intents.migrate(cluster.store, cluster.keys, wid)
     await cluster.wait_for(running(wid, not_on=source), 30, what="moved")
     return [e for e in await read_events(cluster.store, cluster.keys, 0)
@@ -136,7 +146,7 @@ async def test_workload_that_does_not_checkpoint_is_stopped_anyway_and_says_so(
             sys.executable, "-c",
             "import signal, time\n"
             "signal.signal(signal.SIGUSR1, lambda *a: None)  # listens, never saves\n"
-            "while True: time.sleep(0.05)\n"]})
+            "while True: time.sleep(0.05)\n"]}, listens=True)
     assert stopped and "no checkpoint within stop_grace" in stopped[0].message
     assert "resumes from its last checkpoint (none: from start)" in stopped[0].message
 

@@ -9,9 +9,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from hafo.agent.claim import read_record
 from hafo.agent.daemon import Agent
 from hafo.agent.fencefile import FENCE_FILE, read_deadline
+from hafo.agent.lease_record import read_record
 from hafo.model.cluster import Assignment, Liveness, Submission
 from hafo.model.config import parse_config
 from hafo.model.spec import parse_spec
