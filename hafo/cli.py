@@ -523,16 +523,23 @@ def _check_state_dir(path: str, config: Any) -> None:
 async def _cmd_agent(args: argparse.Namespace) -> int:
     from hafo import logs
 
+    # First of all, before the config models are built: the lease of a crashed predecessor
+    # renewed with the brief it left (hafo.agent.early_renewal); then one agent per state
+    # directory, and the renewal from the config where there was no brief.
+    from hafo.agent.early_renewal import renew_from_brief, renew_saved_lease
+
+    left = await renew_from_brief(args.config) if args.config else None
     config = load_config(args.config, "agent")
     _check_state_dir(args.config, config)
     logs.configure(config.log_format, node=config.node.name)
-    # Before the heavy imports and the GPU backend: one agent per state directory, and the
-    # lease of a crashed predecessor renewed at once (hafo.agent.early_renewal).
-    from hafo.agent.early_renewal import renew_saved_lease
+    from hafo.agent.renewal_brief import write_brief
     from hafo.agent.statelock import hold_state_dir
 
     _lock = await hold_state_dir(Path(config.node.state_dir))
-    left = await renew_saved_lease(config)
+    if left is None:
+        left = await renew_saved_lease(config)
+    write_brief(Path(config.node.state_dir), config.etcd, config.timing.heartbeat,
+                config.timing.fence_margin)
     if left is not None:
         import structlog
 

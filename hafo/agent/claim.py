@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import structlog
@@ -143,6 +143,42 @@ class NodeClaim:
         await self.keeper.publish()
         log.info("node claimed", node=self.name, lease=f"{lease:x}", claimed=revision,
                  ttl=self.keeper.granted_ttl, why=why)
+        return True
+
+    async def resume(self, workloads: Collection[str], seen_at: int) -> bool:
+        """After our lease expired in an etcd stall or outage (docs/safety.md, "An etcd
+        stall"): hold the name again with a new lease *and keep the registration* (its
+        ``claimed`` revision, so its instances stay ours), if and only if, in one
+        transaction, nobody holds the name and no assignment copy of ``workloads`` under this
+        node changed since revision ``seen_at``. A controller that moved this node's work
+        did so in a transaction that required the name unheld (``hafo.controller.apply``):
+        one of the two transactions fails. The new lease's deadline is published only once
+        this one succeeded. True when resumed; False: claim afresh (fencing everything)."""
+        if self.keeper.lease_id is None or not self.keeper.valid():
+            await self.keeper.grant(publish=False)
+        assert self.keeper.lease_id is not None
+        lease = self.keeper.lease_id
+        alive = self.keys.alive(self.name)
+        compares = [Compare(alive, "create", "==", 0)]
+        for workload in sorted(workloads):
+            copy = self.keys.node_assignment(self.name, workload)
+            compares += [Compare(copy, "version", ">", 0), Compare(copy, "mod", "<", seen_at + 1)]
+        liveness = Liveness(node=self.name, lease=lease, since=time.time(),
+                            claimed=self.claimed)
+        result = await self.store.txn(
+            compares, [Put(alive, codec.encode(liveness.to_dict()), lease=lease)])
+        if not result.succeeded:
+            return False
+        try:
+            write_record(self.state_dir, LeaseRecord(lease, self.claimed))
+        except OSError as exc:
+            log.error("lease record not written: a restarted agent cannot adopt this lease",
+                      node=self.name, path=str(exc.filename or self.state_dir),
+                      error=exc.strerror or str(exc))
+        await self.keeper.publish()
+        log.warning("node held again with a new lease after its lease expired; running "
+                    "guards kept", node=self.name, lease=f"{lease:x}", claimed=self.claimed,
+                    instances=len(workloads))
         return True
 
     async def ensure_alive_key(self) -> int:

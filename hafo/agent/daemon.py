@@ -88,7 +88,8 @@ class Agent:
         timing = config.timing
         self.failsafe = AgentFailsafe(self.name, self.store, self.keys, timing.failsafe_max,
                                       last_contact=lambda: self.keeper.last_ack,
-                                      tls_ca=config.api.tls_ca)
+                                      tls_ca=config.api.tls_ca, ttl=timing.lease_ttl,
+                                      margin=timing.fence_margin)
         self.keeper = LeaseKeeper(self.store, timing.lease_ttl, timing.heartbeat,
                                   timing.fence_margin, on_renew=self._publish_deadline,
                                   failsafe=self.failsafe.confirm)
@@ -215,12 +216,51 @@ class Agent:
                                                "again; its work was fenced"))
 
     async def _keep_lease(self) -> None:
-        """Keep the lease; on loss kill all work, then register again with a new lease."""
+        """Keep the lease; on loss hold the node again with a new lease, keeping the work if
+        that is proven safe (``_resume``), else fencing it all first (``_reclaim``)."""
         while True:
             try:
                 await self.keeper.run()
             except LeaseLost as exc:
-                await self._reclaim(f"lost its lease ({exc})")
+                if not await self._resume(f"lost its lease ({exc})"):
+                    await self._reclaim(f"lost its lease ({exc})")
+
+    async def _resume(self, why: str) -> bool:
+        """The lease expired while the guards' deadline is still ahead: in an etcd stall (a
+        frozen or slow etcd expires every lease as it resumes) or an outage that the
+        failsafe bridged. Hold the node again with a new lease and keep every instance and
+        epoch, if ``NodeClaim.resume`` proves that no controller moved any of them; tried
+        until that deadline, after which the guards fence their work themselves. True when
+        resumed (docs/safety.md, "An etcd stall")."""
+        async with self._reclaiming:
+            self.registered.clear()
+            live = {key.workload for key, state in self.supervisor.states().items()
+                    if state.state != "exited"}
+            seen_at = self.assignments.revision
+            resumed = False
+            while self.keeper.clock() < self.published_deadline:
+                try:
+                    resumed = await self.claim.resume(live, seen_at)
+                    break
+                except TRANSIENT as exc:
+                    log.warning("resuming the node: etcd unavailable", node=self.name,
+                                error=type(exc).__name__)
+                    await asyncio.sleep(0.1)
+            if not resumed:
+                return False
+            while True:
+                try:
+                    await self.register()
+                    await self.assignments.load()
+                    break
+                except TRANSIENT:
+                    await asyncio.sleep(min(0.5, self.config.timing.heartbeat / 2))
+            with contextlib.suppress(*TRANSIENT):
+                await self.events.append(Event(
+                    ts=time.time(), kind="node-resumed", node=self.name,
+                    message=f"{self.name} {why} and holds the node again with a new lease; "
+                    f"its {len(live)} instance(s) kept their processes and epochs"))
+            return True
 
     async def _watch_identity(self) -> None:
         """Notice at once when our liveness key or node record disappears while our lease

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import aiohttp
 import structlog
 
-from hafo.decisions.failsafe import may_extend
+from hafo.decisions.failsafe import PROMISES, failsafe_deadline
 from hafo.model.cluster import FailsafeSet
 from hafo.store import TRANSIENT, Keys, Store, StoreError, codec
 
@@ -24,16 +24,21 @@ class AgentFailsafe:
 
     def __init__(self, node: str, store: Store, keys: Keys, failsafe_max: float,
                  last_contact: Callable[[], float],
-                 clock: Callable[[], float] = time.monotonic, tls_ca: str | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, tls_ca: str | None = None,
+                 ttl: float = 3.0, margin: float = 0.5) -> None:
         self.node = node
         self.tls_ca = tls_ca  # trusts controllers whose API serves TLS
         self.store = store
         self.keys = keys
         self.failsafe_max = failsafe_max
+        self.ttl = ttl  # the lease TTL and fencing margin: the legacy hold is TTL + margin
+        self.margin = margin
         self.last_contact = last_contact
         self.clock = clock
         self.current = FailsafeSet()
         self.engaged = False
+        # controller -> (send time of its latest question answered with a promise, its hold)
+        self.promised: dict[str, tuple[float, float]] = {}
 
     async def refresh(self) -> bool:
         """Read the failsafe set; True if its version changed."""
@@ -45,36 +50,63 @@ class AgentFailsafe:
                 return True
         return False
 
-    async def _ask(self, session: aiohttp.ClientSession, url: str, timeout: float) -> str | None:
+    async def _ask(self, session: aiohttp.ClientSession, url: str,
+                   timeout: float) -> tuple[str | None, float]:
+        """(the controller's answer or None, the hold it states: TTL + margin, the hold of
+        controllers that do not state one)."""
+        legacy = self.ttl + self.margin
         try:
             async with session.get(f"{url}/v1/failsafe",
                                    timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 if resp.status != 200:
-                    return None
+                    return None, legacy
                 body = await resp.json()
-                return str(body.get("etcd")) if isinstance(body, dict) else None
         except (aiohttp.ClientError, TimeoutError, ValueError):
-            return None
+            return None, legacy
+        if not isinstance(body, dict):
+            return None, legacy
+        hold = body.get("hold")
+        if isinstance(hold, int | float) and not isinstance(hold, bool) \
+                and 0 < hold <= self.failsafe_max:
+            return str(body.get("etcd")), float(hold)
+        return str(body.get("etcd")), legacy
 
-    async def confirm(self, timeout: float) -> bool:
-        """One round: True if every controller of the set says etcd is unavailable to it."""
+    async def confirm(self, timeout: float) -> float | None:
+        """One round of questions to every controller of the set; how many seconds from now
+        the deadline may be extended to, or None (rule 2: the earliest end of each
+        controller's latest promise; an answer that did not come leaves that controller's
+        earlier promise in place, "available" withdraws it)."""
         members = self.current.apis()
         since_contact = self.clock() - self.last_contact()
         if not members or since_contact >= self.failsafe_max:
-            return False
+            self.promised.clear()
+            return self._engage(None, {})
         context = ssl.create_default_context(cafile=self.tls_ca) if self.tls_ca else None
         connector = aiohttp.TCPConnector(ssl=context) if context else None
+        sent = self.clock()
         async with aiohttp.ClientSession(connector=connector) as session:
-            answers = await asyncio.gather(*(self._ask(session, url, timeout)
-                                             for url in members.values()))
-        ok = may_extend(dict(zip(members, answers, strict=True)), set(members), since_contact,
-                        self.failsafe_max)
-        if ok != self.engaged:
-            self.engaged = ok
-            if ok:
+            replies = dict(zip(members, await asyncio.gather(
+                *(self._ask(session, url, timeout) for url in members.values())), strict=True))
+        answers = {name: answer for name, (answer, _hold) in replies.items()}
+        for name, (answer, hold) in replies.items():
+            if answer in PROMISES:
+                self.promised[name] = (sent, hold)
+            elif answer is not None:
+                self.promised.pop(name, None)
+        for name in set(self.promised) - set(members):
+            del self.promised[name]
+        until = failsafe_deadline(self.promised, members, since_contact, self.failsafe_max,
+                                  self.margin)
+        return self._engage(None if until is None else until - self.clock(), answers)
+
+    def _engage(self, age: float | None, answers: dict[str, str | None]) -> float | None:
+        """Log when the failsafe engages or ends; returns ``age``."""
+        if (age is not None) != self.engaged:
+            self.engaged = age is not None
+            if self.engaged:
                 log.warning("failsafe: etcd unreachable for every controller too; keeping work",
-                            node=self.node, controllers=sorted(members))
+                            node=self.node, controllers=sorted(answers))
             else:
                 log.warning("failsafe off: not every controller confirmed", node=self.node,
-                            answers=dict(zip(members, answers, strict=True)))
-        return ok
+                            answers=answers)
+        return age

@@ -74,7 +74,12 @@ class ControllerSource(Protocol):
         ...
 
     async def failsafe_probe(self) -> str:
-        """'available' or 'unavailable': can this controller reach etcd right now."""
+        """'available', 'unavailable' or 'recovering' (see hafo.decisions.failsafe)."""
+        ...
+
+    @property
+    def failsafe_hold(self) -> float:
+        """Seconds a promise in ``failsafe_probe``'s answer holds this controller's failovers."""
         ...
 
 
@@ -121,10 +126,12 @@ def read_routes(source: ControllerSource) -> web.RouteTableDef:
 
     @routes.get("/v1/failsafe")
     async def failsafe(_request: web.Request) -> web.Response:
-        # An agent that cannot reach etcd asks every controller; "unavailable" is a promise
-        # to make no failover decision for TTL + margin (see hafo.decisions.failsafe).
+        # An agent that cannot reach etcd asks every controller; "unavailable" and
+        # "recovering" are promises to make no failover decision for ``hold`` seconds (see
+        # hafo.decisions.failsafe).
         return web.json_response({"controller": source.name,
-                                  "etcd": await source.failsafe_probe()})
+                                  "etcd": await source.failsafe_probe(),
+                                  "hold": source.failsafe_hold})
 
     @routes.get("/v1/status")
     async def status(_request: web.Request) -> web.Response:

@@ -1,9 +1,11 @@
 """Apply a Plan: fenced compare-and-swap transactions, batched, each decision with its event.
 
-An action is one compare (on its assignment's revision; a refused move: on its move request)
-and its writes: its event, the removal of the move request it serves, the assignment's put or
-delete, and the per-node copies: deleted from the nodes it named and no longer does, put under
-every node it names (one per gang member). Actions are written up to ``BATCH`` and
+An action is one compare (on its assignment's revision; a refused move: on its move request),
+one more for each node it takes work off that its snapshot saw down (that node still has no
+liveness key: docs/safety.md, "An etcd stall"), and its writes: its event, the removal of
+the move request it serves, the assignment's put or delete, and the per-node copies: deleted
+from the nodes it named and no longer does, put under every node it names (one per gang
+member). Actions are written up to ``BATCH`` and
 ``MAX_OPS`` writes to a transaction (etcd allows 128 operations per txn by default). The
 transaction adds the leadership fence. If any compare fails (a workload's assignment moved on
 since the snapshot) the batch is written again one action per txn, so only the stale
@@ -13,7 +15,7 @@ decisions are dropped; the next cycle decides those again.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import structlog
 
@@ -43,9 +45,14 @@ def _mirror_ops(keys: Keys, action: Action,
 
 
 async def _txn_parts(keys: Keys, events: EventLog, action: Action,
-                     previous_nodes: tuple[str, ...] = ()) -> tuple[Compare, list[Put | Delete]]:
-    """The compare and the writes of one action (``previous_nodes``: the nodes the current
-    assignment names, from the snapshot the action was decided on)."""
+                     previous_nodes: tuple[str, ...] = (),
+                     down: Collection[str] = ()) -> tuple[list[Compare], list[Put | Delete]]:
+    """The compares and the writes of one action (``previous_nodes``: the nodes the current
+    assignment names, from the snapshot the action was decided on; ``down``: the nodes that
+    snapshot saw without a liveness key). A decision about work on a node seen down holds
+    only while that node is still without one: an agent whose lease expired in an etcd
+    stall may hold its node again with a new lease and keep its work
+    (``hafo.agent.claim.NodeClaim.resume``), and one of the two transactions then fails."""
     key = keys.assignment(action.workload)
     if action.expected_revision:
         guard = Compare(key, "mod", "==", action.expected_revision)
@@ -65,7 +72,9 @@ async def _txn_parts(keys: Keys, events: EventLog, action: Action,
     else:
         ops.append(Put(key, codec.encode(action.assignment.to_dict())))
         ops += _mirror_ops(keys, action, previous_nodes)
-    return guard, ops
+    unheld = [Compare(keys.alive(node), "create", "==", 0)
+              for node in previous_nodes if node in down and action.kind != "refuse-move"]
+    return [guard, *unheld], ops
 
 
 def _log_applied(action: Action, revision: int) -> None:
@@ -76,11 +85,12 @@ def _log_applied(action: Action, revision: int) -> None:
 
 
 async def apply_action(election: Election, keys: Keys, events: EventLog, action: Action,
-                       previous_nodes: tuple[str, ...] = ()) -> int | None:
+                       previous_nodes: tuple[str, ...] = (),
+                       down: Collection[str] = ()) -> int | None:
     """Write one action; returns the new revision (the epoch for a placement) or None if the
     assignment changed since the snapshot (the next cycle decides again)."""
-    guard, ops = await _txn_parts(keys, events, action, previous_nodes)
-    result = await election.fenced([guard], ops)
+    guards, ops = await _txn_parts(keys, events, action, previous_nodes, down)
+    result = await election.fenced(guards, ops)
     if not result.succeeded:
         log.info("decision skipped: state moved on", workload=action.workload,
                  action=action.kind)
@@ -90,9 +100,12 @@ async def apply_action(election: Election, keys: Keys, events: EventLog, action:
 
 
 async def _apply_batch(election: Election, keys: Keys, events: EventLog,
-                       batch: Sequence[Action], previous: Mapping[str, tuple[str, ...]]) -> int:
-    parts = [await _txn_parts(keys, events, a, previous.get(a.workload, ())) for a in batch]
-    result = await election.fenced([g for g, _ in parts], [op for _, ops in parts for op in ops])
+                       batch: Sequence[Action], previous: Mapping[str, tuple[str, ...]],
+                       down: Collection[str]) -> int:
+    parts = [await _txn_parts(keys, events, a, previous.get(a.workload, ()), down)
+             for a in batch]
+    result = await election.fenced([g for gs, _ in parts for g in gs],
+                                   [op for _, ops in parts for op in ops])
     if result.succeeded:
         for action in batch:
             _log_applied(action, result.revision)
@@ -100,7 +113,7 @@ async def _apply_batch(election: Election, keys: Keys, events: EventLog,
     highest = 0
     for action in batch:  # some decision is stale: keep the others
         revision = await apply_action(election, keys, events, action,
-                                      previous.get(action.workload, ()))
+                                      previous.get(action.workload, ()), down)
         highest = max(highest, revision or 0)
     return highest
 
@@ -136,18 +149,22 @@ async def apply_plan(election: Election, keys: Keys, events: EventLog, plan: Pla
     written (0 if none). ``snapshot``: the one the plan was decided on (for the per-node
     copies). A workload's assignment appears at most once in a plan."""
     previous: dict[str, tuple[str, ...]] = {}
+    down: frozenset[str] = frozenset()
     if snapshot is not None:
         for action in plan.actions:
             current = snapshot.assignments.get(action.workload)
             previous[action.workload] = current.nodes if current is not None else ()
+        down = frozenset(node for nodes in previous.values() for node in nodes
+                         if snapshot.node_state(node) == "down")
     highest = await apply_replica_changes(election, keys, events, plan.replicas)
     for batch in _batches(plan.actions, previous):
         if len(batch) == 1:
             revision = await apply_action(election, keys, events, batch[0],
-                                          previous.get(batch[0].workload, ()))
+                                          previous.get(batch[0].workload, ()), down)
             highest = max(highest, revision or 0)
         else:
-            highest = max(highest, await _apply_batch(election, keys, events, batch, previous))
+            highest = max(highest, await _apply_batch(election, keys, events, batch, previous,
+                                                      down))
     return highest
 
 

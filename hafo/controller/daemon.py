@@ -141,8 +141,14 @@ class Controller:
         return f"{self.config.api.scheme}://{self.config.api.listen}"
 
     async def failsafe_probe(self) -> str:
-        """For ``GET /v1/failsafe``: 'available' or 'unavailable' (see ControllerFailsafe)."""
+        """For ``GET /v1/failsafe``: 'available', 'unavailable' or 'recovering' (see
+        ControllerFailsafe)."""
         return await self.failsafe.probe()
+
+    @property
+    def failsafe_hold(self) -> float:
+        """How long a promise of ``failsafe_probe`` holds our failovers."""
+        return self.failsafe.hold
 
     async def _announce(self) -> None:
         assert self.keeper.lease_id is not None

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 
-from hafo.decisions.failsafe import may_lead, updated_set
+from hafo.decisions.failsafe import may_lead, promise_hold, recovery_window, updated_set
 from hafo.model.cluster import ClusterSnapshot, FailsafeSet
 from hafo.store import TRANSIENT, Compare, Election, Keys, Put, Store, StoreError, codec
 from hafo.tasks import loop_time
 
 log = structlog.get_logger("hafo.controller")
 PROBE_TIMEOUT = 0.4
+FRESH = 0.5  # seconds a failed probe of etcd answers for
 PROBE_FAILURES: tuple[type[BaseException], ...] = (*TRANSIENT, StoreError, TimeoutError)
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned read's outcome (no "exception was never retrieved")."""
+    if not task.cancelled():
+        task.exception()
 
 
 class ControllerFailsafe:
@@ -25,26 +34,59 @@ class ControllerFailsafe:
         self.name = name
         self.store = store
         self.keys = keys
-        self.hold = ttl + margin
+        self.hold = promise_hold(ttl, margin)
+        self.recovery = recovery_window(ttl)
         self.failsafe_max = failsafe_max
         self.clock = clock
         self.quiet_until = 0.0
+        self.unavailable_at = -math.inf  # when our own etcd request last failed
+        self._probing: asyncio.Future[bool] | None = None
         self.in_set_since: float | None = None
 
     async def probe(self) -> str:
-        """Rule 1: 'unavailable' only if our own etcd request fails right now; that answer
-        holds back every failover decision of ours for TTL + margin."""
-        try:
-            await asyncio.wait_for(self.store.get(self.keys.leader), PROBE_TIMEOUT)
-            return "available"
-        except PROBE_FAILURES:
-            until = self.clock() + self.hold
-            if until > self.quiet_until:
-                if self.quiet_until < self.clock():
-                    log.warning("failsafe: told an agent etcd is unavailable; failovers held",
-                                controller=self.name, hold=self.hold)
-                self.quiet_until = until
+        """Rule 1: 'unavailable' only if our own etcd request failed just now (within
+        ``FRESH``: one request answers every agent asking meanwhile, so a hundred agents
+        asking at once during an outage cost one probe, and a busy controller still answers
+        within the agents' round); for a recovery window after our last such answer,
+        'recovering' (etcd is back, and the agents that kept their work on our word are
+        reconnecting). Either answer holds back every failover decision of ours for
+        ``hold``."""
+        if self.clock() - self.unavailable_at >= FRESH:
+            if self._probing is None or self._probing.done():
+                self._probing = asyncio.ensure_future(self._etcd_answers())
+            if not await asyncio.shield(self._probing):
+                self.unavailable_at = self.clock()
+        if self.clock() - self.unavailable_at < FRESH:
+            self._promise("told an agent etcd is unavailable")
             return "unavailable"
+        if self.clock() < self.unavailable_at + self.recovery:
+            self._promise("told an agent etcd is back, work kept while it reconnects")
+            return "recovering"
+        return "available"
+
+    async def _etcd_answers(self) -> bool:
+        """One read of our own from etcd, answered within ``PROBE_TIMEOUT`` (a read still
+        under way then counts as failed at once: a gRPC call whose cancellation takes
+        seconds, while etcd's members start, must not make the agents' question time out)."""
+        read = asyncio.ensure_future(self.store.get(self.keys.leader))
+        done, _ = await asyncio.wait({read}, timeout=PROBE_TIMEOUT)
+        if not done:
+            read.cancel()
+            read.add_done_callback(_consume)
+            return False
+        error = read.exception()
+        if error is not None and not isinstance(error, PROBE_FAILURES):
+            raise error
+        return error is None
+
+    def _promise(self, what: str) -> None:
+        """No failover decision of ours for ``hold`` from now."""
+        until = self.clock() + self.hold
+        if until > self.quiet_until:
+            if self.quiet_until < self.clock():
+                log.warning(f"failsafe: {what}; failovers held", controller=self.name,
+                            hold=self.hold)
+            self.quiet_until = until
 
     def failover_allowed(self) -> bool:
         """False while a promise made in ``probe`` holds."""

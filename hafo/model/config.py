@@ -18,6 +18,7 @@ from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 from hafo.model.errors import ValidationError
 from hafo.model.health_config import HealthConfig
+from hafo.model.paths import DEFAULT_CHECKPOINT_ROOT, DEFAULT_STATE_DIR
 from hafo.model.schema import (
     INTEGER,
     OMIT_DEFAULT,
@@ -323,7 +324,7 @@ class NodeConfig(Section):
 
     name: NodeName
     labels: StrMap = field(default_factory=dict)
-    state_dir: Text = "/var/lib/hafo"
+    state_dir: Text = DEFAULT_STATE_DIR
     address: Annotated[Text | None, OMIT_DEFAULT] = None
     gpu_source: Annotated[GpuSource | SimulatedGpus, Field(alias="gpus"),
                           _GpusSetting()] = GpuSource.AUTO
@@ -340,7 +341,7 @@ class NodeConfig(Section):
 class CheckpointSection(Section):
     """``checkpoint``: the shared checkpoint root (every node mounts it at this path)."""
 
-    root: Text = "/var/lib/hafo/checkpoints"
+    root: Text = DEFAULT_CHECKPOINT_ROOT
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,13 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import aetcd
 import structlog
 from aetcd import exceptions as etcd_errors
 
-from hafo.model.config import EtcdConfig
 from hafo.store import aetcd_adapter as adapter
 from hafo.store.records import (
     KV,
@@ -34,6 +33,9 @@ from hafo.store.records import (
 )
 from hafo.store.retry import StoreUnavailable, with_store_retry
 from hafo.store.tls import TlsFiles
+
+if TYPE_CHECKING:
+    from hafo.model.config import EtcdConfig
 
 __all__ = [  # the records are re-exported from their first home
     "KV", "TRANSIENT", "Compare", "Delete", "EtcdStore", "Get", "Put", "Resync",
@@ -51,6 +53,19 @@ TRANSIENT: tuple[type[BaseException], ...] = (
     asyncio.TimeoutError,
     StoreUnavailable,
 )
+
+
+#: What etcd answers when it is alive but cannot serve a request now (a resumed stall, a
+#: leader election, overload): retried like an unreachable etcd, never a refusal.
+ETCD_BUSY = ("context deadline exceeded", "etcdserver: request timed out",
+             "etcdserver: leader changed", "etcdserver: no leader",
+             "etcdserver: too many requests", "raft proposal dropped")
+
+
+def etcd_busy(exc: BaseException) -> bool:
+    """True if etcd's error says it is busy or electing, not that the request is wrong."""
+    text = str(exc)
+    return any(marker in text for marker in ETCD_BUSY)
 
 
 class StoreError(Exception):
@@ -300,6 +315,8 @@ class EtcdStore:
             except etcd_errors.ClientError as exc:
                 self._observe(started, exc)
                 self._answered()  # etcd answered, with a refusal
+                if etcd_busy(exc):  # not a refusal: etcd could not serve it in time
+                    raise StoreUnavailable(f"etcd did not serve the request: {exc}") from exc
                 raise StoreError(f"etcd refused the request: {exc}") from exc
             except asyncio.CancelledError:
                 task = asyncio.current_task()

@@ -30,7 +30,7 @@ EVENT_KINDS: tuple[str, ...] = (
     "move-refused", "node-unhealthy", "gpu-unhealthy", "gpu-degraded", "app-failed",
     "preempted", "completed", "failed", "member-lost", "member-exited", "gang-restart",
     "deleted", "replica-created", "replica-retiring", "replica-deleted", "leader-elected",
-    "health", "stopped", "fenced", "node-reregistered", "duplicate-node",
+    "health", "stopped", "fenced", "node-reregistered", "node-resumed", "duplicate-node",
 )
 
 

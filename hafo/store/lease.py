@@ -32,7 +32,7 @@ class LeaseKeeper:
     def __init__(self, store: Store, ttl: int, heartbeat: float, margin: float,
                  clock: Clock = loop_time,
                  on_renew: Callable[[float], Awaitable[None] | None] | None = None,
-                 failsafe: Callable[[float], Awaitable[bool]] | None = None) -> None:
+                 failsafe: Callable[[float], Awaitable[float | None]] | None = None) -> None:
         self.store = store
         self.failsafe = failsafe
         self.ttl = ttl
@@ -46,6 +46,7 @@ class LeaseKeeper:
         self.last_ack = 0.0
         self.lost = asyncio.Event()
         self._hedged_at = float("-inf")  # the last keepalive sent through every endpoint
+        self._round: asyncio.Future[None] | None = None  # the failsafe round under way
 
     async def grant(self, publish: bool = True) -> int:
         """Grant a fresh lease; the deadline starts from the grant's send time. ``publish``
@@ -119,13 +120,23 @@ class LeaseKeeper:
         expiry) for TTL from before the check, move the deadline to (send time of the check
         + TTL - margin)."""
         sent = self.clock()
-        if await confirm(timeout) and not self.lost.is_set():
-            before = self.deadline
-            self.deadline = renewed_deadline(self.deadline, sent, self.granted_ttl, self.margin)
-            if self.deadline > before:
-                log.debug(f"deadline extended: {why}",
-                         fenced_in=round(self.deadline - self.clock(), 2))
-                await self._notify()
+        if await confirm(timeout):
+            await self._extend_from(sent, why)
+
+    async def _extend_from(self, sent: float, why: str) -> None:
+        """Move the deadline to (``sent`` + TTL - margin), never backwards."""
+        await self._extend_to(sent + self.granted_ttl - self.margin, why)
+
+    async def _extend_to(self, target: float, why: str) -> None:
+        """Move the deadline to ``target``, never backwards."""
+        if self.lost.is_set():
+            return
+        before = self.deadline
+        self.deadline = max(self.deadline, target)
+        if self.deadline > before:
+            log.debug(f"deadline extended: {why}",
+                      fenced_in=round(self.deadline - self.clock(), 2))
+            await self._notify()
 
     async def _extend_if_leaderless(self, timeout: float) -> None:
         """During an etcd leader election no lease can expire, and the new leader extends
@@ -134,9 +145,27 @@ class LeaseKeeper:
                               "etcd has no leader, leases cannot expire")
 
     async def _extend_if_failsafe(self, timeout: float) -> None:
-        """The failsafe hook (every controller says etcd is unavailable to it too)."""
-        if self.failsafe is not None:
-            await self._extend_if(self.failsafe, timeout,
+        """Ask the failsafe hook (seconds from now the deadline may move to, on every
+        controller's promise, or None) and wait for its answer up to ``timeout``. A round
+        still unanswered then goes on in the background, for up to twice as long, and
+        extends the deadline when it ends: its answers count from their send time, so a
+        controller that is slow to answer (busy as etcd comes back) still carries the work,
+        while the keepalive retries go on at their own pace. One round at a time."""
+        if self.failsafe is None:
+            return
+        if self._round is None or self._round.done():
+            self._round = asyncio.ensure_future(self._failsafe_round(self.failsafe, 2 * timeout))
+        await asyncio.wait({self._round}, timeout=timeout)
+
+    async def _failsafe_round(self, confirm: Callable[[float], Awaitable[float | None]],
+                              timeout: float) -> None:
+        try:
+            left = await confirm(timeout)
+        except Exception as exc:  # a bug in a round must not end the keeper's cover silently
+            log.error("failsafe round failed", error=repr(exc))
+            return
+        if left is not None:
+            await self._extend_to(self.clock() + left,
                                   "failsafe: every controller reports etcd unavailable")
 
     async def _keepalive_gathering_proof(self) -> bool:
@@ -164,6 +193,13 @@ class LeaseKeeper:
         healthy work; after a failure it also retries at once with a shorter timeout, through
         every endpoint at once (a powered-off etcd machine only times out).
         """
+        try:
+            await self._keep()
+        finally:
+            if self._round is not None:
+                self._round.cancel()
+
+    async def _keep(self) -> None:
         ok = True
         while True:
             started = self.clock()

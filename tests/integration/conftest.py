@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -69,7 +70,11 @@ class ClusterFactory:
 
     async def close(self) -> None:
         leftovers: list[int] = []
-        for cluster in self.clusters:
+        keep = os.environ.get("HAFO_TEST_KEEP_LOGS")  # a directory: each cluster's logs go there
+        for index, cluster in enumerate(self.clusters):
+            if keep:
+                shutil.copytree(cluster.base / "logs", Path(keep) / f"c{index}",
+                                dirs_exist_ok=True)
             await cluster.close_store()
             all_pids = [p for n in cluster.node_handles for p in cluster.node_pids(n)]
             cluster.stop()

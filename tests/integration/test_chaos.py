@@ -30,9 +30,13 @@ async def test_short_seeded_chaos_run_keeps_every_invariant(tmp_path: Path, seed
     # - an agent restarted on this busy 2-core machine can miss its renewal bound (1.5 s at
     #   worst): its work is then restarted in place, uncounted (docs/safety.md, "Hitless agent
     #   restarts": not guaranteed on an oversubscribed machine);
-    # - a whole etcd cluster killed and started again can fence work, an agent's etcd client
-    #   reconnecting seconds after the controllers' (docs/safety.md, "Known gaps"; issue 28).
-    availability = {"agent-restart", "whole-etcd-restart"}
+    # - a whole etcd cluster killed and started again can still fence work on a machine
+    #   starved of CPU for seconds (docs/safety.md, "Known gaps").
+    # - an etcd stall (every member frozen 2.5 s or more) still restarts work here, where a
+    #   controller stalls for seconds and agents reconnect slowly through their proxies
+    #   (docs/safety.md, "Known gaps"); tests/integration/test_etcd_stall.py holds stalls
+    #   to restarting nothing.
+    availability = {"agent-restart", "whole-etcd-restart", "etcd-stall"}
     known = [r for r in report.results if r.kind in availability and r.violations]
     for result in known:
         print(f"availability finding: {result}")

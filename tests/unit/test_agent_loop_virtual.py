@@ -88,13 +88,19 @@ def test_a_liveness_key_deleted_by_hand_is_put_back_with_the_same_lease(tmp_path
     run(main)
 
 
-def test_a_lost_lease_fences_and_registers_again_with_a_new_one(tmp_path: Path) -> None:
+def _lost_lease_scenario(tmp_path: Path, resumable: bool) -> None:
     async def main() -> None:
         store = MemoryStore()
         agent = Agent(agent_config(tmp_path), store=store)
         task = await started(agent)
         old = agent.keeper.lease_id
+        claimed = agent.claim.claimed
         assert old is not None
+        if not resumable:  # as if a controller had moved the work meanwhile
+            async def refused(_workloads: object, _seen_at: int) -> bool:
+                return False
+
+            agent.claim.resume = refused  # type: ignore[method-assign]
         await store.revoke_lease(old)  # as an expiry would: its keys go with it
 
         async def new_holder() -> int | None:
@@ -105,13 +111,23 @@ def test_a_lost_lease_fences_and_registers_again_with_a_new_one(tmp_path: Path) 
         assert agent.keeper.lease_id == new
         saved = read_record(agent.state_dir)
         assert saved is not None and saved.lease == new and saved.claimed > 0
+        assert (saved.claimed == claimed) is resumable  # the same registration, or a new one
         events = [codec.decode_event(kv.value).kind
                   for kv in (await store.get_prefix(agent.keys.events))[1]]
-        assert "node-reregistered" in events
+        assert ("node-resumed" if resumable else "node-reregistered") in events
         await stop(task)
         await agent.close()
 
     run(main)
+
+
+def test_a_lease_lost_while_its_deadline_is_ahead_resumes_with_a_new_one(tmp_path: Path) -> None:
+    """An etcd stall expires the lease: the node is held again, the registration kept."""
+    _lost_lease_scenario(tmp_path, resumable=True)
+
+
+def test_a_lost_lease_that_cannot_resume_fences_and_registers_again(tmp_path: Path) -> None:
+    _lost_lease_scenario(tmp_path, resumable=False)
 
 
 def test_another_lease_on_the_liveness_key_displaces_the_agent(tmp_path: Path) -> None:

@@ -65,6 +65,8 @@ class FakeController:
     async def recent_events(self, limit: int = 100) -> list[Event]:
         return []
 
+    failsafe_hold = 3.5
+
     async def failsafe_probe(self) -> str:
         return "available"
 
@@ -334,6 +336,8 @@ async def test_api_over_tls(tmp_path: Path) -> None:
 
 
 class UnavailableController(FakeController):
+    failsafe_hold = 3.5
+
     async def failsafe_probe(self) -> str:
         return "unavailable"
 
@@ -355,6 +359,6 @@ async def test_agents_ask_controllers_failsafe_questions_over_tls(
                                  tls_ca=cert if trust else None)
         failsafe.current = FailsafeSet(1, {"ctl-1": {
             "api": f"https://127.0.0.1:{server.port}"}})
-        assert await failsafe.confirm(timeout=5) is engaged
+        assert (await failsafe.confirm(timeout=5) is not None) is engaged
     finally:
         await server.close()

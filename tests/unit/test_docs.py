@@ -150,6 +150,8 @@ class _Controller:
     async def recent_events(self, limit: int = 100) -> list[Event]:
         return []
 
+    failsafe_hold = 3.5
+
     async def failsafe_probe(self) -> str:
         return "available"
 

@@ -468,6 +468,8 @@ class HistorySource:
     async def recent_events(self, limit: int = 100) -> list[Any]:
         return []
 
+    failsafe_hold = 3.5
+
     async def failsafe_probe(self) -> str:
         return "available"
 

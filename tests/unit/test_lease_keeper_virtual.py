@@ -17,8 +17,8 @@ TTL, HEARTBEAT, MARGIN = 3, 1.0, 0.5
 
 
 def keeper(store: MemoryStore, failsafe: bool | None = None) -> LeaseKeeper:
-    async def confirm(_timeout: float) -> bool:
-        return bool(failsafe)
+    async def confirm(_timeout: float) -> float | None:
+        return TTL - MARGIN if failsafe else None  # every controller promised, or not
 
     return LeaseKeeper(store, TTL, HEARTBEAT, MARGIN,
                        failsafe=confirm if failsafe is not None else None)

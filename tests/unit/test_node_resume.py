@@ -1,0 +1,95 @@
+"""Holding a node again after its lease expired in an etcd stall, keeping its work
+(``NodeClaim.resume``), against a controller that moves that work (``apply_action`` with the
+node seen down): whichever transaction comes second fails, so the work is never both kept
+and moved. On the in-memory store, no sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from hafo.agent.claim import NodeClaim
+from hafo.agent.lease_record import read_record
+from hafo.controller.apply import apply_action
+from hafo.decisions.plan import Action, Cause
+from hafo.model.cluster import Assignment, Liveness
+from hafo.store import Election, EventLog, Keys, LeaseKeeper, Put, codec
+from hafo.store.memory import MemoryStore
+
+KEYS = Keys("t")
+
+
+async def _node(store: MemoryStore, tmp: Path) -> tuple[NodeClaim, list[float], int]:
+    """Node n1 registered (claimed at some revision) with the copy of workload w's
+    assignment, its lease then expired; returns the claim, the published deadlines and the
+    revision its assignments were seen at."""
+    published: list[float] = []
+    keeper = LeaseKeeper(store, 3, 1.0, 0.5, on_renew=published.append)
+    claim = NodeClaim("n1", store, KEYS, keeper, tmp, EventLog(store, KEYS), 1.0,
+                      lambda _why: None)
+    result = await store.txn([], [Put(KEYS.node_assignment("n1", "w"), b"{}")])
+    claim.claimed = 7
+    keeper.lost.set()  # as LeaseKeeper.run does on a keepalive answered "expired"
+    return claim, published, result.revision
+
+
+async def _leader(store: MemoryStore) -> Election:
+    lease, _ttl = await store.grant_lease(3)
+    election = Election(store, KEYS.leader, "ctl")
+    assert (await election.try_acquire(lease))[0]
+    return election
+
+
+def _failover() -> Action:
+    return Action(kind="place", workload="w", cause=Cause.NODE_DOWN, why="node n1 is down",
+                  expected_revision=0,
+                  assignment=Assignment(workload="w", phase="placed", node="n2", gpus=(0,)))
+
+
+def test_resume_keeps_the_registration_and_publishes_only_once_it_holds(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = MemoryStore()
+        claim, published, seen = await _node(store, tmp_path)
+        assert await claim.resume({"w"}, seen)
+        alive = await store.get(KEYS.alive("n1"))
+        assert alive is not None
+        liveness = Liveness.from_dict(codec.decode(alive.value))
+        assert liveness.claimed == 7 and liveness.lease == claim.keeper.lease_id == alive.lease
+        assert read_record(tmp_path) is not None and published
+        # the controller's failover, decided on a view where n1 was down, now fails
+        election = await _leader(store)
+        assert await apply_action(election, KEYS, EventLog(store, KEYS), _failover(),
+                                  ("n1",), down={"n1"}) is None
+        assert await store.get(KEYS.assignment("w")) is None
+
+    asyncio.run(scenario())
+
+
+def test_no_resume_once_the_work_moved(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = MemoryStore()
+        claim, published, seen = await _node(store, tmp_path)
+        election = await _leader(store)
+        assert await apply_action(election, KEYS, EventLog(store, KEYS), _failover(),
+                                  ("n1",), down={"n1"})
+        assert await store.get(KEYS.node_assignment("n1", "w")) is None  # moved off n1
+        assert not await claim.resume({"w"}, seen)
+        assert await store.get(KEYS.alive("n1")) is None and not published
+
+    asyncio.run(scenario())
+
+
+def test_no_resume_when_the_copy_changed_or_the_name_is_held(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = MemoryStore()
+        claim, published, seen = await _node(store, tmp_path)
+        await store.put(KEYS.node_assignment("n1", "w"), b'{"restarted": true}')
+        assert not await claim.resume({"w"}, seen)
+        store2 = MemoryStore()
+        claim2, published2, seen2 = await _node(store2, tmp_path / "b")
+        other, _ = await store2.grant_lease(3)
+        await store2.put(KEYS.alive("n1"), b"{}", lease=other)
+        assert not await claim2.resume({"w"}, seen2)
+        assert not published and not published2
+
+    asyncio.run(scenario())
