@@ -134,16 +134,21 @@ class NodeClaim:
         if not result.succeeded:
             return False  # someone registered first: look again
         self.claimed = revision
-        try:
-            write_record(self.state_dir, LeaseRecord(lease, revision))
-        except OSError as exc:  # the state directory read-only or full: keep the claim
-            log.error("lease record not written: a restarted agent cannot adopt this lease",
-                      node=self.name, path=str(exc.filename or self.state_dir),
-                      error=exc.strerror or str(exc))
+        self._save_record(lease, revision)
         await self.keeper.publish()
         log.info("node claimed", node=self.name, lease=f"{lease:x}", claimed=revision,
                  ttl=self.keeper.granted_ttl, why=why)
         return True
+
+    def _save_record(self, lease: int, claimed: int) -> None:
+        """Write the lease record; a state directory that refuses it (read-only, full) is
+        logged and the hold kept: only a restarted agent misses the record."""
+        try:
+            write_record(self.state_dir, LeaseRecord(lease, claimed))
+        except OSError as exc:
+            log.error("lease record not written: a restarted agent cannot adopt this lease",
+                      node=self.name, path=str(exc.filename or self.state_dir),
+                      error=exc.strerror or str(exc))
 
     async def resume(self, workloads: Collection[str], seen_at: int) -> bool:
         """After our lease expired in an etcd stall or outage (docs/safety.md, "An etcd
@@ -169,12 +174,7 @@ class NodeClaim:
             compares, [Put(alive, codec.encode(liveness.to_dict()), lease=lease)])
         if not result.succeeded:
             return False
-        try:
-            write_record(self.state_dir, LeaseRecord(lease, self.claimed))
-        except OSError as exc:
-            log.error("lease record not written: a restarted agent cannot adopt this lease",
-                      node=self.name, path=str(exc.filename or self.state_dir),
-                      error=exc.strerror or str(exc))
+        self._save_record(lease, self.claimed)
         await self.keeper.publish()
         log.warning("node held again with a new lease after its lease expired; running "
                     "guards kept", node=self.name, lease=f"{lease:x}", claimed=self.claimed,

@@ -201,19 +201,25 @@ class Agent:
             self.registered.clear()
             self.supervisor.kill_all(why)
             log.warning(f"{why}: all work fenced, registering again", node=self.name)
-            while True:
-                try:
+            await self._register_again(
+                "node-reregistered", f"{self.name} {why} and registered again; its work was "
+                "fenced", acquire=True)
+
+    async def _register_again(self, kind: str, message: str, acquire: bool) -> None:
+        """Register again (``acquire``: hold the node name first), retrying while etcd is
+        away, then say so with an event of ``kind``."""
+        while True:
+            try:
+                if acquire:
                     await self.claim.acquire()
-                    await self.register()
-                    await self.assignments.load()
-                    break
-                except TRANSIENT:
-                    await asyncio.sleep(min(0.5, self.config.timing.heartbeat / 2))
-            with contextlib.suppress(*TRANSIENT):
-                await self.events.append(Event(ts=time.time(), kind="node-reregistered",
-                                               node=self.name,
-                                               message=f"{self.name} {why} and registered "
-                                               "again; its work was fenced"))
+                await self.register()
+                await self.assignments.load()
+                break
+            except TRANSIENT:
+                await asyncio.sleep(min(0.5, self.config.timing.heartbeat / 2))
+        with contextlib.suppress(*TRANSIENT):
+            await self.events.append(Event(ts=time.time(), kind=kind, node=self.name,
+                                           message=message))
 
     async def _keep_lease(self) -> None:
         """Keep the lease; on loss hold the node again with a new lease, keeping the work if
@@ -248,18 +254,9 @@ class Agent:
                     await asyncio.sleep(0.1)
             if not resumed:
                 return False
-            while True:
-                try:
-                    await self.register()
-                    await self.assignments.load()
-                    break
-                except TRANSIENT:
-                    await asyncio.sleep(min(0.5, self.config.timing.heartbeat / 2))
-            with contextlib.suppress(*TRANSIENT):
-                await self.events.append(Event(
-                    ts=time.time(), kind="node-resumed", node=self.name,
-                    message=f"{self.name} {why} and holds the node again with a new lease; "
-                    f"its {len(live)} instance(s) kept their processes and epochs"))
+            await self._register_again(
+                "node-resumed", f"{self.name} {why} and holds the node again with a new lease; "
+                f"its {len(live)} instance(s) kept their processes and epochs", acquire=False)
             return True
 
     async def _watch_identity(self) -> None:

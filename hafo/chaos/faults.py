@@ -118,14 +118,12 @@ async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float,
         # every lease expires as etcd resumes, and nothing may restart (docs/safety.md,
         # "An etcd stall")
         stall = rng.uniform(2.5, max(2.5, min(20.0, 3 * outage)))
-        members = [m.proc.pid for m in cluster.etcd.members if m.proc is not None]
-        for member in members:
-            kill_pid(member, signal.SIGSTOP)
+        members = range(len(cluster.etcd.members))
+        cluster.etcd.freeze(members)
         try:
             await asyncio.sleep(stall)
         finally:
-            for member in members:
-                kill_pid(member, signal.SIGCONT)
+            cluster.etcd.thaw(members)
         return Fault(kind, "etcd", False, None, every_running, downtime=stall,
                      details={"stall": round(stall, 1)})
     if kind == "whole-etcd-restart":  # every member killed at once, then started again

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hafo.local.pki import Pki
-from hafo.local.procs import free_port, spawn, stop_process
+from hafo.local.procs import free_port, kill_pid, spawn, stop_process
 from hafo.model.config import ETCD_ELECTION_TIMEOUT_MS, ETCD_HEARTBEAT_INTERVAL_MS
 
 
@@ -173,6 +175,20 @@ class EtcdCluster:
         member = self.members[index]
         if member.proc is not None and member.proc.poll() is None:
             stop_process(member.proc, grace=10.0)
+
+    def freeze(self, indices: Sequence[int]) -> None:
+        """SIGSTOP those members (a GC pause, a slow fsync, a VM stall)."""
+        for index in indices:
+            proc = self.members[index].proc
+            if proc is not None and proc.poll() is None:
+                kill_pid(proc.pid, signal.SIGSTOP)
+
+    def thaw(self, indices: Sequence[int]) -> None:
+        """SIGCONT those members."""
+        for index in indices:
+            proc = self.members[index].proc
+            if proc is not None and proc.poll() is None:
+                kill_pid(proc.pid, signal.SIGCONT)
 
     def restart_member(self, index: int) -> None:
         """Start a killed member again with its data."""

@@ -10,11 +10,9 @@ is fenced, restarted or moved, and no two copies of anything run.
 from __future__ import annotations
 
 import asyncio
-import signal
 
 import pytest
 
-from hafo.local.procs import kill_pid
 from hafo.store import read_events
 
 from .conftest import ClusterFactory
@@ -33,14 +31,11 @@ async def test_an_etcd_stall_restarts_nothing(local_cluster: ClusterFactory, mem
                                               frozen: tuple[int, ...], stall: float) -> None:
     cluster = await local_cluster.start(nodes=3, controllers=2, etcd_members=members)
     wids, before = await five_workloads(cluster)
-    pids = [cluster.etcd.members[i].proc.pid for i in frozen]  # type: ignore[union-attr]
-    for pid in pids:
-        kill_pid(pid, signal.SIGSTOP)
+    cluster.etcd.freeze(frozen)
     try:
         await asyncio.sleep(stall)
     finally:
-        for pid in pids:
-            kill_pid(pid, signal.SIGCONT)
+        cluster.etcd.thaw(frozen)
     await asyncio.sleep(2 * cluster.lease_ttl + 2.0)  # the recovery window, and slack
     snapshot = await cluster.wait_for(lambda s: s.leader is not None and len(s.alive) == 3, 20,
                                       what="cluster whole")
