@@ -17,7 +17,7 @@ FAULT_KINDS = (
     "node-power-loss", "agent-crash", "agent-restart", "agent-freeze", "agent-partition",
     "leader-crash", "leader-freeze", "etcd-member-crash", "workload-crash",
     "etcd-restart", "whole-etcd-restart", "duplicate-agent", "agent-restart-without-state",
-    "deleted-liveness-key", "etcd-stall",
+    "deleted-liveness-key",
 )
 
 
@@ -114,18 +114,6 @@ async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float,
             cluster.etcd.restart_member(index)
             await asyncio.to_thread(cluster.etcd.wait_ready, 20.0)
         return Fault(kind, "etcd", False, None, every_running)
-    if kind == "etcd-stall":  # every member frozen (a GC pause, a VM stall), then resumed:
-        # every lease expires as etcd resumes, and nothing may restart (docs/safety.md,
-        # "An etcd stall")
-        stall = rng.uniform(2.5, max(2.5, min(20.0, 3 * outage)))
-        members = range(len(cluster.etcd.members))
-        cluster.etcd.freeze(members)
-        try:
-            await asyncio.sleep(stall)
-        finally:
-            cluster.etcd.thaw(members)
-        return Fault(kind, "etcd", False, None, every_running, downtime=stall,
-                     details={"stall": round(stall, 1)})
     if kind == "whole-etcd-restart":  # every member killed at once, then started again
         await cluster.close_store()
         for index in range(len(cluster.etcd.members)):
