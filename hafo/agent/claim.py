@@ -194,6 +194,8 @@ class NodeClaim:
                                       [Get(key)])
         if not result.succeeded:
             current = result.reads[0] if result.reads else None
+            if current is not None and current.lease == self.keeper.lease_id:
+                return result.revision  # our lease since (resumed while this call retried)
             if current is not None and current.lease != lease:
                 raise Displaced(f"node {self.name}'s liveness key is held by lease "
                                 f"{current.lease:x}, not ours ({lease:x})")

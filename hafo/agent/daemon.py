@@ -52,6 +52,7 @@ from hafo.store import (
     Keys,
     LeaseKeeper,
     LeaseLost,
+    LeaseNotFound,
     Put,
     Store,
     StoreError,
@@ -280,7 +281,15 @@ class Agent:
                             log.warning("liveness key deleted while our lease lives: put back",
                                         node=self.name)
                         if kind == "delete" or lease != self.keeper.lease_id:
-                            self.identity_revision = await self.claim.ensure_alive_key()
+                            held = self.keeper.lease_id
+                            try:
+                                self.identity_revision = await self.claim.ensure_alive_key()
+                            except LeaseNotFound:
+                                # Our key went with our lease (a stalled etcd leader that
+                                # resumed revoked it): hold the node again now, before a
+                                # controller acts on its absence.
+                                self.keeper.declare_lost(held, "is gone (its liveness key "
+                                                         "with it)")
             except Displaced as exc:
                 await self._reclaim(f"was displaced ({exc})")
             except RECOVERABLE as exc:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 _HOMES = {
     "KV": "records", "Compare": "records", "Delete": "records", "Get": "records",
     "Put": "records", "TxnResult": "records",
-    "TRANSIENT": "client", "EtcdStore": "client", "Resync": "client",
+    "TRANSIENT": "client", "EtcdStore": "client", "Resync": "client", "LeaseNotFound": "client",
     "StoreAuthError": "client", "StoreError": "client", "WatchEvent": "client",
     "Election": "election", "NotLeader": "election",
     "EventLog": "events",
@@ -39,6 +39,7 @@ __all__ = [
     "Keys",
     "LeaseKeeper",
     "LeaseLost",
+    "LeaseNotFound",
     "NotLeader",
     "Put",
     "Resync",
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
     from hafo.store.client import (
         TRANSIENT,
         EtcdStore,
+        LeaseNotFound,
         Resync,
         StoreAuthError,
         StoreError,

@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from hafo.model.config import EtcdConfig
 
 __all__ = [  # the records are re-exported from their first home
-    "KV", "TRANSIENT", "Compare", "Delete", "EtcdStore", "Get", "Put", "Resync",
+    "KV", "TRANSIENT", "Compare", "Delete", "EtcdStore", "Get", "LeaseNotFound", "Put",
+    "Resync",
     "StoreAuthError", "StoreError", "TxnResult", "WatchEvent", "channel_options",
     "parse_endpoint",
 ]
@@ -74,6 +75,15 @@ class StoreError(Exception):
 
 class StoreAuthError(StoreError):
     """etcd refused our credentials (user name, password or client certificate)."""
+
+
+class LeaseNotFound(StoreError):
+    """etcd refused a request naming a lease it no longer has: the lease expired or was
+    revoked (by a stalled raft leader resuming, too: etcd before 3.5.11, docs/safety.md)."""
+
+
+#: etcd's answer to a request that names a lease it does not have.
+LEASE_NOT_FOUND = "requested lease not found"
 
 
 #: Called after every etcd request with (seconds taken, the error or None); daemons use it
@@ -147,6 +157,12 @@ class EtcdStore:
         self._closing: set[asyncio.Task[None]] = set()
         self._moving: set[asyncio.Task[None]] = set()  # moves to an endpoint that answered
         self._connecting: asyncio.Task[tuple[aetcd.Client, int]] | None = None
+        # Connections kept to each endpoint for the hedged keepalive and the leader check
+        # (``keepalive_any``, ``leaderless_majority``), made before they are needed: a
+        # failover then costs one RPC, not a connect (a TLS handshake, an Authenticate: on a
+        # busy machine during an election, longer than the fencing slack) per member.
+        self._spares: dict[int, aetcd.Client] = {}
+        self._spare_connecting: dict[int, asyncio.Task[aetcd.Client]] = {}
         # Endpoint logging, one line per change of state (never one per retry): the indices
         # that failed since the last answer, and since when none answers (None: one does).
         self._failed: set[int] = set()
@@ -317,6 +333,8 @@ class EtcdStore:
                 self._answered()  # etcd answered, with a refusal
                 if etcd_busy(exc):  # not a refusal: etcd could not serve it in time
                     raise StoreUnavailable(f"etcd did not serve the request: {exc}") from exc
+                if LEASE_NOT_FOUND in str(exc):
+                    raise LeaseNotFound(f"etcd refused the request: {exc}") from exc
                 raise StoreError(f"etcd refused the request: {exc}") from exc
             except asyncio.CancelledError:
                 task = asyncio.current_task()
@@ -342,13 +360,17 @@ class EtcdStore:
             task.cancel()
         if self._connecting is not None:
             self._connecting.cancel()
+        for connecting in self._spare_connecting.values():
+            connecting.cancel()
         async with self._lock:
             self._closed = True
             client, self._client = self._client, None
+        spares, self._spares = list(self._spares.values()), {}
         for task in list(self._closing):
             task.cancel()
-        if client is not None:
-            await self._close_quietly(client)
+        for each in [client, *spares]:
+            if each is not None:
+                await self._close_quietly(each)
 
     # -- key-value -----------------------------------------------------------------------
 
@@ -434,15 +456,9 @@ class EtcdStore:
         async def through(index: int) -> tuple[int, int]:
             if index == self._index and self._client is not None:
                 return index, await self.keepalive(lease_id, timeout)
-            host, port = self.endpoints[index]
-            client = self._new_client(host, port, max(1, int(timeout + 0.999)))
-            try:
-                await asyncio.wait_for(client.connect(), timeout)
-                reply = await asyncio.wait_for(
-                    adapter.mapped_errors(lambda c: c.refresh_lease(lease_id))(client), timeout)
-                return index, int(reply.TTL) if reply is not None else 0
-            finally:
-                await self._close_quietly(client)
+            reply = await self._on_spare(
+                index, lambda c: c.refresh_lease(lease_id), timeout)
+            return index, int(reply.TTL) if reply is not None else 0
 
         tasks = [asyncio.ensure_future(through(i)) for i in range(len(self.endpoints))]
         error: BaseException = StoreUnavailable("no etcd endpoint answered the keepalive")
@@ -464,6 +480,66 @@ class EtcdStore:
             raise error
         raise StoreUnavailable(f"no etcd endpoint answered the keepalive: {error}") from error
 
+    async def _spare(self, index: int, timeout: float) -> aetcd.Client:
+        """The kept connection to endpoint ``index`` (see ``__init__``), connecting it first
+        if need be: one background connect per endpoint, which callers wait for up to
+        ``timeout`` and never cancel."""
+        if self._closed:
+            raise StoreUnavailable("store is closed")
+        client = self._spares.get(index)
+        if client is not None:
+            return client
+        connecting = self._spare_connecting.get(index)
+        if connecting is None or connecting.done():
+            connecting = asyncio.get_running_loop().create_task(self._connect_spare(index))
+            connecting.add_done_callback(_retrieve)
+            self._spare_connecting[index] = connecting
+        return await asyncio.wait_for(asyncio.shield(connecting), timeout)
+
+    async def _connect_spare(self, index: int) -> aetcd.Client:
+        host, port = self.endpoints[index]
+        client = self._new_client(host, port, self.timeout)
+        try:
+            await asyncio.wait_for(client.connect(), self.timeout + 0.5)
+        except BaseException:
+            await self._close_quietly(client)
+            raise
+        if self._closed:
+            await self._close_quietly(client)
+            raise StoreUnavailable("store is closed")
+        adapter.require_leader(client)
+        self._spares[index] = client
+        return client
+
+    async def _on_spare(self, index: int, op: Callable[[aetcd.Client], Awaitable[T]],
+                        timeout: float) -> T:
+        """``op`` on the kept connection to endpoint ``index``, within ``timeout``. A slow or
+        unreachable member keeps its connection (gRPC reconnects a channel by itself, within
+        the reconnect backoff, and a member electing answers late, not never); one whose
+        auth token was refused (the member restarted: its tokens are gone) is dropped, and
+        the next call connects and authenticates again."""
+        client = await self._spare(index, timeout)
+        try:
+            return await asyncio.wait_for(adapter.mapped_errors(op)(client), timeout)
+        except etcd_errors.UnauthenticatedError:
+            self._drop_spare(index, client)
+            raise
+
+    def _drop_spare(self, index: int, client: aetcd.Client) -> None:
+        if self._spares.get(index) is client:
+            del self._spares[index]
+            self._closing.add(asyncio.get_running_loop().create_task(
+                self._close_quietly(client, delay=5.0)))
+
+    async def warm_spares(self, lease_id: int, timeout: float) -> None:
+        """Keep the spare connections usable: one keepalive of ``lease_id`` through each
+        endpoint other than the one in use (it proves the connection and, with
+        credentials, keeps its auth token from expiring). Nothing is raised. For a lease
+        holder, every half minute (``LeaseKeeper``)."""
+        others = [i for i in range(len(self.endpoints)) if i != self._index]
+        await asyncio.gather(*(self._on_spare(i, lambda c: c.refresh_lease(lease_id), timeout)
+                               for i in others), return_exceptions=True)
+
     async def _move_to(self, index: int) -> None:
         """Make ``index`` the current endpoint (after it answered when the current did not)."""
         connecting = self._connecting
@@ -480,7 +556,10 @@ class EtcdStore:
                 return
             if index == self._index:
                 return
-            old, self._client = self._client, None
+            # The spare that answered becomes the connection in use: no connect now.
+            old, self._client = self._client, self._spares.pop(index, None)
+            if self._client is not None:
+                self._generation += 1
             previous, self._index = self.endpoint, index
             if self._unreachable_since is None:
                 log.info("etcd endpoint failover", failed=previous, next=self.endpoint,
@@ -526,8 +605,17 @@ class EtcdStore:
         raft leader. Without a leader no lease can expire, and a new leader extends every
         lease by its full TTL, so a lease holder may extend its fencing deadline from before
         this call."""
-        views = await asyncio.gather(*(self.member_view(h, p, timeout)
-                                       for h, p in self.endpoints))
+        async def view(index: int) -> tuple[int, int, int] | None:
+            try:
+                if index == self._index and self._client is not None:
+                    return await asyncio.wait_for(adapter.mapped_errors(
+                        lambda c: adapter.member_status(c, timeout))(self._client), timeout)
+                return await self._on_spare(
+                    index, lambda c: adapter.member_status(c, timeout), timeout)
+            except (*TRANSIENT, adapter.RpcError, etcd_errors.ClientError, OSError):
+                return None
+
+        views = await asyncio.gather(*(view(i) for i in range(len(self.endpoints))))
         answered = [v for v in views if v is not None]
         if not answered:
             return False

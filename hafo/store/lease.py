@@ -21,6 +21,11 @@ log = structlog.get_logger("hafo.lease")
 
 Clock = Callable[[], float]
 
+#: How often a lease holder proves its spare connections to the other etcd members (one
+#: keepalive through each): they are ready when the member in use dies, and an auth token
+#: on them does not expire unused (etcd's simple tokens: 5 minutes).
+WARM_SPARES_EVERY = 30.0
+
 
 class LeaseLost(Exception):
     """etcd says the lease no longer exists (it expired or was revoked)."""
@@ -47,6 +52,9 @@ class LeaseKeeper:
         self.lost = asyncio.Event()
         self._hedged_at = float("-inf")  # the last keepalive sent through every endpoint
         self._round: asyncio.Future[None] | None = None  # the failsafe round under way
+        self._lost_why = ""
+        self._warmed_at = float("-inf")  # the spare connections' last warm-up
+        self._warming: asyncio.Future[None] | None = None
 
     async def grant(self, publish: bool = True) -> int:
         """Grant a fresh lease; the deadline starts from the grant's send time. ``publish``
@@ -87,6 +95,16 @@ class LeaseKeeper:
             if result is not None:
                 await result
 
+    def declare_lost(self, lease_id: int | None, why: str) -> None:
+        """etcd said, in an answer to another request, that lease ``lease_id`` is gone: if
+        it is still the lease held, ``run`` raises LeaseLost at once instead of at the next
+        keepalive (up to a heartbeat later, while a controller may already act on the node's
+        absence). An answer about an earlier lease (a call that retried through an outage
+        while the lease was replaced) changes nothing."""
+        if lease_id is not None and lease_id == self.lease_id and not self.lost.is_set():
+            self._lost_why = f"lease {self.lease_id:x} {why}"
+            self.lost.set()
+
     def valid(self) -> bool:
         """True while the fencing deadline has not passed."""
         return self.clock() < self.deadline and not self.lost.is_set()
@@ -106,8 +124,9 @@ class LeaseKeeper:
                         fenced_in=round(self.deadline - self.clock(), 2))
             return False
         if ttl <= 0:
+            self._lost_why = f"lease {self.lease_id:x} expired"
             self.lost.set()
-            raise LeaseLost(f"lease {self.lease_id:x} expired")
+            raise LeaseLost(self._lost_why)
         self.granted_ttl = ttl
         self.deadline = renewed_deadline(self.deadline, sent, ttl, self.margin)
         self.last_ack = self.clock()
@@ -193,16 +212,31 @@ class LeaseKeeper:
         healthy work; after a failure it also retries at once with a shorter timeout, through
         every endpoint at once (a powered-off etcd machine only times out).
         """
+        keeping = asyncio.ensure_future(self._keep())
+        declared = asyncio.ensure_future(self.lost.wait())
         try:
-            await self._keep()
+            await asyncio.wait({keeping, declared}, return_when=asyncio.FIRST_COMPLETED)
+            if keeping.done():
+                keeping.result()  # LeaseLost, or a bug
+            raise LeaseLost(self._lost_why or f"lease {self.lease_id:x} lost")
         finally:
-            if self._round is not None:
-                self._round.cancel()
+            for task in (keeping, declared):
+                task.cancel()
+            await asyncio.gather(keeping, declared, return_exceptions=True)
+            for background in (self._round, self._warming):
+                if background is not None:
+                    background.cancel()
 
     async def _keep(self) -> None:
         ok = True
         while True:
             started = self.clock()
+            if ok and started - self._warmed_at >= WARM_SPARES_EVERY and (
+                    self._warming is None or self._warming.done()):
+                assert self.lease_id is not None
+                self._warmed_at = started
+                self._warming = asyncio.ensure_future(
+                    self.store.warm_spares(self.lease_id, self.heartbeat))
             if ok:
                 ok = await self._keepalive_gathering_proof()
             else:

@@ -29,9 +29,9 @@ from hafo.store.client import (
     Compare,
     Delete,
     Get,
+    LeaseNotFound,
     Put,
     Resync,
-    StoreError,
     TxnResult,
     WatchEvent,
 )
@@ -226,7 +226,7 @@ class MemoryStore:
         ops = success if succeeded else failure
         for op in ops:
             if isinstance(op, Put) and op.lease and op.lease not in self._leases:
-                raise StoreError(f"etcdserver: requested lease not found ({op.lease:x})")
+                raise LeaseNotFound(f"etcdserver: requested lease not found ({op.lease:x})")
         writes = any(isinstance(op, Put) or (isinstance(op, Delete) and self._matches(op))
                      for op in ops)
         revision = self._revision + 1 if writes else self._revision
@@ -275,6 +275,9 @@ class MemoryStore:
 
     async def keepalive_any(self, lease_id: int, timeout: float) -> int:
         return await self.keepalive(lease_id, timeout)  # one "endpoint"
+
+    async def warm_spares(self, lease_id: int, timeout: float) -> None:
+        return None  # one "endpoint": no other connection to keep
 
     async def keepalive_many(self, lease_ids: Sequence[int], timeout: float) -> dict[int, int]:
         await asyncio.wait_for(self._enter("keepalive_many"), timeout + 0.5)

@@ -63,6 +63,10 @@ class Store(Protocol):
         """One keepalive through every endpoint at once (the retry after a failed one): the
         granted TTL from the first that answers, 0 if the lease is gone."""
 
+    async def warm_spares(self, lease_id: int, timeout: float) -> None:
+        """Keep the connections ``keepalive_any`` uses ready (a keepalive of ``lease_id``
+        through each other endpoint); never raises."""
+
     async def keepalive_many(self, lease_ids: Sequence[int], timeout: float) -> dict[int, int]:
         """Keepalives for many leases at once: id -> granted TTL (0: gone)."""
 

@@ -75,6 +75,9 @@ class ClusterFactory:
             if keep:
                 shutil.copytree(cluster.base / "logs", Path(keep) / f"c{index}",
                                 dirs_exist_ok=True)
+                for member in cluster.etcd.members:  # etcd's own logs beside the daemons'
+                    if member.log_path.exists():
+                        shutil.copy(member.log_path, Path(keep) / f"c{index}")
             await cluster.close_store()
             all_pids = [p for n in cluster.node_handles for p in cluster.node_pids(n)]
             cluster.stop()

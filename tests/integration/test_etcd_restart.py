@@ -92,9 +92,10 @@ def why_changed(cluster: LocalCluster, wid: str, node: str, events: list[Any]) -
     for path in logs:
         if path.stem.startswith(node) or path.stem.startswith("ctl"):
             text = path.read_text(errors="replace").splitlines()
-            hits = [line for line in text if wid in line or "fence" in line or "failsafe" in line]
+            hits = [line for line in text if wid in line or any(
+                word in line for word in ("fence", "failsafe", "etcd", "lease", "resumed"))]
             lines.append(f"{path.name}:")
-            lines += [f"  {line[:300]}" for line in hits[-25:]]
+            lines += [f"  {line[:300]}" for line in hits[-40:]]
     return "\n".join(lines)
 
 

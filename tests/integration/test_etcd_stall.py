@@ -31,6 +31,8 @@ async def test_an_etcd_stall_restarts_nothing(local_cluster: ClusterFactory, mem
                                               frozen: tuple[int, ...], stall: float) -> None:
     cluster = await local_cluster.start(nodes=3, controllers=2, etcd_members=members)
     wids, before = await five_workloads(cluster)
+    leader = await cluster.etcd_leader_index()
+    print(f"raft leader before the stall: member {leader}; frozen: {frozen}")
     cluster.etcd.freeze(frozen)
     try:
         await asyncio.sleep(stall)

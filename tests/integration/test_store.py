@@ -38,6 +38,48 @@ async def test_put_get_txn_roundtrip(store: EtcdStore, keys: Keys) -> None:
     assert [k.key for k in kvs] == [key] and revision >= result.revision
 
 
+async def test_after_a_warm_up_a_frozen_member_costs_no_new_connection(
+        etcd3: EtcdCluster) -> None:
+    """The spare connections to the other members are made before they are needed
+    (``warm_spares``, every half minute from a lease holder): when the member in use
+    freezes, the keepalive through every endpoint is one RPC on a connection that already
+    exists, and the spare that answered becomes the connection in use. No connect (a TLS
+    handshake, an Authenticate) at the moment the fencing slack runs out."""
+    client = EtcdStore(etcd3.endpoints, timeout=1.0)
+    made: list[str] = []
+    new_client = client._new_client
+
+    def counted(host: str, port: int, timeout: float) -> object:
+        made.append(f"{host}:{port}")
+        return new_client(host, port, timeout)
+
+    client._new_client = counted  # type: ignore[method-assign,assignment]
+    try:
+        lease, _ttl = await client.grant_lease(5)
+        await client.warm_spares(lease, timeout=1.0)
+        assert len(made) == 3, made  # the one in use, and a spare to each other member
+        current = client.endpoint
+        index = [f"127.0.0.1:{m.client_port}" for m in etcd3.members].index(current)
+        etcd3.freeze([index])
+        try:
+            started = time.monotonic()
+            assert await client.keepalive_any(lease, timeout=1.0) == 5
+            assert time.monotonic() - started < 1.0
+            moved_by = time.monotonic() + 1.0
+            while client.endpoint == current:
+                assert time.monotonic() < moved_by
+                await asyncio.sleep(0.01)
+            assert await client.keepalive(lease, timeout=1.0) == 5
+            assert len(made) == 3, made  # every call above ran on a connection made before
+            # The leader check asks every member: a spare to the frozen one is tried anew.
+            assert await client.leaderless_majority(timeout=0.5) is False
+            assert set(made[3:]) <= {current}, made
+        finally:
+            etcd3.thaw([index])
+    finally:
+        await client.close()
+
+
 async def test_first_endpoint_dead_uses_the_next(etcd_server: EtcdCluster, keys: Keys) -> None:
     from hafo.local.procs import free_port
 

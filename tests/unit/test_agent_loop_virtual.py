@@ -130,6 +130,40 @@ def test_a_lost_lease_that_cannot_resume_fences_and_registers_again(tmp_path: Pa
     _lost_lease_scenario(tmp_path, resumable=False)
 
 
+def test_a_lease_revoked_under_the_agent_resumes_at_once_not_at_the_next_keepalive(
+        tmp_path: Path) -> None:
+    """etcd before 3.5.11: a raft leader that stalled revokes, as it resumes, the leases it
+    saw no keepalive for, although the new leader renewed them (etcd-io/etcd#15247). The
+    agent learns it from its liveness key's deletion and holds the node again within a
+    fraction of a heartbeat, before a controller acts on the node's absence."""
+    async def main() -> None:
+        store = MemoryStore()
+        agent = Agent(agent_config(tmp_path), store=store)
+        task = await started(agent)
+        old = agent.keeper.lease_id
+        claimed = agent.claim.claimed
+        assert old is not None
+        loop = asyncio.get_running_loop()
+        acked = agent.keeper.last_ack
+        while agent.keeper.last_ack == acked:  # just after a keepalive: the next is 1 s away
+            await asyncio.sleep(0.01)
+        await store.revoke_lease(old)
+        revoked = loop.time()
+
+        async def new_holder() -> int | None:
+            lease = await holder(store, agent)
+            return lease if lease not in (None, old) else None
+
+        await wait_for(new_holder, 5.0)
+        assert loop.time() - revoked < HEARTBEAT / 4
+        saved = read_record(agent.state_dir)
+        assert saved is not None and saved.claimed == claimed  # resumed, not claimed anew
+        await stop(task)
+        await agent.close()
+
+    run(main)
+
+
 def test_another_lease_on_the_liveness_key_displaces_the_agent(tmp_path: Path) -> None:
     async def main() -> None:
         store = MemoryStore()

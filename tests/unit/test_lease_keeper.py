@@ -31,6 +31,9 @@ class StallingStore:
     async def keepalive_any(self, lease_id: int, timeout: float) -> int:
         return await self.keepalive(lease_id, timeout)
 
+    async def warm_spares(self, lease_id: int, timeout: float) -> None:
+        return None
+
     async def leaderless_majority(self, timeout: float = 0.5) -> bool:
         self.asked_at.append(time.monotonic())
         return self.leaderless
@@ -112,3 +115,24 @@ async def test_keepalives_through_every_endpoint_at_most_once_a_heartbeat() -> N
         task.cancel()
     gaps = [b - a for a, b in zip(store.hedged_at, store.hedged_at[1:], strict=False)]
     assert store.hedged_at and all(gap >= HEARTBEAT - 0.05 for gap in gaps), gaps
+
+
+async def test_a_lease_declared_lost_ends_the_keeper_at_once() -> None:
+    """Another request learnt that etcd no longer has the lease: ``run`` raises LeaseLost
+    then, not at the next keepalive a heartbeat later."""
+    from hafo.store.lease import LeaseLost
+
+    store = StallingStore(stall=0.0, leaderless=False)
+    lease = keeper(store)
+    task = asyncio.ensure_future(lease.run())
+    await asyncio.sleep(HEARTBEAT / 4)  # just after the first keepalive
+    declared = time.monotonic()
+    lease.declare_lost(2, "is gone")  # about another lease: nothing
+    await asyncio.sleep(HEARTBEAT / 4)
+    assert not task.done()
+    declared = time.monotonic()
+    lease.declare_lost(1, "is gone")
+    with pytest.raises(LeaseLost, match="lease 1 is gone"):
+        await asyncio.wait_for(task, HEARTBEAT)
+    assert time.monotonic() - declared < HEARTBEAT / 4
+    assert not lease.valid()

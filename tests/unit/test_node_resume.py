@@ -93,3 +93,29 @@ def test_no_resume_when_the_copy_changed_or_the_name_is_held(tmp_path: Path) -> 
         assert not published and not published2
 
     asyncio.run(scenario())
+
+
+def test_a_put_back_answered_after_a_resume_is_not_a_displacement(tmp_path: Path) -> None:
+    """The identity watch put the liveness key back with the old lease, and that call
+    retried through the stall; meanwhile the node resumed with a new lease. The key held
+    by our new lease is ours: no fencing, no claim anew."""
+    async def scenario() -> None:
+        store = MemoryStore()
+        claim, _published, seen = await _node(store, tmp_path)
+        old, _ttl = await store.grant_lease(3)
+        claim.keeper.lease_id = old
+        claim.keeper.lost.clear()
+        txn = store.txn
+
+        async def resumed_meanwhile(*args: object, **kwargs: object) -> object:
+            store.txn = txn  # type: ignore[method-assign]
+            claim.keeper.lost.set()
+            assert await claim.resume({"w"}, seen)  # a new lease holds the key now
+            return await txn(*args, **kwargs)  # type: ignore[arg-type]
+
+        store.txn = resumed_meanwhile  # type: ignore[method-assign]
+        await claim.ensure_alive_key()  # no Displaced
+        alive = await store.get(KEYS.alive("n1"))
+        assert alive is not None and alive.lease == claim.keeper.lease_id != old
+
+    asyncio.run(scenario())
