@@ -3,6 +3,7 @@ anything malformed), and the declarations of the API's own bodies."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any, NotRequired
@@ -13,14 +14,26 @@ from typing_extensions import TypedDict  # pydantic reads this one on Python 3.1
 from hafo.model.errors import ValidationError
 from hafo.model.schema import NodeName, Schema, Section
 
+#: Seconds a client has to send a request's whole body (a body limit is 256 KiB: on any real
+#: link, well under a second); a slower one gets a 408 and its connection closed.
+BODY_TIMEOUT = 10.0
 
-async def json_object(request: web.Request, required: bool) -> dict[str, Any] | None:
+
+async def json_object(request: web.Request, required: bool,
+                      timeout: float | None = None) -> dict[str, Any] | None:
     """The body as a JSON object; None when it is empty and not ``required``.
 
     Raises ValidationError("body", ...) for a wrong content type, bad UTF-8, bad JSON or a
-    JSON value that is not an object. aiohttp enforces the size limit while reading.
+    JSON value that is not an object; HTTPRequestTimeout when the body takes longer than
+    ``timeout`` (default ``BODY_TIMEOUT``) to arrive. aiohttp enforces the size limit while
+    reading.
     """
-    raw = await request.read()
+    timeout = BODY_TIMEOUT if timeout is None else timeout
+    try:
+        raw = await asyncio.wait_for(request.read(), timeout)
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(reason=f"body: not received within {timeout:g} s",
+                                     headers={"Connection": "close"}) from None
     if not raw.strip():
         if required:
             raise ValidationError("body", "is required (a JSON object)")

@@ -62,7 +62,8 @@ def bad_input(exc: ValidationError) -> web.Response:
 
 
 def _http_error(exc: web.HTTPException, request: web.Request) -> web.Response:
-    headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "www-authenticate")}
+    headers = {k: v for k, v in exc.headers.items()
+               if k.lower() in ("allow", "www-authenticate", "connection")}
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
         limit = request.app[MAX_BODY]
         return error(413, f"body: larger than the limit of {limit} bytes", "body")

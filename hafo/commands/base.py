@@ -33,20 +33,29 @@ class Parser(argparse.ArgumentParser):
 
 
 def load_yaml(path: str, what: str) -> Any:
-    import yaml
+    """A spec's or a config's YAML, read with bounded memory and time
+    (``hafo.model.yaml_text``): one line naming the file when it cannot be read, is too
+    big, or is not YAML we read."""
+    from hafo.model.yaml_text import MAX_FILE_BYTES, YamlRefused, load_yaml_text
 
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise CliError(f"{what} file not found: {path}", EXIT_USAGE) from None
     except OSError as exc:
         raise CliError(f"cannot read {what} file {path}: {exc.strerror}", EXIT_USAGE) from None
+    if len(data) > MAX_FILE_BYTES:
+        raise CliError(f"{path}: over {MAX_FILE_BYTES // (1024 * 1024)} MiB; a {what} file "
+                       "is a few KiB", EXIT_USAGE)
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise CliError(f"{path}: invalid YAML{where}", EXIT_USAGE) from None
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{path}: not UTF-8 text (byte {exc.start})", EXIT_USAGE) from None
+    try:
+        return load_yaml_text(text)
+    except YamlRefused as exc:
+        raise CliError(f"{path}: {exc}", EXIT_USAGE) from None
 
 
 def resolve_workdir(raw: Any, spec_path: str) -> Any:

@@ -62,6 +62,9 @@ class SimulatedGpus:
         self.mig = {i: tuple(p) for i, p in (mig or {}).items() if 0 <= i < count}
         self.description = f"{count} simulated {model}" + (
             f" ({len(self.mig)} in MIG mode)" if self.mig else "")
+        self._faults: dict[int, dict[str, Any]] = {}  # the faults file's last good content
+        self._faults_text: str | None = None  # ... and its text
+        self._refused: str | None = None  # the text last refused (warned about once)
         self._xid_seen: dict[int, int] = {}   # GPU -> the xid value in the file now
         self._xid_count: dict[int, int] = {}  # GPU -> Xid events counted
         self._last_xid: dict[int, int] = {}
@@ -79,15 +82,36 @@ class SimulatedGpus:
                 f"{digest[20:32]}")
 
     def faults(self) -> dict[int, dict[str, Any]]:
-        """The faults file's content by GPU index (bad content is logged and ignored)."""
-        if self.faults_file is None or not self.faults_file.exists():
+        """The faults file's content by GPU index; an absent or empty file means healthy. A
+        file that cannot be read or is not of the documented shape keeps the last good
+        content (a half-written file must not clear a real fault), warned about once per
+        content."""
+        if self.faults_file is None:
             return {}
         try:
-            raw = json.loads(self.faults_file.read_text() or "{}")
-            return {int(k): dict(v) for k, v in raw.items() if v}
-        except (OSError, ValueError, TypeError, AttributeError) as exc:
-            log.warning("unreadable faults file", path=str(self.faults_file), error=str(exc))
+            with self.faults_file.open("rb") as handle:
+                text = handle.read(MAX_FAULTS_BYTES + 1).decode()
+        except FileNotFoundError:
+            self._faults, self._faults_text, self._refused = {}, None, None
             return {}
+        except (OSError, UnicodeDecodeError) as exc:
+            self._refuse(f"<unreadable: {exc}>", f"cannot be read: {exc}")
+            return self._faults
+        if text == self._faults_text:
+            return self._faults
+        try:
+            parsed = parse_faults(text)
+        except ValueError as exc:
+            self._refuse(text, str(exc))
+            return self._faults
+        self._faults, self._faults_text, self._refused = parsed, text, None
+        return parsed
+
+    def _refuse(self, text: str, why: str) -> None:
+        if text != self._refused:
+            self._refused = text
+            log.warning("faults file refused: the last good content is kept",
+                        path=str(self.faults_file), error=why)
 
     def inventory(self) -> list[Gpu]:
         """Every simulated GPU, or its MIG devices if it is in MIG mode."""
@@ -161,6 +185,36 @@ class SimulatedGpus:
 
 
 _READINGS = ("temperature", "power", "utilization", "memory_used")  # telemetry, not faults
+
+#: The largest faults file read (one entry per GPU: a few hundred bytes).
+MAX_FAULTS_BYTES = 1024 * 1024
+
+
+def parse_faults(text: str) -> dict[int, dict[str, Any]]:
+    """A faults file's text as GPU index -> its entry (empty entries left out); ValueError
+    naming what is wrong: not JSON, not an object, a key that is not a GPU index, an entry
+    that is not an object."""
+    if len(text) > MAX_FAULTS_BYTES:
+        raise ValueError(f"over {MAX_FAULTS_BYTES // 1024} KiB")
+    try:
+        raw = json.loads(text or "{}")
+    except ValueError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"the file is one JSON object of GPU index -> faults, not "
+                         f"{type(raw).__name__}")
+    out: dict[int, dict[str, Any]] = {}
+    for key, entry in raw.items():
+        if not (isinstance(key, str) and key.isdigit() and len(key) < 6):
+            raise ValueError(f"key {key!r}: a GPU index (0, 1, ...)")
+        if entry is None:
+            continue
+        if not isinstance(entry, dict):
+            raise ValueError(f"GPU {key}: an object of faults such as {{\"xid\": 79}}, not "
+                             f"{type(entry).__name__}")
+        if entry:
+            out[int(key)] = dict(entry)
+    return out
 
 
 def _reading(fault: Mapping[str, Any], key: str, default: float) -> float:

@@ -7,6 +7,7 @@ CLI and the API both call it), ``to_dict`` writes its JSON form and the OpenAPI 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal
@@ -14,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, Strict
 
 from hafo.model.checks import BUILTIN_CHECK_TYPES, PORT_NAME, CheckSpec
-from hafo.model.errors import FieldError, did_you_mean
+from hafo.model.errors import FieldError, ValidationError, did_you_mean
 from hafo.model.schema import (
     INTEGER,
     OMIT_DEFAULT,
@@ -33,7 +34,8 @@ from hafo.model.schema import (
 )
 from hafo.model.strategy import STRATEGIES, Strategy
 
-__all__ = ["BUILTIN_CHECK_TYPES", "MAX_GANG_NODES", "MAX_REPLICAS", "SPEC", "STRATEGIES",
+__all__ = ["BUILTIN_CHECK_TYPES", "MAX_GANG_NODES", "MAX_REPLICAS", "MAX_SPEC_BYTES", "SPEC",
+           "STRATEGIES",
            "CheckSpec", "CheckpointPolicy", "PortName", "RestartPolicy", "Topology",
            "UpdatePolicy", "WorkloadSpec", "parse_spec", "unknown_check_types"]
 
@@ -81,6 +83,20 @@ class Topology(Section):
 #: The most replicas one service keeps (a service's replicas are deleted with it in one etcd
 #: transaction).
 MAX_REPLICAS = 100
+
+#: The most a spec may take encoded as JSON: the API's request body limit
+#: (``hafo.api.controller_app.MAX_BODY_BYTES``), well under etcd's 1.5 MiB per request
+#: (a workload's spec is written beside its state and its event).
+MAX_SPEC_BYTES = 256 * 1024
+
+
+def byte_size(count: int) -> str:
+    """``count`` bytes for a message: "512 B", "4.0 KiB", "5.2 MiB"."""
+    for unit, size in (("MiB", 1024 * 1024), ("KiB", 1024)):
+        if count >= size:
+            return f"{count // size} {unit}" if count % size == 0 else \
+                f"{count / size:.1f} {unit}"
+    return f"{count} B"
 #: A declared port's name: lowercase letters, digits and '_' (it becomes ``HAFO_PORT_<NAME>``).
 PortName = Annotated[str, Strict(), Matches(PORT_NAME, "port names must be lowercase letters, "
                                             "digits and '_', starting with a letter, at most "
@@ -194,5 +210,16 @@ def unknown_check_types(spec: WorkloadSpec, known: Collection[str], allow: str,
 
 
 def parse_spec(raw: Any, field_prefix: str = "spec") -> WorkloadSpec:
-    """Validate an untrusted mapping into a WorkloadSpec; ValidationError names the field."""
-    return SPEC.validate(raw, prefix=field_prefix)
+    """Validate an untrusted mapping into a WorkloadSpec; ValidationError names the field.
+    A spec over ``MAX_SPEC_BYTES`` encoded is refused here, naming its biggest field, before
+    etcd would refuse the write (a gRPC "message larger than max")."""
+    spec = SPEC.validate(raw, prefix=field_prefix)
+    data = SPEC.dump(spec)
+    total = len(json.dumps(data))
+    if total > MAX_SPEC_BYTES:
+        sizes = {name: len(json.dumps(value)) for name, value in data.items()}
+        biggest = max(sizes, key=lambda name: sizes[name])
+        raise ValidationError(
+            f"{field_prefix}.{biggest}", f"{byte_size(sizes[biggest])} encoded; a whole spec "
+            f"is at most {byte_size(MAX_SPEC_BYTES)} (this one: {byte_size(total)})")
+    return spec

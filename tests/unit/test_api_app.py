@@ -362,3 +362,51 @@ async def test_agents_ask_controllers_failsafe_questions_over_tls(
         assert (await failsafe.confirm(timeout=5) is not None) is engaged
     finally:
         await server.close()
+
+
+async def test_connections_that_never_finish_a_request_are_closed() -> None:
+    """Slowloris: connections that send part of their headers, or nothing, are closed after
+    the server's idle timeout (aiohttp's default kept them an hour); a body that trickles
+    in gets a 408 after the body timeout. The server keeps answering others meanwhile."""
+    import asyncio
+    import time
+
+    from hafo.api import body as bodies
+    from hafo.api.server import serve
+    from hafo.local.procs import free_port
+
+    app = make_controller_app(FakeController(DeadStore()), token=TOKEN)
+    port = free_port()
+    runner = await serve(app, "127.0.0.1", port, idle_timeout=0.5)
+    saved, bodies.BODY_TIMEOUT = bodies.BODY_TIMEOUT, 0.5
+    opened: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        for i in range(30):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            if i % 2:
+                writer.write(b"GET /v1/status HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            opened.append((reader, writer))
+        started = time.monotonic()
+        async with aiohttp.ClientSession() as session, \
+                session.get(f"http://127.0.0.1:{port}/healthz") as resp:  # others served
+            assert resp.status == 200
+        for reader, _writer in opened:  # each closed by the server: EOF
+            assert await asyncio.wait_for(reader.read(), 3.0) == b""
+        assert time.monotonic() - started < 3.0
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"POST /v1/workloads HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}"
+                     "\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+                     .encode())
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+        assert head.startswith(b"HTTP/1.1 408"), head
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length")))
+        answer = await asyncio.wait_for(reader.readexactly(length), 1.0)
+        assert b"not received within 0.5 s" in answer, answer
+        writer.close()
+    finally:
+        bodies.BODY_TIMEOUT = saved
+        for _reader, writer in opened:
+            writer.close()
+        await runner.cleanup()

@@ -62,3 +62,32 @@ def test_gpu_record_round_trips_with_utilization_and_mig() -> None:
     old = {"index": 3, "uuid": "GPU-3", "model": H100, "memory_mib": 81559}
     assert Gpu.from_dict(old) == Gpu(3, "GPU-3", H100, 81559)
     assert (gpus[0].physical, gpus[1].physical, mig_index(1, 2)) == (0, 1, 202)
+
+
+def test_a_faults_file_of_the_wrong_shape_keeps_the_last_state_and_warns_once(
+        tmp_path: Path) -> None:
+    """Valid JSON of the wrong shape (a list, a number for an entry) or a half-written file
+    must not clear a real fault: the last good content stays, warned about once per
+    content, not once per call."""
+    from structlog.testing import capture_logs
+
+    path = tmp_path / "faults.json"
+    sim = SimulatedGpus("node-a", 2, H100, 81559, faults_file=str(path))
+    path.write_text(json.dumps({"0": {"xid": 48}}))
+    assert [f.code for f in sim.findings()] == [48]
+    with capture_logs() as logs:
+        for bad in ('[{"xid": 48}]', '{"0": 48}', '{"zero": {"xid": 1}}', '{"0": {"xid"'):
+            path.write_text(bad)
+            for _ in range(3):  # findings and telemetry each cycle: one warning per content
+                assert [f.code for f in sim.findings()] == [48], bad
+                sim.telemetry()
+    refused = [e for e in logs if e["event"].startswith("faults file refused")]
+    assert len(refused) == 4, refused
+    assert "list" in refused[0]["error"] and "GPU 0" in refused[1]["error"]
+    assert "'zero'" in refused[2]["error"] and "not JSON" in refused[3]["error"]
+    path.write_text("{}")  # cleared on purpose
+    assert sim.findings() == []
+    path.write_text('{"1": {"lost": true}}')
+    assert [f.gpu for f in sim.findings()] == [1]
+    path.unlink()  # no file: healthy
+    assert sim.findings() == []

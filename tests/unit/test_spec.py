@@ -218,3 +218,21 @@ def test_bad_placement_fields(extra: dict[str, Any], field: str) -> None:
     with pytest.raises(ValidationError) as info:
         parse_spec(with_(**extra))
     assert info.value.field == field
+
+
+@pytest.mark.parametrize(("extra", "field", "size"), [
+    ({"env": {"BLOB": "x" * 5_200_000}}, "spec.env", "5.0 MiB"),
+    ({"command": ["python", "-c", "y" * 1_000_000]}, "spec.command", "976.6 KiB"),
+])
+def test_a_spec_too_big_for_etcd_names_its_biggest_field(extra: dict[str, object], field: str,
+                                                         size: str) -> None:
+    """Refused at submit (CLI and API alike), not by etcd's gRPC "message larger than max"."""
+    from hafo.model.errors import ValidationError
+    from hafo.model.spec import MAX_SPEC_BYTES
+
+    with pytest.raises(ValidationError) as caught:
+        parse_spec({"name": "big", "command": ["x"], **extra})
+    assert caught.value.field == field
+    assert caught.value.message.startswith(f"{size} encoded; a whole spec is at most 256 KiB")
+    assert MAX_SPEC_BYTES == 256 * 1024
+    parse_spec({"name": "fits", "command": ["x"], "env": {"A": "x" * 200_000}})
