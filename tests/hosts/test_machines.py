@@ -416,8 +416,15 @@ def test_etcd_leader_power_loss_fences_nothing(lab_cluster: DeployedCluster) -> 
         cluster.power_on(leader)
         cluster.record("etcd raft leader machine back (s)", boottime() - off_at)
         # Its own workload failed over (or came back); wait for the three to run again.
-        before = {i.machine: i for wid in [i.workload for i in before.values()]
-                  for i in [cluster.watcher.one_live(wid, timeout=30)]}
+        try:
+            before = {i.machine: i for wid in [i.workload for i in before.values()]
+                      for i in [cluster.watcher.one_live(wid, timeout=30)]}
+        except AssertionError as exc:
+            machines = list(cluster.lab.machines)
+            raise AssertionError(
+                f"trial {_trial}: {exc} after {leader} came back\n"
+                + _journals(cluster, started, "hafo-agent", machines)
+                + _journals(cluster, started, "hafo-controller", machines)) from None
 
 
 def test_rolling_upgrade_restarts_no_workload(lab_cluster: DeployedCluster) -> None:
