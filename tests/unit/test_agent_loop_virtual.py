@@ -88,13 +88,23 @@ def test_a_liveness_key_deleted_by_hand_is_put_back_with_the_same_lease(tmp_path
     run(main)
 
 
+async def registered_agent(tmp_path: Path) -> tuple[MemoryStore, Agent, asyncio.Task[None]]:
+    """An agent on the in-memory store, registered and running."""
+    store = MemoryStore()
+    agent = Agent(agent_config(tmp_path), store=store)
+    return store, agent, await started(agent)
+
+
+async def new_holder(store: MemoryStore, agent: Agent, old: int) -> int | None:
+    """The lease holding the agent's liveness key, if it is not ``old``."""
+    lease = await holder(store, agent)
+    return lease if lease not in (None, old) else None
+
+
 def _lost_lease_scenario(tmp_path: Path, resumable: bool) -> None:
     async def main() -> None:
-        store = MemoryStore()
-        agent = Agent(agent_config(tmp_path), store=store)
-        task = await started(agent)
-        old = agent.keeper.lease_id
-        claimed = agent.claim.claimed
+        store, agent, task = await registered_agent(tmp_path)
+        old, claimed = agent.keeper.lease_id, agent.claim.claimed
         assert old is not None
         if not resumable:  # as if a controller had moved the work meanwhile
             async def refused(_workloads: object, _seen_at: int) -> bool:
@@ -103,11 +113,7 @@ def _lost_lease_scenario(tmp_path: Path, resumable: bool) -> None:
             agent.claim.resume = refused  # type: ignore[method-assign]
         await store.revoke_lease(old)  # as an expiry would: its keys go with it
 
-        async def new_holder() -> int | None:
-            lease = await holder(store, agent)
-            return lease if lease not in (None, old) else None
-
-        new = await wait_for(new_holder, 5.0)
+        new = await wait_for(lambda: new_holder(store, agent, old), 5.0)
         assert agent.keeper.lease_id == new
         saved = read_record(agent.state_dir)
         assert saved is not None and saved.lease == new and saved.claimed > 0
@@ -137,11 +143,8 @@ def test_a_lease_revoked_under_the_agent_resumes_at_once_not_at_the_next_keepali
     agent learns it from its liveness key's deletion and holds the node again within a
     fraction of a heartbeat, before a controller acts on the node's absence."""
     async def main() -> None:
-        store = MemoryStore()
-        agent = Agent(agent_config(tmp_path), store=store)
-        task = await started(agent)
-        old = agent.keeper.lease_id
-        claimed = agent.claim.claimed
+        store, agent, task = await registered_agent(tmp_path)
+        old, claimed = agent.keeper.lease_id, agent.claim.claimed
         assert old is not None
         loop = asyncio.get_running_loop()
         acked = agent.keeper.last_ack
@@ -150,11 +153,7 @@ def test_a_lease_revoked_under_the_agent_resumes_at_once_not_at_the_next_keepali
         await store.revoke_lease(old)
         revoked = loop.time()
 
-        async def new_holder() -> int | None:
-            lease = await holder(store, agent)
-            return lease if lease not in (None, old) else None
-
-        await wait_for(new_holder, 5.0)
+        await wait_for(lambda: new_holder(store, agent, old), 5.0)
         assert loop.time() - revoked < HEARTBEAT / 4
         saved = read_record(agent.state_dir)
         assert saved is not None and saved.claimed == claimed  # resumed, not claimed anew
