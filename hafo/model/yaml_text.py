@@ -18,6 +18,9 @@ import yaml
 #: A spec or a config has hundreds; a hundred thousand is far past any real one.
 MAX_VALUES = 100_000
 
+#: The deepest nesting of sequences and mappings read (a spec or a config has a few levels).
+MAX_DEPTH = 64
+
 #: The largest YAML file read (the API takes 256 KiB bodies; a config is a few KiB).
 MAX_FILE_BYTES = 4 * 1024 * 1024
 
@@ -26,33 +29,49 @@ class YamlRefused(ValueError):
     """The text is not YAML we read: invalid, recursive, or too big once expanded."""
 
 
-def expanded_size(root: yaml.Node, limit: int = MAX_VALUES) -> int:
+def expanded_size(root: yaml.Node, limit: int = MAX_VALUES, depth: int = MAX_DEPTH) -> int:
     """How many values ``root`` stands for with every alias expanded; YamlRefused past
-    ``limit`` or on a recursive alias. Each node is counted once (memoised by identity), so
-    the cost is proportional to the composed document, not to its expansion."""
+    ``limit``, nested deeper than ``depth`` or on a recursive alias. Each node is counted once
+    (memoised by identity), so the cost is proportional to the composed document, not to its
+    expansion; the walk keeps its own stack (no recursion limit to hit)."""
     sizes: dict[int, int] = {}
     open_nodes: set[int] = set()
-
-    def size(node: yaml.Node) -> int:
-        known = sizes.get(id(node))
-        if known is not None:
-            return known
-        if id(node) in open_nodes:
-            raise YamlRefused("a recursive alias (an anchor used inside itself)")
-        open_nodes.add(id(node))
-        total = 1
-        if isinstance(node, yaml.SequenceNode):
-            total += sum(size(item) for item in node.value)
-        elif isinstance(node, yaml.MappingNode):
-            total += sum(size(key) + size(value) for key, value in node.value)
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]  # (node, its children counted)
+    while stack:
+        node, counted = stack.pop()
+        if id(node) in sizes:
+            continue
+        children = _children(node)
+        if not counted:
+            if id(node) in open_nodes:
+                raise YamlRefused("a recursive alias (an anchor used inside itself)")
+            if len(open_nodes) >= depth:
+                raise YamlRefused(f"it is nested more than {depth} levels deep")
+            open_nodes.add(id(node))
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in sizes)
+            continue
         open_nodes.discard(id(node))
+        total = 1 + sum(sizes[id(child)] for child in children)
         if total > limit:
             raise YamlRefused(f"it stands for more than {limit:,} values once its aliases "
                               "are expanded (nested aliases: a 'billion laughs' file?)")
         sizes[id(node)] = total
-        return total
+    return sizes[id(root)]
 
-    return size(root)
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def _refused(exc: yaml.YAMLError) -> YamlRefused:
+    """A parser's or constructor's error as one line with its line number."""
+    mark = getattr(exc, "problem_mark", None)
+    return YamlRefused(f"invalid YAML{f' at line {mark.line + 1}' if mark else ''}")
 
 
 def load_yaml_text(text: str, limit: int = MAX_VALUES) -> Any:
@@ -64,17 +83,13 @@ def load_yaml_text(text: str, limit: int = MAX_VALUES) -> Any:
         try:
             node = loader.get_single_node()
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark else ""
-            raise YamlRefused(f"invalid YAML{where}") from None
+            raise _refused(exc) from None
         if node is None:
             return None
         expanded_size(node, limit)
         try:
             return loader.construct_document(node)
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark else ""
-            raise YamlRefused(f"invalid YAML{where}") from None
+            raise _refused(exc) from None
     finally:
         loader.dispose()

@@ -76,3 +76,10 @@ def test_hafo_submit_refuses_the_file_in_one_line_with_bounded_memory(tmp_path: 
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "laughs.yaml" in lines[0] and "aliases" in lines[0], lines
+
+
+@pytest.mark.parametrize("depth", [65, 500, 50_000])
+def test_deep_nesting_is_one_reason_not_a_recursion_error(depth: int) -> None:
+    with pytest.raises(YamlRefused, match=r"invalid YAML|nested more than 64 levels"):
+        load_yaml_text("a: " + "[" * depth + "]" * depth + "\n")
+    assert load_yaml_text("a: " + "[" * 60 + "]" * 60 + "\n") is not None
