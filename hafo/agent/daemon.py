@@ -38,6 +38,7 @@ from hafo.model.cluster import (
     InstanceEnd,
     InstanceStatus,
     NodeRecord,
+    ResourceFault,
     Submission,
 )
 from hafo.model.config import Config
@@ -105,6 +106,7 @@ class Agent:
                                 state_dir=self.state_faults.findings)
         self.health = NodeHealth(self.name, self.gpus, self.os_probe, config.health)
         self.healthy, self.unhealthy_reason = True, ""
+        self.resource_faults: tuple[ResourceFault, ...] = ()  # shared_faults decides on them
         self.app_checks = AppChecks(self.name, Path(config.checkpoint_root),
                                     on_change=self.assignments.changed.set)
         self.ready_since: dict[InstanceKey, float] = {}  # running instances that are ready
@@ -175,7 +177,8 @@ class Agent:
                           reason=self.unhealthy_reason, api=self.api_address,
                           failsafe_seen=self.failsafe.current.version,
                           lease=self.keeper.lease_id or 0, address=self.address,
-                          containment=self.containment_text)
+                          containment=self.containment_text,
+                          resource_faults=self.resource_faults)
 
     @property
     def containment_text(self) -> str:
@@ -332,9 +335,11 @@ class Agent:
                     log.warning("application fault on its GPU", workload=workload,
                                 node=self.name, epoch=assignment.epoch, why=why)
         changed = (report.inventory != self.inventory or report.healthy != self.healthy
-                   or report.reason != self.unhealthy_reason)
+                   or report.reason != self.unhealthy_reason
+                   or report.resource_faults != self.resource_faults)
         self.inventory = report.inventory
         self.healthy, self.unhealthy_reason = report.healthy, report.reason
+        self.resource_faults = report.resource_faults
         return changed
 
     async def _health_loop(self) -> None:

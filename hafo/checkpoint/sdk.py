@@ -13,7 +13,12 @@ from typing import Any, Literal
 
 from hafo.checkpoint import restore
 from hafo.checkpoint.codec import flatten
-from hafo.checkpoint.errors import CheckpointMismatch, CorruptCheckpoint
+from hafo.checkpoint.errors import (
+    CheckpointMismatch,
+    CheckpointWriteFailed,
+    CorruptCheckpoint,
+    write_failed,
+)
 from hafo.checkpoint.format import (
     empty_trash,
     list_checkpoints,
@@ -150,15 +155,20 @@ class Checkpointer:
     def save(self, state: dict[str, Any], step: int) -> str:
         """Write a checkpoint; durable on return. Returns its path. Host tensors and arrays
         are written straight from their memory; CUDA tensors go through pinned buffers
-        (kept for the next save), chunk by chunk while the earlier chunks are written."""
+        (kept for the next save), chunk by chunk while the earlier chunks are written. A
+        write the filesystem refuses (full, read-only) raises ``CheckpointWriteFailed``
+        naming the step, the directory and the OS error; earlier checkpoints are kept."""
         with self._lock:
             self.wait()
             staged = self._stager.stage(state, copy_host=False)
             blobs: list[Any] = []
             sources: list[Any] = []
             tree = flatten(staged.state, blobs, sources)
-            ref = write_checkpoint(self.root, self.epoch, int(step), tree, blobs,
-                                   staged.ready(sources))
+            try:
+                ref = write_checkpoint(self.root, self.epoch, int(step), tree, blobs,
+                                       staged.ready(sources))
+            except OSError as exc:  # the filesystem full, read-only, gone: say so
+                raise write_failed(self.root, int(step), exc) from exc
             self.heartbeat(step)
             if retire(self.root, self.keep_last):  # old ones leave every listing now ...
                 self._sweeper = threading.Thread(  # ... and are deleted beside the caller
@@ -207,6 +217,8 @@ class Checkpointer:
                     prune(self.root, self.keep_last)
                     self.heartbeat(step)
                 except BaseException as exc:  # surfaced on the next call
+                    if isinstance(exc, OSError):
+                        exc = write_failed(self.root, int(step), exc, background=True)
                     log.error("background checkpoint write failed: %s", exc)
                     self._error = exc
 
@@ -249,4 +261,6 @@ class Checkpointer:
                 self._snapshot = None
             if self._error is not None:
                 error, self._error = self._error, None
+                if isinstance(error, CheckpointWriteFailed):
+                    raise error  # names the step, the directory and the OS error
                 raise RuntimeError(f"previous background checkpoint failed: {error}") from error

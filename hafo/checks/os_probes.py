@@ -130,7 +130,9 @@ class OsProbe:
         out: list[Finding] = []
         free_mib = st.f_bavail * st.f_frsize / _MIB
         if free_mib < self.config.min_free_mib:
-            out.append(Finding(DISK_FULL, value=round(free_mib, 1), detail=str(root)))
+            free = round(free_mib, 1)
+            out.append(Finding(DISK_FULL, value=free, detail=f"{root}: {free:g} MiB free of "
+                               f"{self.config.min_free_mib:g} MiB required"))
         if st.f_flag & os.ST_RDONLY:
             out.append(Finding(DISK_READONLY, detail=f"{root} mounted read-only"))
             return out

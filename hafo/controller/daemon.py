@@ -17,6 +17,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from hafo.controller.apply import apply_plan
+from hafo.controller.conditions import ClusterConditions
 from hafo.controller.failsafe import ControllerFailsafe
 from hafo.controller.history import HistoryWriter
 from hafo.controller.metrics import ControllerMetrics
@@ -76,12 +77,14 @@ class Controller:
         self.metrics = ControllerMetrics(self, self.registry, lease_ttl=timing.lease_ttl,
                                          clock=clock)
         self.store.observer = self.metrics.observe_etcd
+        self.conditions = ClusterConditions(self.events, self.leading, self.registry)
 
     # -- read side (HTTP API) -------------------------------------------------------------
 
     def snapshot(self) -> ClusterSnapshot:
-        """The cache's current snapshot."""
-        return self.cache.snapshot()
+        """The cache's current snapshot (a node with a resource fault of its own unhealthy,
+        as the leader decides: ``hafo.controller.conditions``)."""
+        return self.conditions.view(self.cache.snapshot())
 
     def ready(self) -> bool:
         """Connected to etcd and holding a live lease."""
@@ -188,6 +191,7 @@ class Controller:
         written = 0
         self.metrics.new_term()
         self.history.new_term()
+        self.conditions.new_term()
         while True:
             if not self.keeper.valid():
                 self.election.token = None
@@ -197,6 +201,7 @@ class Controller:
                 snapshot = self.cache.snapshot()
                 self.cache.changed.clear()
                 now = self.clock()
+                snapshot = self.conditions.decide(snapshot, now)  # shared faults
                 # In a thread: a big cycle (thousands of placements) must not starve the
                 # lease keepalives on this loop. The snapshot is frozen.
                 plan = await asyncio.to_thread(
@@ -226,6 +231,7 @@ class Controller:
                 self.metrics.cycle(snapshot, now, applied, time.monotonic() - started)
                 # After the plan: recording what happened never delays deciding about it.
                 await self.history.step(self.election, snapshot, now)
+                await self.conditions.say()
                 if plan:
                     continue
             await wait_event(self.cache.changed, TICK)

@@ -88,6 +88,20 @@ class Gpu(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class ResourceFault(Record):
+    """A fault an agent found in a resource that other nodes may share (its checkpoint
+    filesystem full or not writable): ``kind`` the finding's (``disk_full``,
+    ``disk_readonly``), ``resource`` what it is about (``checkpoint root PATH``: the same
+    text on every node that uses the same path), ``message`` the finding with its units.
+    The agent does not mark its node unhealthy for it: the leader decides whether it is the
+    node's own fault or a cluster condition (``hafo.decisions.shared_faults``)."""
+
+    kind: str
+    resource: str
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class NodeRecord(Record):
     """A node's inventory and health, written by its agent (outlives the agent).
 
@@ -95,7 +109,9 @@ class NodeRecord(Record):
     lives, even if the liveness key was deleted). ``address``: where the node's peers reach
     it (``node.address``; a gang's ``MASTER_ADDR``). ``containment``: how the agent holds
     each instance's processes: ``cgroup``, or ``processes (...)`` with why no cgroup could be
-    made (docs/safety.md, rule 7; "" from an agent that predates it)."""
+    made (docs/safety.md, rule 7; "" from an agent that predates it). ``resource_faults``:
+    faults in resources other nodes may share, held like its health (see ``ResourceFault``;
+    ``healthy`` does not count them)."""
 
     name: str
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -107,6 +123,7 @@ class NodeRecord(Record):
     lease: int = 0
     address: str = ""
     containment: str = ""
+    resource_faults: tuple[ResourceFault, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

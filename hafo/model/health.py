@@ -27,7 +27,8 @@ HW_POWER_BRAKE = "hw_power_brake"
 PCIE_REPLAY = "pcie_replay"          # value: replays per minute
 RECOVERY_ACTION = "recovery_action"  # code: the driver's NVML_GPU_RECOVERY_ACTION_* value
 # OS findings (gpu is None)
-DISK_FULL = "disk_full"              # value: free MiB of the checkpoint filesystem
+DISK_FULL = "disk_full"              # value: free MiB of the checkpoint filesystem; detail:
+                                     # "PATH: 49.9 MiB free of 50 MiB required"
 DISK_READONLY = "disk_readonly"
 MEMORY_PRESSURE = "memory_pressure"  # value: PSI some avg10 (%), or MemAvailable %
 CLOCK_JUMP = "clock_jump"            # value: seconds the wall clock jumped
@@ -39,6 +40,10 @@ GPU_KINDS = frozenset({XID, ECC_DBE, ECC_SBE_RATE, RETIRED_PAGES_PENDING, REMAP_
                        HW_POWER_BRAKE, PCIE_REPLAY, RECOVERY_ACTION})
 OS_KINDS = frozenset({DISK_FULL, DISK_READONLY, MEMORY_PRESSURE, CLOCK_JUMP, LOOP_LAG,
                       STATE_DIR})
+
+#: The unit of a finding's value, where ``describe`` names one. A detail that already says
+#: it ("49.9 MiB free of 50 MiB required") is not repeated.
+VALUE_UNITS: Mapping[str, str] = {DISK_FULL: "MiB free"}
 
 HealthAction = Literal["ignore", "restart-app", "degraded", "drain-gpu", "drain-node"]
 HEALTH_ACTIONS: tuple[HealthAction, ...] = ("ignore", "restart-app", "degraded", "drain-gpu",
@@ -61,7 +66,11 @@ class Finding:
         if self.code is not None:
             what = f"{what} {self.code}"
         elif self.value is not None:
-            what = f"{what} {self.value:g}"
+            unit = VALUE_UNITS.get(self.kind, "")
+            if not unit:
+                what = f"{what} {self.value:g}"
+            elif unit not in self.detail:
+                what = f"{what} {self.value:g} {unit}"
         if self.detail:
             what = f"{what} ({self.detail})"
         return what if self.gpu is None else f"GPU {self.gpu}: {what}"

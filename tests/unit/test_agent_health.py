@@ -84,3 +84,26 @@ async def test_a_broken_or_hanging_probe_is_contained(tmp_path: Path) -> None:
     gpus.release.set()
     report = await health.cycle()  # the probe answers again: its finding counts
     assert not report.healthy and report.inventory[0].lost
+
+
+async def test_a_full_checkpoint_disk_is_a_resource_fault_not_an_unhealthy_node(
+        tmp_path: Path) -> None:
+    """Issue 28, finding 3: the agent reports it; the leader decides whether it is the node's
+    own (hafo.decisions.shared_faults). Held like the node's health; other OS findings still
+    make the node unhealthy."""
+    config = HealthConfig(min_free_mib=1e15, hold_down=10)
+    clock = [0.0]
+    probe = OsProbe(tmp_path / "ck", config)
+    health = NodeHealth("n1", FakeGpus(), probe, config, clock=lambda: clock[0])
+    report = await health.cycle()
+    assert report.healthy and report.reason == ""
+    [fault] = report.resource_faults
+    assert fault.kind == h.DISK_FULL and fault.resource == f"checkpoint root {tmp_path / 'ck'}"
+    assert "MiB free of 1e+15 MiB required" in fault.message
+    assert any("reported to the controller" in line for line in report.changes)
+    probe.config = health.config = HealthConfig(min_free_mib=0, hold_down=10)
+    clock[0] = 5.0
+    assert (await health.cycle()).resource_faults == (fault,)  # held
+    clock[0] = 11.0
+    report = await health.cycle()
+    assert report.resource_faults == () and any("cleared" in c for c in report.changes)

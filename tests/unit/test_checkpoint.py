@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from hafo.checkpoint import Checkpointer, list_checkpoints
+from hafo.checkpoint import Checkpointer, CheckpointWriteFailed, list_checkpoints
 from hafo.checkpoint import sdk as sdk_module
 
 from .conftest import make_checkpointer as make
@@ -279,3 +280,32 @@ def test_torch_tensors_round_trip_and_async_copy(tmp_path: Path) -> None:
     fresh = torch.optim.Adam(torch.nn.Linear(4, 2).parameters())
     fresh.load_state_dict(restored.state["optim"])
     assert fresh.state_dict()["state"][0]["step"] == 1
+
+
+@pytest.mark.parametrize("how", ["save", "save_async"])
+def test_a_full_checkpoint_filesystem_is_told_to_the_workload(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    """Issue 28, finding 3: a full (shared) checkpoint disk no longer stops the workload; its
+    checkpoint write fails with an error that says which step, where and why."""
+    ck = make(tmp_path)
+    ck.save({"n": 1}, step=1)
+
+    def full(*_args: Any, **_kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(sdk_module, "write_checkpoint", full)
+    with pytest.raises(CheckpointWriteFailed) as info:
+        if how == "save":
+            ck.save({"n": 2}, step=2)
+        else:
+            ck.save_async({"n": 2}, step=2)
+            ck.wait()
+    error = info.value
+    assert isinstance(error, OSError) and isinstance(error, RuntimeError)
+    assert error.errno == errno.ENOSPC
+    assert f"checkpoint of step 2 not written to {tmp_path}" in str(error)
+    assert "the checkpoint filesystem is full" in str(error)
+    assert "earlier checkpoints are kept" in str(error)
+    monkeypatch.undo()
+    restored = ck.load_latest()
+    assert restored is not None and restored.step == 1

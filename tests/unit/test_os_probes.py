@@ -14,6 +14,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from hafo.checks.os_probes import LoopLagMonitor, OsProbe
+from hafo.decisions.classify import classify
 from hafo.model.health import (
     CLOCK_JUMP,
     DISK_FULL,
@@ -130,7 +131,24 @@ def test_statvfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flag: int,
     monkeypatch.setattr(os, "statvfs", fake_statvfs(flag))
     found = probe.findings()
     assert kinds(found) == expected
-    assert found[0] == Finding(DISK_FULL, value=10.0, detail=str(tmp_path / "ckpt"))
+    assert found[0] == Finding(DISK_FULL, value=10.0, detail=f"{tmp_path / 'ckpt'}: 10 MiB "
+                               "free of 100 MiB required")
+
+
+def test_a_full_disk_is_said_with_its_units(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 28, finding 3: 'disk full 49.9' had no unit."""
+    probe = make_probe(tmp_path, min_free_mib=50)
+    monkeypatch.setattr(os, "statvfs", lambda _path: SimpleNamespace(
+        f_bavail=int(49.9 * 1024), f_frsize=1024, f_flag=0))
+    [finding] = probe.findings()
+    assert finding.value == 49.9
+    text = classify(finding, probe.config).reason
+    assert text == (f"disk full ({tmp_path / 'ckpt'}: 49.9 MiB free of 50 MiB required): "
+                    "checkpoint filesystem nearly full")
+    # a finding from an agent that predates the detail still names the unit
+    assert Finding(DISK_FULL, value=49.9, detail="/ckpt").describe() == \
+        "disk full 49.9 MiB free (/ckpt)"
 
 
 @pytest.mark.parametrize(("err", "readonly"), [
