@@ -598,8 +598,9 @@ async def _cmd_controller(args: argparse.Namespace) -> int:
     config = load_config(args.config, "controller")
     token, tls = _api_settings(config)
     logs.configure(config.log_format, controller=config.controller_name)
-    controller = Controller(config)
-    runner = await _listen(make_controller_app(controller, token), config, tls)
+    controller = Controller(config, api_token=token)
+    runner = await _listen(make_controller_app(controller, token, auth_refusal=lambda:
+                                               controller.api_auth.refusal), config, tls)
     _announce("controller", config.controller_name, config, runner, token)
     ready = asyncio.Event()
     try:

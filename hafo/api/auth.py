@@ -10,6 +10,7 @@ from __future__ import annotations
 import hmac
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -63,6 +64,22 @@ def bearer_auth(token: str | None) -> Middleware:
                 why = "missing bearer token" if not header else "wrong bearer token"
                 return error(401, f"{why}: mutating calls need 'Authorization: Bearer <token>'",
                              headers=CHALLENGE)
+        return await handler(request)
+
+    return check
+
+
+def agreed_auth(refusal: Callable[[], str] | None) -> Middleware:
+    """Middleware: 503 with the reason for every mutation while ``refusal`` says why this
+    controller's API auth is not the cluster's (``hafo.store.api_auth``); reads pass."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        unrouted = request.match_info.http_exception is not None
+        if refusal is not None and request.method in MUTATING and not unrouted:
+            why = refusal()
+            if why:
+                return error(503, why)
         return await handler(request)
 
     return check

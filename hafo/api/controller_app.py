@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from hafo.api.auth import bearer_auth
+from hafo.api.auth import agreed_auth, bearer_auth
 from hafo.api.dashboard import add_dashboard
 from hafo.api.errors import MAX_BODY, error, json_errors
 from hafo.api.openapi import controller_document
@@ -84,15 +84,28 @@ class ControllerSource(Protocol):
 
 
 def make_controller_app(source: ControllerSource, token: str | None = None,
-                        max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
-    """Build the aiohttp application of one controller; with ``token``, mutations need it."""
+                        max_body_bytes: int = MAX_BODY_BYTES,
+                        auth_refusal: Callable[[], str] | None = None) -> web.Application:
+    """Build the aiohttp application of one controller; with ``token``, mutations need it.
+    ``auth_refusal``: why this controller's API auth is not the cluster's ('' while it is;
+    ``hafo.store.api_auth``): mutations are refused (503) and ``/readyz`` is not ready."""
     app = web.Application(client_max_size=max_body_bytes,
-                          middlewares=[json_errors, bearer_auth(token)])
+                          middlewares=[json_errors, agreed_auth(auth_refusal),
+                                       bearer_auth(token)])
     app[MAX_BODY] = max_body_bytes
     app.add_routes(read_routes(source))
     app.add_routes(write_routes(source))
-    app.add_routes(probe_routes("controller", source.name, source.ready, source.registry,
-                                controller_document(), source.not_ready_reason))
+    ready, not_ready = source.ready, source.not_ready_reason
+    if auth_refusal is not None:
+        refusal = auth_refusal
+
+        def ready() -> bool:
+            return source.ready() and not refusal()
+
+        def not_ready() -> str:
+            return source.not_ready_reason() if not source.ready() else refusal()
+    app.add_routes(probe_routes("controller", source.name, ready, source.registry,
+                                controller_document(), not_ready))
     add_dashboard(app)
 
     async def mark_stale(request: web.Request, response: web.StreamResponse) -> None:

@@ -56,7 +56,9 @@ ERROR = _json(_ref("Error"), "error")
 def _errors(*codes: int) -> dict[str, Any]:
     texts = {400: "bad input; the error names the field", 401: "missing or wrong bearer token",
              404: "no such node or workload", 409: "conflicts with the current state",
-             413: "body too large", 503: "etcd unavailable, or not the leader"}
+             413: "body too large",
+             503: "etcd unavailable, or not the leader, or (a mutation) this controller's "
+                  "API auth differs from the cluster's"}
     return {str(c): {**ERROR, "description": texts[c]} for c in codes}
 
 

@@ -21,6 +21,7 @@ from hafo.controller.conditions import ClusterConditions
 from hafo.controller.failsafe import ControllerFailsafe
 from hafo.controller.history import HistoryWriter
 from hafo.controller.metrics import ControllerMetrics
+from hafo.decisions.api_auth import api_auth_of
 from hafo.decisions.reconcile import reconcile
 from hafo.model.cluster import ClusterSnapshot, Event
 from hafo.model.config import Config
@@ -38,6 +39,7 @@ from hafo.store import (
     codec,
     read_events,
 )
+from hafo.store.api_auth import ApiAuthAgreement
 from hafo.store.protocol import Store
 from hafo.tasks import run_all, wait_event
 
@@ -51,9 +53,10 @@ class Controller:
     """One controller process."""
 
     def __init__(self, config: Config, clock: Callable[[], float] = time.time,
-                 store: Store | None = None) -> None:
+                 store: Store | None = None, api_token: str | None = None) -> None:
         """``clock``: wall-clock seconds for decisions; ``store``: etcd from the config
-        unless given (tests pass ``hafo.store.memory.MemoryStore``)."""
+        unless given (tests pass ``hafo.store.memory.MemoryStore``); ``api_token``: the one
+        its API needs (``api.token_file``), compared with the other controllers'."""
         assert config.controller_name is not None
         self.config = config
         self.name = config.controller_name
@@ -68,6 +71,8 @@ class Controller:
         self.cache = ClusterCache(self.store, self.keys)
         self.events = EventLog(self.store, self.keys)
         self.history = HistoryWriter(self.store, self.keys)
+        self.api_auth = ApiAuthAgreement(self.store, self.keys, self.name, api_auth_of(
+            api_token, config.api.scheme == "https", config.cluster))
         self.failsafe = ControllerFailsafe(self.name, self.store, self.keys, timing.lease_ttl,
                                            timing.fence_margin, timing.failsafe_max)
         self.clock = clock
@@ -156,7 +161,8 @@ class Controller:
     async def _announce(self) -> None:
         assert self.keeper.lease_id is not None
         await self.store.put(self.keys.controller(self.name),
-                             codec.encode({"api": self.api_url}), lease=self.keeper.lease_id)
+                             codec.encode({"api": self.api_url, "auth": self.api_auth.mine
+                                           .to_dict()}), lease=self.keeper.lease_id)
 
     async def _until_eligible(self) -> None:
         """Failsafe rule 3: lead only once no agent can be relying on a set without us."""
@@ -241,11 +247,13 @@ class Controller:
         await self.keeper.grant()
         await self._announce()
         await self.cache.load()
+        await self.api_auth.check()
         self.connected = True
         if ready is not None:
             ready.set()
         await run_all(lease=self._keep_lease(), follow=self.cache.follow(), lead=self._lead(),
-                      confirm=self.cache.confirm_expiries())
+                      confirm=self.cache.confirm_expiries(),
+                      api_auth=self.api_auth.watch(RECOVERABLE))
 
     async def close(self) -> None:
         """Resign leadership and release the lease (clean shutdown)."""

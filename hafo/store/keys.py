@@ -18,7 +18,7 @@ from typing import Literal, NamedTuple
 #: (``Keys.node_assignment``); ``unknown`` is any key that is not one of this cluster's.
 KeyKind = Literal["leader", "failsafe", "node", "alive", "cordon", "workload", "assignment",
                   "node-assignment", "move", "status", "controller", "event", "history",
-                  "unknown"]
+                  "api-auth", "unknown"]
 
 
 class ParsedKey(NamedTuple):
@@ -69,6 +69,17 @@ class Keys:
     def events(self) -> str:
         """Prefix of the event log."""
         return f"{self.root}events/"
+
+    @property
+    def api_auth(self) -> str:
+        """The API auth settings the cluster's controllers run with (``hafo.store.api_auth``):
+        written by the first controller to find none; no token in it, a slow hash."""
+        return f"{self.root}api-auth"
+
+    @property
+    def controllers(self) -> str:
+        """Prefix of the controllers' presence keys."""
+        return f"{self.state}controllers/"
 
     @property
     def leader(self) -> str:
@@ -194,6 +205,8 @@ class Keys:
             return ParsedKey("node-assignment", node=parts[1], workload=parts[2])
         if area == "history" and count == 2:
             return ParsedKey("history", workload=parts[1])
+        if area == "api-auth" and count == 1:
+            return ParsedKey("api-auth")
         if area == "events" and count == 2:
             return ParsedKey("event", name=parts[1])
         return UNKNOWN
