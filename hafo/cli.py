@@ -37,7 +37,7 @@ __all__ = ["EXIT_NOT_FOUND", "EXIT_REFUSED", "EXIT_TIMEOUT", "EXIT_UNAVAILABLE",
            "CliError", "build_parser", "dispatch", "etcd_settings", "load_config", "main"]
 
 #: Subcommands with a module of their own in hafo.commands (``register`` and ``run``).
-COMMAND_MODULES = ("logs", "show", "dev", "completion", "events")
+COMMAND_MODULES = ("logs", "show", "dev", "completion", "events", "backup", "restore")
 
 #: Commands that keep running (and log what happens meanwhile at ``warning``); the others log
 #: only errors unless ``$HAFO_LOG_LEVEL`` says otherwise (docs/contract.md, "Commands").
@@ -153,6 +153,19 @@ def _command_modules() -> list[Any]:
     return [importlib.import_module(f"hafo.commands.{name}") for name in COMMAND_MODULES]
 
 
+async def _store_problem(store: Any, keys: Any) -> str:
+    """What the daemons said last about the store's identity, if it is that etcd is not
+    the cluster they knew (their newest ``store-untrusted`` event, not followed by a
+    ``store-trusted`` one), else ''."""
+    from hafo.store import read_events
+
+    said = [e for e in await read_events(store, keys, 500)
+            if e.kind in ("store-untrusted", "store-trusted")]
+    if said and said[-1].kind == "store-untrusted":
+        return f"etcd is not the cluster its daemons knew: {said[-1].message}"
+    return ""
+
+
 async def _cmd_sim(args: argparse.Namespace) -> int:
     from hafo.sim.run import run_sim
 
@@ -205,6 +218,9 @@ async def _cmd_read(args: argparse.Namespace) -> int:
         warn_if_empty(snapshot, keys.cluster)
         data: Any
         if args.command == "status":
+            problem = await _store_problem(store, keys)
+            if problem:
+                raise CliError(problem, EXIT_UNAVAILABLE)
             data = views.status_view(snapshot)
             return data, render.render_status(data)
         node, workload = getattr(args, "node", None), getattr(args, "workload", None)

@@ -19,6 +19,7 @@ from hafo.agent.app_checks import AppChecks
 from hafo.agent.assignments import NodeAssignments
 from hafo.agent.cgroups import CgroupRoot
 from hafo.agent.claim import Displaced, NodeClaim
+from hafo.agent.cluster_record import read_cluster_record, write_cluster_record
 from hafo.agent.environment import StateDirFaults, os_error_text
 from hafo.agent.failsafe import AgentFailsafe
 from hafo.agent.fencefile import FENCE_FILE, write_deadline
@@ -30,6 +31,7 @@ from hafo.agent.supervisor import Supervisor, newest_per_workload, reap_children
 from hafo.checks.os_probes import LoopLagMonitor, OsProbe
 from hafo.decisions.fencing import can_start
 from hafo.decisions.instances import plan_instances
+from hafo.decisions.store_trust import Known
 from hafo.gpu import GpuBackend, backend_for
 from hafo.model.cluster import (
     Assignment,
@@ -59,12 +61,14 @@ from hafo.store import (
     StoreError,
     codec,
 )
+from hafo.store.identity import StoreTrust
 from hafo.tasks import Backoff, restarting, run_all, wait_event
 
 log = structlog.get_logger("hafo.agent")
 
 RECOVERABLE: tuple[type[BaseException], ...] = (*TRANSIENT, StoreError)
 SUPERVISE_PERIOD = 0.2
+TRUST_EVERY = 2.0  # how often the store's identity is read besides every lost lease
 START_HEADROOM = 0.5
 
 
@@ -95,6 +99,10 @@ class Agent:
         self.keeper = LeaseKeeper(self.store, timing.lease_ttl, timing.heartbeat,
                                   timing.fence_margin, on_renew=self._publish_deadline,
                                   failsafe=self.failsafe.confirm)
+        self.trust = StoreTrust(self.store, self.keys, f"agent {self.name}",
+                                known=read_cluster_record(self.state_dir),
+                                on_known=self._keep_known)
+        self.failsafe.cluster = self._cluster_text
         self.assignments = NodeAssignments(self.store, self.keys, self.name)
         self.containment = CgroupRoot.detect()
         self.supervisor = Supervisor(self.name, self.state_dir, Path(config.checkpoint_root),
@@ -117,12 +125,97 @@ class Agent:
         self.registered = asyncio.Event()
         self.identity_revision = 0
         self._reclaiming = asyncio.Lock()
+        self._background: set[asyncio.Future[None]] = set()  # tasks nobody waits for
         self.claim = NodeClaim(self.name, self.store, self.keys, self.keeper, self.state_dir,
                                self.events, timing.heartbeat, self.supervisor.kill_all)
         self.api_address = ""
         self.address = node_address(config.node.address, config.etcd.endpoints)
         self.metrics = AgentMetrics(self, self.registry)
         self.store.observer = self.metrics.observe_etcd
+
+    # -- the store's identity (docs/safety.md, "etcd losing its data") ---------------------
+
+    def _keep_known(self, known: Known) -> None:
+        try:
+            write_cluster_record(self.state_dir, known)
+        except OSError as exc:
+            self._state_dir_failed("cluster record", exc)
+
+    def _cluster_text(self) -> str | None:
+        known = self.trust.known
+        return None if known is None else f"{known.id}/{known.generation}"
+
+    async def _trusted_now(self) -> bool:
+        """Read the store's identity now; an unreachable store counts as trusted (it is an
+        outage, handled as one)."""
+        try:
+            return await self.trust.check()
+        except RECOVERABLE:
+            return self.trust.trusted
+
+    async def _hold_untrusted(self, why: str) -> bool:
+        """The store is not our cluster (etcd lost its data, an old snapshot, another etcd):
+        claim nothing on it, start and stop nothing, and keep the guards' deadline on the
+        failsafe's proof (every controller of the set answers "unavailable" for such a
+        store) for at most ``timing.failsafe_max`` after our last keepalive, until an
+        operator restores or accepts the store. True when it was accepted (a new
+        generation: the cluster restarts from the store as it is)."""
+        self.registered.clear()
+        timing = self.config.timing
+        generation = self._generation()
+        log.error(f"{why}, and etcd is not the cluster this agent knew: keeping work under "
+                  "the failsafe rules until an operator decides", node=self.name,
+                  reason=self.trust.reason)
+        # In the background: an event write may retry for seconds, the deadline may not.
+        said = asyncio.ensure_future(self._say(Event(
+            ts=time.time(), kind="store-untrusted", node=self.name,
+            message=(f"{self.name}: etcd is not the cluster it knew ({self.trust.reason}); "
+                     "its work is kept under the failsafe rules"))))
+        self._background.add(said)
+        said.add_done_callback(self._background.discard)
+        while self.keeper.clock() < self.published_deadline:
+            left = await self.failsafe.confirm(timing.heartbeat)
+            if left is not None and self.keeper.clock() + left > self.published_deadline:
+                self._publish_deadline(self.keeper.clock() + left)
+            if await self._trusted_now():
+                return self._generation() != generation
+            await asyncio.sleep(min(0.5, timing.heartbeat / 2))
+        while not await self._trusted_now():  # the guards fenced their work themselves
+            await asyncio.sleep(timing.heartbeat)
+        return self._generation() != generation
+
+    async def _say(self, event: Event) -> None:
+        with contextlib.suppress(*RECOVERABLE):
+            await self.events.append(event)
+
+    def _generation(self) -> int:
+        known = self.trust.known
+        return 0 if known is None else known.generation
+
+    async def _watch_trust(self) -> None:
+        """Read the store's identity every ``TRUST_EVERY``: an operator's accept (a new
+        generation) restarts this node's work from the store as it is; a store that stops
+        being the cluster while our lease lives on in it (an old snapshot restored with its
+        leases) stops every start and stop until it is again (``supervise_once``)."""
+        while True:
+            await asyncio.sleep(TRUST_EVERY)
+            await self._trusted_now()
+            if self.trust.accepted and self.registered.is_set():
+                await self._start_over("found the store accepted as the cluster by an "
+                                       "operator")
+
+    async def _start_over(self, why: str) -> None:
+        """An operator accepted the store as the cluster: what ran before it is not in it,
+        so fence everything, forget the records of the earlier store's epochs (its revisions
+        may repeat in the accepted one) and claim the name afresh."""
+        async with self._reclaiming:
+            self.supervisor.kill_all(why)
+            for key, state in self.supervisor.states().items():
+                if state.state == "exited":
+                    self.supervisor.forget(key)
+            self.failsafe.forget_set()  # the accepted store's set, whatever its version
+            self.assignments.copies.forget()  # and its assignments, whatever their revision
+        await self._reclaim(why)
 
     # -- lease and registration ------------------------------------------------------------
 
@@ -232,8 +325,15 @@ class Agent:
             try:
                 await self.keeper.run()
             except LeaseLost as exc:
-                if not await self._resume(f"lost its lease ({exc})"):
-                    await self._reclaim(f"lost its lease ({exc})")
+                why = f"lost its lease ({exc})"
+                if not await self._trusted_now():
+                    async with self._reclaiming:
+                        accepted = await self._hold_untrusted(why)
+                    if accepted:
+                        await self._start_over(f"{why}; the store was accepted as the cluster")
+                        continue
+                if not await self._resume(why):
+                    await self._reclaim(why)
 
     async def _resume(self, why: str) -> bool:
         """The lease expired while the guards' deadline is still ahead: in an etcd stall (a
@@ -379,8 +479,11 @@ class Agent:
                 log.exception("supervise cycle failed", node=self.name)
 
     async def supervise_once(self) -> None:
-        """One pass: stop what is not wanted, start what is, report what runs."""
+        """One pass: stop what is not wanted, start what is, report what runs. Nothing while
+        the store is not the cluster (its assignments are not ours to follow)."""
         reap_children()
+        if not self.trust.trusted:
+            return
         states = self._states()
         desired = {InstanceKey(w, a.epoch): a for w, a in self.assignments.placed.items()}
         may_start = self.registered.is_set() and can_start(
@@ -585,6 +688,12 @@ class Agent:
             log.warning("no cgroup for instances: their processes are found by tree and "
                         "environment, a weaker guarantee (docs/safety.md, rule 7)",
                         node=self.name, why=self.containment.reason)
+        await self._until_done("read the store's identity", self.trust.check)
+        while not self.trust.trusted:  # claim nothing on a store that is not our cluster
+            log.error("etcd is not the cluster this agent knew: waiting for an operator to "
+                      "restore or accept it", node=self.name, reason=self.trust.reason)
+            await asyncio.sleep(self.config.timing.heartbeat)
+            await self._until_done("read the store's identity", self.trust.check)
         await self._until_done("claim the node name", self.acquire_lease)
         lease = asyncio.create_task(self._restarting("lease", self._keep_lease), name="lease")
         try:
@@ -601,7 +710,8 @@ class Agent:
                       assignments=self._restarting("assignments", self.assignments.follow),
                       supervise=self._restarting("supervise", self._supervise_loop),
                       health=self._restarting("health", self._health_loop),
-                      loop_lag=self._restarting("loop_lag", self._loop_lag))
+                      loop_lag=self._restarting("loop_lag", self._loop_lag),
+                      trust=self._restarting("trust", self._watch_trust))
 
     async def _until_done(self, what: str, step: Callable[[], Awaitable[Any]]) -> None:
         """One start-up step, tried again (logged, with backoff) while etcd is unavailable or

@@ -39,16 +39,28 @@ class AgentFailsafe:
         self.engaged = False
         # controller -> (send time of its latest question answered with a promise, its hold)
         self.promised: dict[str, tuple[float, float]] = {}
+        #: the store identity this agent knows, "ID/GENERATION", sent with each question
+        #: (a controller whose store is another cluster decides nothing: its answer holds)
+        self.cluster: Callable[[], str | None] = lambda: None
 
     async def refresh(self) -> bool:
-        """Read the failsafe set; True if its version changed."""
+        """Read the failsafe set; True if its version changed. Only a newer version is
+        taken: the leader only ever raises it, so an older one (none at all in an etcd
+        that lost its data) is a store that is not the cluster, whose set must not replace
+        the controllers this agent asks while it keeps its work (``forget_set`` once an
+        operator accepted such a store)."""
         with contextlib.suppress(*TRANSIENT, StoreError):
             kv = await self.store.get(self.keys.failsafe)
             new = FailsafeSet() if kv is None else codec.decode_failsafe(kv.value)
-            if new.version != self.current.version:
+            if new.version > self.current.version:
                 self.current = new
                 return True
         return False
+
+    def forget_set(self) -> None:
+        """Take whatever set the store holds at the next ``refresh`` (an operator accepted
+        the store as the cluster)."""
+        self.current = FailsafeSet()
 
     async def _ask(self, session: aiohttp.ClientSession, url: str,
                    timeout: float) -> tuple[str | None, float]:
@@ -56,7 +68,9 @@ class AgentFailsafe:
         controllers that do not state one)."""
         legacy = self.ttl + self.margin
         try:
+            cluster = self.cluster()
             async with session.get(f"{url}/v1/failsafe",
+                                   params={"cluster": cluster} if cluster else None,
                                    timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 if resp.status != 200:
                     return None, legacy

@@ -73,8 +73,9 @@ class ControllerSource(Protocol):
         """The newest events."""
         ...
 
-    async def failsafe_probe(self) -> str:
-        """'available', 'unavailable' or 'recovering' (see hafo.decisions.failsafe)."""
+    async def failsafe_probe(self, cluster: str | None = None) -> str:
+        """'available', 'unavailable' or 'recovering' (see hafo.decisions.failsafe);
+        ``cluster``: the store identity the asking agent knows."""
         ...
 
     @property
@@ -138,12 +139,13 @@ def read_routes(source: ControllerSource) -> web.RouteTableDef:
         return error(503, f"{source.name} is not the leader")
 
     @routes.get("/v1/failsafe")
-    async def failsafe(_request: web.Request) -> web.Response:
+    async def failsafe(request: web.Request) -> web.Response:
         # An agent that cannot reach etcd asks every controller; "unavailable" and
         # "recovering" are promises to make no failover decision for ``hold`` seconds (see
-        # hafo.decisions.failsafe).
+        # hafo.decisions.failsafe). ``cluster``: the store identity the agent knows.
         return web.json_response({"controller": source.name,
-                                  "etcd": await source.failsafe_probe(),
+                                  "etcd": await source.failsafe_probe(
+                                      request.query.get("cluster")),
                                   "hold": source.failsafe_hold})
 
     @routes.get("/v1/status")

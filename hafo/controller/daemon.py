@@ -40,6 +40,7 @@ from hafo.store import (
     read_events,
 )
 from hafo.store.api_auth import ApiAuthAgreement
+from hafo.store.identity import StoreTrust
 from hafo.store.protocol import Store
 from hafo.tasks import run_all, wait_event
 
@@ -47,6 +48,7 @@ log = structlog.get_logger("hafo.controller")
 RECOVERABLE: tuple[type[BaseException], ...] = (*TRANSIENT, StoreError)
 
 TICK = 1.0  # time-based decisions (restart windows, cool-downs) are re-evaluated this often
+TRUST_EVERY = 1.0  # how often the store's identity is read (hafo.store.identity)
 
 
 class Controller:
@@ -71,10 +73,15 @@ class Controller:
         self.cache = ClusterCache(self.store, self.keys)
         self.events = EventLog(self.store, self.keys)
         self.history = HistoryWriter(self.store, self.keys)
+        self.trust = StoreTrust(self.store, self.keys, f"controller {self.name}")
         self.api_auth = ApiAuthAgreement(self.store, self.keys, self.name, api_auth_of(
             api_token, config.api.scheme == "https", config.cluster))
         self.failsafe = ControllerFailsafe(self.name, self.store, self.keys, timing.lease_ttl,
-                                           timing.fence_margin, timing.failsafe_max)
+                                           timing.fence_margin, timing.failsafe_max,
+                                           store_problem=self.store_problem)
+        self.trusted_at = 0.0  # keeper clock of the last read that found the store trusted
+        self.hold_until = 0.0  # failsafe clock: no decision before (after a store is trusted
+        # again, until every failsafe promise given while it was not has run out)
         self.clock = clock
         self.is_leader = False
         self.connected = False
@@ -92,12 +99,22 @@ class Controller:
         return self.conditions.view(self.cache.snapshot())
 
     def ready(self) -> bool:
-        """Connected to etcd and holding a live lease."""
-        return self.connected and self.keeper.valid()
+        """Connected to etcd, holding a live lease, on a store that is the cluster."""
+        return self.connected and self.keeper.valid() and not self.store_problem()
+
+    def store_problem(self) -> str:
+        """Why the store is not to be trusted as the cluster (``hafo.store.identity``: its
+        identity record or revision, or agents that know another cluster), or ''."""
+        if not self.trust.trusted:
+            return self.trust.reason
+        return self.failsafe.contested
 
     def stale_seconds(self) -> float | None:
         """How old the cache may be when etcd has not answered this controller for more than
-        two heartbeats (seconds since its last acknowledged keepalive); None while fresh."""
+        two heartbeats (seconds since its last acknowledged keepalive), or when the store is
+        not the cluster (seconds since it last was); None while fresh."""
+        if self.store_problem():
+            return round(max(0.0, self.keeper.clock() - self.trusted_at), 1)
         age = self.keeper.clock() - self.keeper.last_ack
         if self.connected and age <= 2 * self.config.timing.heartbeat:
             return None
@@ -108,7 +125,11 @@ class Controller:
         return round(self.keeper.clock() - self.keeper.last_ack, 3)
 
     def not_ready_reason(self) -> str:
-        """For ``/readyz``'s 503: how long etcd has not answered us."""
+        """For ``/readyz``'s 503: how long etcd has not answered us, or why the store is not
+        the cluster."""
+        problem = self.store_problem()
+        if problem:
+            return f"etcd is not the cluster this controller knew: {problem}"
         stale = self.stale_seconds()
         if stale is None or not self.connected:
             return "not connected to etcd"
@@ -148,10 +169,12 @@ class Controller:
         """Where agents reach this controller's API (for failsafe questions)."""
         return f"{self.config.api.scheme}://{self.config.api.listen}"
 
-    async def failsafe_probe(self) -> str:
+    async def failsafe_probe(self, cluster: str | None = None) -> str:
         """For ``GET /v1/failsafe``: 'available', 'unavailable' or 'recovering' (see
-        ControllerFailsafe)."""
-        return await self.failsafe.probe()
+        ControllerFailsafe). ``cluster``: the identity the asking agent knows ("ID/GEN")."""
+        known = self.trust.known
+        return await self.failsafe.probe(
+            cluster, None if known is None else (known.id, known.generation))
 
     @property
     def failsafe_hold(self) -> float:
@@ -202,6 +225,14 @@ class Controller:
             if not self.keeper.valid():
                 self.election.token = None
                 raise NotLeader("lease deadline passed")
+            if self.store_problem() or self.failsafe.clock() < self.hold_until:
+                # Not the cluster we knew (etcd lost its data, an old snapshot, another
+                # etcd): no decision on its view until an operator decides (hafo restore);
+                # the agents keep their work meanwhile, on our promises, and once it is the
+                # cluster again, no decision until the last of those promises ran out.
+                written = 0  # the revisions of what we wrote may be another history's
+                await asyncio.sleep(TICK)
+                continue
             if self.cache.revision >= written:
                 started = time.monotonic()
                 snapshot = self.cache.snapshot()
@@ -245,6 +276,8 @@ class Controller:
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Run until cancelled."""
         await self.keeper.grant()
+        await self.trust.check()
+        self.trusted_at = self.keeper.clock()
         await self._announce()
         await self.cache.load()
         await self.api_auth.check()
@@ -252,8 +285,45 @@ class Controller:
         if ready is not None:
             ready.set()
         await run_all(lease=self._keep_lease(), follow=self.cache.follow(), lead=self._lead(),
-                      confirm=self.cache.confirm_expiries(),
+                      confirm=self.cache.confirm_expiries(), trust=self._watch_trust(),
                       api_auth=self.api_auth.watch(RECOVERABLE))
+
+    async def _watch_trust(self) -> None:
+        """Read the store's identity every ``TRUST_EVERY``: say once when the store stops
+        or starts again being the cluster (log, event, metric); on an operator's accept,
+        load the cache afresh from the accepted store."""
+        said = before = ""
+        while True:
+            try:
+                await self.trust.check()
+            except RECOVERABLE:
+                await asyncio.sleep(TRUST_EVERY)
+                continue
+            if self.trust.trusted:
+                self.trusted_at = self.keeper.clock()
+            if self.trust.accepted:
+                self.failsafe.contested = ""
+                self.cache.watched.forget()  # another history: its revisions may be lower
+                with contextlib.suppress(*RECOVERABLE):
+                    await self.cache.load()
+            problem = self.store_problem()
+            if before and not problem:
+                # Every agent that kept work on our word ("unavailable", then "recovering"
+                # for the recovery window) has it only until the promise it was given ends.
+                failsafe = self.failsafe
+                self.hold_until = max(failsafe.quiet_until, failsafe.unavailable_at
+                                      + failsafe.recovery + failsafe.hold)
+            if problem != said:
+                kind, message = (("store-untrusted", f"controller {self.name}: etcd is not "
+                                  f"the cluster it knew: {problem}; no decisions") if problem
+                                 else ("store-trusted", f"controller {self.name}: the store "
+                                       "is the cluster again; deciding"))
+                with contextlib.suppress(*RECOVERABLE):
+                    await self.events.append(Event(ts=time.time(), kind=kind,
+                                                   message=message))
+                    said = problem
+            before = problem
+            await asyncio.sleep(TRUST_EVERY)
 
     async def close(self) -> None:
         """Resign leadership and release the lease (clean shutdown)."""

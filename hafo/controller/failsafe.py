@@ -30,8 +30,15 @@ class ControllerFailsafe:
     """Answers agents' failsafe questions and keeps this controller's promises."""
 
     def __init__(self, name: str, store: Store, keys: Keys, ttl: float, margin: float,
-                 failsafe_max: float, clock: Callable[[], float] = loop_time) -> None:
+                 failsafe_max: float, clock: Callable[[], float] = loop_time,
+                 store_problem: Callable[[], str] = lambda: "") -> None:
+        """``store_problem``: why our store is not the cluster we knew, or '' (then every
+        answer is 'unavailable': our etcd works, but it is not the agents' cluster)."""
         self.name = name
+        self.store_problem = store_problem
+        #: why agents that ask us know another cluster than our store's, or '' (set by
+        #: ``probe``; cleared when an operator accepts the store)
+        self.contested = ""
         self.store = store
         self.keys = keys
         self.hold = promise_hold(ttl, margin)
@@ -43,15 +50,25 @@ class ControllerFailsafe:
         self._probing: asyncio.Future[bool] | None = None
         self.in_set_since: float | None = None
 
-    async def probe(self) -> str:
+    async def probe(self, cluster: str | None = None,
+                    ours: tuple[str, int] | None = None) -> str:
         """Rule 1: 'unavailable' only if our own etcd request failed just now (within
         ``FRESH``: one request answers every agent asking meanwhile, so a hundred agents
         asking at once during an outage cost one probe, and a busy controller still answers
         within the agents' round); for a recovery window after our last such answer,
         'recovering' (etcd is back, and the agents that kept their work on our word are
         reconnecting). Either answer holds back every failover decision of ours for
-        ``hold``."""
-        if self.clock() - self.unavailable_at >= FRESH:
+        ``hold``.
+
+        A store that is not the cluster counts as an etcd that failed: ``cluster`` is the
+        identity the asking agent knows ("ID/GENERATION", ``hafo.store.identity``), ``ours``
+        our store's; an agent that knows another cluster, of our generation or a later one,
+        contests our store (a controller started again on an etcd that lost its data wrote
+        a new identity there): we decide nothing on it until an operator accepts it."""
+        self._contest(cluster, ours)
+        if self.store_problem():
+            self.unavailable_at = self.clock()
+        elif self.clock() - self.unavailable_at >= FRESH:
             if self._probing is None or self._probing.done():
                 self._probing = asyncio.ensure_future(self._etcd_answers())
             if not await asyncio.shield(self._probing):
@@ -63,6 +80,19 @@ class ControllerFailsafe:
             self._promise("told an agent etcd is back, work kept while it reconnects")
             return "recovering"
         return "available"
+
+    def _contest(self, cluster: str | None, ours: tuple[str, int] | None) -> None:
+        if not cluster or ours is None or self.contested:
+            return
+        ident, _, generation = cluster.partition("/")
+        if not generation.isdigit() or len(cluster) > 100:
+            return
+        if ident != ours[0] and int(generation) >= ours[1]:
+            self.contested = (f"agents know cluster {ident} (generation {generation}), this "
+                              f"store holds {ours[0]}: restore a backup (hafo restore) or "
+                              "accept the store (hafo restore --as-is)")
+            log.error(f"etcd is not the agents' cluster: {self.contested}",
+                      controller=self.name)
 
     async def _etcd_answers(self) -> bool:
         """One read of our own from etcd, answered within ``PROBE_TIMEOUT`` (a read still

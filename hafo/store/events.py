@@ -31,6 +31,7 @@ EVENT_KINDS: tuple[str, ...] = (
     "preempted", "completed", "failed", "member-lost", "member-exited", "gang-restart",
     "deleted", "replica-created", "replica-retiring", "replica-deleted", "leader-elected",
     "health", "stopped", "fenced", "node-reregistered", "node-resumed", "duplicate-node",
+    "store-untrusted", "store-trusted", "cluster-condition",
 )
 
 

@@ -18,7 +18,7 @@ from typing import Literal, NamedTuple
 #: (``Keys.node_assignment``); ``unknown`` is any key that is not one of this cluster's.
 KeyKind = Literal["leader", "failsafe", "node", "alive", "cordon", "workload", "assignment",
                   "node-assignment", "move", "status", "controller", "event", "history",
-                  "api-auth", "unknown"]
+                  "identity", "api-auth", "unknown"]
 
 
 class ParsedKey(NamedTuple):
@@ -69,6 +69,12 @@ class Keys:
     def events(self) -> str:
         """Prefix of the event log."""
         return f"{self.root}events/"
+
+    @property
+    def identity(self) -> str:
+        """The cluster's identity record (``hafo.store.identity``): which store this is. Apart
+        from the state prefix: it is read on its own, never as part of a snapshot."""
+        return f"{self.root}identity"
 
     @property
     def api_auth(self) -> str:
@@ -205,6 +211,8 @@ class Keys:
             return ParsedKey("node-assignment", node=parts[1], workload=parts[2])
         if area == "history" and count == 2:
             return ParsedKey("history", workload=parts[1])
+        if area == "identity" and count == 1:
+            return ParsedKey("identity")
         if area == "api-auth" and count == 1:
             return ParsedKey("api-auth")
         if area == "events" and count == 2:

@@ -71,6 +71,16 @@ class MemoryStore:
 
     # -- faults ---------------------------------------------------------------------------
 
+    def lose_data(self) -> None:
+        """etcd started again on an empty data directory: every key and lease is gone and
+        the revision starts again at 1 (watches see no event for what was lost)."""
+        self._kvs.clear()
+        self._versions.clear()
+        self._leases.clear()
+        self._history.clear()
+        self._revision = 1
+        self._compacted = 0
+
     def outage(self) -> None:
         """etcd is down: every call fails with ``StoreUnavailable`` until ``restore``, and no
         lease expires meanwhile (nothing runs to expire it); on ``restore`` every lease gets

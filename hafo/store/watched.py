@@ -49,6 +49,9 @@ class WatchedPrefix(Generic[V]):
         # Revision of the last full read: watch events up to it are already in ``values``
         # (a ``load`` made while ``follow`` runs must not be undone by older events).
         self._read_at = 0
+        self._pump: asyncio.Future[bool] | None = None  # the watch ``follow`` runs now
+        self._restart = False  # ``forget`` cancelled it: start it again
+        self._delivered = False  # the watch under way applied an event
 
     async def load(self) -> int:
         """Read the whole prefix; returns its revision. A read older than the revision the
@@ -103,28 +106,55 @@ class WatchedPrefix(Generic[V]):
         if self.on_change is not None:
             self.on_change(key, old, None)
 
+    def forget(self) -> None:
+        """Forget the revision reached: the store is another history (etcd lost its data and
+        an operator accepted it, ``hafo restore``), whose revisions may be lower. The next
+        ``load`` replaces every value whatever its revision, and ``follow`` watches again
+        from the start of the new history (a watch left waiting for an old, higher
+        revision would miss everything below it)."""
+        self.revision = self._read_at = 0
+        if self._pump is not None and not self._pump.done():
+            self._restart = True
+            self._pump.cancel()
+
     async def follow(self, on_event: Callable[[], Awaitable[None] | None] | None = None) -> None:
         """Apply watch events forever, from the revision reached + 1; ``on_event`` after each.
         The watch resumes across endpoint failures by itself; should even its full re-read
         after a compaction fail (etcd unavailable past the store's retry budget), it starts
-        again after a short backoff instead of ending."""
+        again after a short backoff instead of ending; ``forget`` starts it again at once."""
         failures = 0
         while True:
-            events = aiter(self.store.watch_prefix(self.prefix, self.revision + 1))
-            while True:
-                try:
-                    event = await anext(events)
-                except StopAsyncIteration:
-                    return
-                except TRANSIENT as exc:
-                    failures += 1
-                    log.warning("watch failed; starting it again", prefix=self.prefix,
-                                error=type(exc).__name__)
-                    await asyncio.sleep(min(1.0, 0.05 * 2 ** failures))
-                    break
-                failures = 0
-                self.apply(event)
-                if on_event is not None:
-                    result = on_event()
-                    if result is not None:
-                        await result
+            pump = self._pump = asyncio.ensure_future(self._follow_once(on_event))
+            try:
+                ended = await pump
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if not self._restart or (current is not None and current.cancelling()):
+                    pump.cancel()
+                    raise
+                self._restart = False
+                continue
+            if ended:
+                return
+            failures = 1 if self._delivered else failures + 1
+            await asyncio.sleep(min(1.0, 0.05 * 2 ** failures))
+
+    async def _follow_once(self, on_event: Callable[[], Awaitable[None] | None] | None) -> bool:
+        """One watch, from the revision reached + 1, until it ends (True) or fails (False)."""
+        events = aiter(self.store.watch_prefix(self.prefix, self.revision + 1))
+        self._delivered = False
+        while True:
+            try:
+                event = await anext(events)
+            except StopAsyncIteration:
+                return True
+            except TRANSIENT as exc:
+                log.warning("watch failed; starting it again", prefix=self.prefix,
+                            error=type(exc).__name__)
+                return False
+            self._delivered = True
+            self.apply(event)
+            if on_event is not None:
+                result = on_event()
+                if result is not None:
+                    await result

@@ -67,7 +67,7 @@ class FakeController:
 
     failsafe_hold = 3.5
 
-    async def failsafe_probe(self) -> str:
+    async def failsafe_probe(self, cluster: str | None = None) -> str:
         return "available"
 
 
@@ -338,7 +338,7 @@ async def test_api_over_tls(tmp_path: Path) -> None:
 class UnavailableController(FakeController):
     failsafe_hold = 3.5
 
-    async def failsafe_probe(self) -> str:
+    async def failsafe_probe(self, cluster: str | None = None) -> str:
         return "unavailable"
 
 

@@ -48,7 +48,7 @@ class FakeSource:
 
     failsafe_hold = 3.5
 
-    async def failsafe_probe(self) -> str:
+    async def failsafe_probe(self, cluster: str | None = None) -> str:
         return "available"
 
 

@@ -152,7 +152,7 @@ class _Controller:
 
     failsafe_hold = 3.5
 
-    async def failsafe_probe(self) -> str:
+    async def failsafe_probe(self, cluster: str | None = None) -> str:
         return "available"
 
 

@@ -470,7 +470,7 @@ class HistorySource:
 
     failsafe_hold = 3.5
 
-    async def failsafe_probe(self) -> str:
+    async def failsafe_probe(self, cluster: str | None = None) -> str:
         return "available"
 
 

@@ -13,7 +13,8 @@ import pytest
 
 from hafo import cli
 from hafo.model.cluster import Assignment, ClusterSnapshot
-from hafo.store import Keys
+from hafo.store import EventLog, Keys
+from hafo.store.memory import MemoryStore
 
 from .conftest import make_snapshot, sample_cluster, status, submit
 
@@ -24,11 +25,11 @@ WARNING = ("warning: no node or controller has registered in cluster 'nosuch' (c
 @pytest.fixture
 def cluster(monkeypatch: pytest.MonkeyPatch) -> Callable[[ClusterSnapshot], None]:
     """Make the CLI read ``snapshot`` instead of etcd."""
-    holder: dict[str, ClusterSnapshot] = {}
+    holder: dict[str, Any] = {}
 
     async def with_store(args: argparse.Namespace,
                          body: Callable[[Any, Keys], Awaitable[int]]) -> int:
-        return await body(None, Keys(args.cluster or "default"))
+        return await body(holder.get("store") or MemoryStore(), Keys(args.cluster or "default"))
 
     async def read_snapshot(store: Any, keys: Keys) -> ClusterSnapshot:
         return holder["snapshot"]
@@ -115,3 +116,35 @@ def test_a_cluster_with_a_controller_is_not_empty(cluster: Callable[[ClusterSnap
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     cluster(make_snapshot(controllers=["ctl-1"]))
     assert run(capsys, "workloads")[1:] == ("no workloads\n", "")
+
+
+def test_status_on_a_store_that_is_not_the_cluster_is_one_line_and_exit_3(
+        cluster: Callable[[ClusterSnapshot], None], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemons found etcd not to be the cluster they knew (it lost its data): ``hafo
+    status`` says so in one line, exit 3, until a ``store-trusted`` event follows."""
+    import asyncio
+    import time
+
+    from hafo.model.cluster import Event
+
+    store = MemoryStore()
+    cluster(sample_cluster())
+    events = EventLog(store, Keys("default"))
+
+    async def say(kind: str) -> None:
+        await events.append(Event(ts=time.time(), kind=kind, message=f"controller c: {kind}"))
+
+    async def with_store(args: argparse.Namespace,
+                         body: Callable[[Any, Keys], Awaitable[int]]) -> int:
+        return await body(store, Keys("default"))
+
+    monkeypatch.setattr(cli, "_with_store", with_store)
+    asyncio.run(say("store-untrusted"))
+    code, out, err = run(capsys, "status")
+    assert code == 3 and out == ""
+    assert err.strip().splitlines() == [
+        "hafo: etcd is not the cluster its daemons knew: controller c: store-untrusted"]
+    asyncio.run(say("store-trusted"))
+    code, out, err = run(capsys, "status")
+    assert code == 0 and out

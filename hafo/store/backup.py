@@ -1,0 +1,132 @@
+"""A backup of one cluster's keys, and putting it back (``hafo backup``, ``hafo restore``).
+
+The backup is every key of the cluster that outlives a lease (specs, assignments, cordons,
+moves, node records, histories, the failsafe set, the identity record), read at one
+revision, as JSON (``FORMAT``). What is bound to a lease (liveness, leaders, controllers,
+events) dies with the store's leases and is left out, and so are the instance reports: they
+describe processes of the store that was lost.
+
+Restoring writes the keys into a store that holds nothing of the cluster (or, with
+``replace``, over whatever it holds), then the identity record's next generation: every
+daemon that knew the cluster takes that as an operator's decision, agents fence what they
+ran and claim their nodes afresh, and the controllers place the restored workloads again
+(docs/safety.md, "etcd losing its data").
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from hafo.decisions.store_trust import IdentityRecord, accepted_generation
+from hafo.store import codec
+from hafo.store.identity import read_identity
+from hafo.store.keys import Keys
+from hafo.store.protocol import Store
+from hafo.store.records import Delete, Put
+
+FORMAT = "hafo-backup/1"
+_SKIPPED = {"alive", "leader", "controller", "event", "status", "identity", "unknown"}
+#: kept in a backup, but written again by the daemons on any store: no sign of a state
+_REWRITTEN = {"api-auth"}
+
+
+class BackupError(ValueError):
+    """A backup that cannot be read or restored; the message names what is wrong."""
+
+
+@dataclass(frozen=True)
+class Backup:
+    """What a backup holds."""
+
+    cluster: str
+    revision: int
+    taken_at: float
+    identity: IdentityRecord | None
+    keys: dict[str, bytes]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The backup's JSON form."""
+        return {"format": FORMAT, "cluster": self.cluster, "revision": self.revision,
+                "taken_at": self.taken_at,
+                "identity": None if self.identity is None else self.identity.to_dict(),
+                "keys": {k: base64.b64encode(v).decode() for k, v in sorted(self.keys.items())}}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Backup:
+        """Parse a backup; BackupError names the first field that is wrong."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise BackupError(f"format: not a hafo backup (expected {FORMAT!r})")
+        cluster, revision, taken = data.get("cluster"), data.get("revision"), data.get(
+            "taken_at", 0.0)
+        if not isinstance(cluster, str) or not cluster:
+            raise BackupError("cluster: must be the cluster's name")
+        if not isinstance(revision, int) or isinstance(revision, bool) or revision < 0:
+            raise BackupError("revision: must be a whole number")
+        if not isinstance(taken, int | float):
+            raise BackupError("taken_at: must be a time in seconds")
+        identity = None
+        if data.get("identity") is not None:
+            identity = IdentityRecord.from_dict(data["identity"])
+            if identity is None:
+                raise BackupError("identity: not an identity record")
+        raw = data.get("keys")
+        if not isinstance(raw, dict):
+            raise BackupError("keys: must be an object of key -> base64 value")
+        root = Keys(cluster).root
+        keys: dict[str, bytes] = {}
+        for key, value in raw.items():
+            if not isinstance(key, str) or not key.startswith(root):
+                raise BackupError(f"keys: {str(key)[:80]!r} is not a key of cluster "
+                                  f"{cluster!r}")
+            if not isinstance(value, str):
+                raise BackupError(f"keys.{key}: must be base64 text")
+            try:
+                keys[key] = base64.b64decode(value, validate=True)
+            except ValueError:
+                raise BackupError(f"keys.{key}: not base64") from None
+        return cls(cluster, revision, float(taken), identity, keys)
+
+
+async def take_backup(store: Store, keys: Keys) -> Backup:
+    """Read every key of the cluster worth keeping, at one revision."""
+    record, _ = await read_identity(store, keys)
+    revision, kvs = await store.get_prefix(keys.root)
+    kept = {kv.key: kv.value for kv in kvs
+            if kv.lease == 0 and keys.parse(kv.key).kind not in _SKIPPED}
+    return Backup(keys.cluster, revision, time.time(), record, kept)
+
+
+async def holds_cluster(store: Store, keys: Keys) -> list[str]:
+    """The keys of the kinds a backup holds (the cluster's state, not bound to a lease)
+    that the store holds: a restore over them would mix two states."""
+    _, kvs = await store.get_prefix(keys.root)
+    return [kv.key for kv in kvs
+            if kv.lease == 0 and keys.parse(kv.key).kind not in _SKIPPED | _REWRITTEN]
+
+
+async def restore_backup(store: Store, keys: Keys, backup: Backup,
+                         replace: bool = False) -> IdentityRecord:
+    """Write ``backup`` into the store (refused by the caller unless it is empty of the
+    cluster or ``replace``), then the next generation of the identity record: the backup's
+    cluster id, one generation past the backup's and the store's."""
+    if backup.cluster != keys.cluster:
+        raise BackupError(f"cluster: the backup is of cluster {backup.cluster!r}, not "
+                          f"{keys.cluster!r}")
+    if replace:
+        await store.txn([], [Delete(prefix_, prefix=True) for prefix_ in (
+            keys.state, keys.by_node, f"{keys.root}history/")])
+    ops: list[Put | Delete] = [Put(k, v) for k, v in sorted(backup.keys.items())]
+    if ops:
+        await store.write_many(ops)
+    current, revision = await read_identity(store, keys)
+    generation = accepted_generation(backup.identity.generation if backup.identity else 0,
+                                     current.generation if current else 0, now=time.time())
+    ident = (backup.identity.id if backup.identity is not None
+             else current.id if current is not None else f"restored-{int(time.time())}")
+    new = IdentityRecord(ident, generation, revision + 1, time.time())
+    # One write, whatever raced it: the record is the operator's decision.
+    await store.txn([], [Put(keys.identity, codec.encode(new.to_dict()))])
+    return new
