@@ -40,6 +40,7 @@ from hafo.agent.proctree import kill_instance
 from hafo.agent.rendezvous import GANG_DEFAULTS, gang_env
 from hafo.agent.scratch import kept_caches, make_tmpdir, remove_tmpdir
 from hafo.checkpoint.sharded import list_all_checkpoints
+from hafo.model.clocks import since_boot
 from hafo.model.cluster import (
     Assignment,
     CheckpointInfo,
@@ -53,6 +54,10 @@ from hafo.model.names import checkpoint_dir as workload_checkpoint_dir
 from hafo.model.output import MIB
 
 log = structlog.get_logger("hafo.agent")
+
+#: A launched instance whose guard wrote no state within this long (the boot clock) did not
+#: start.
+GUARD_START_WAIT = 10.0
 
 #: The agent's own systemd variables (sd_notify socket, watchdog, socket activation): a
 #: workload must not inherit them, or its sd_notify calls would speak for the agent's unit.
@@ -86,8 +91,12 @@ class Supervisor:
     #: told of each write into the state directory that failed (read-only, full): what was
     #: not written, and the error; the supervisor goes on from what it keeps in memory
     write_failed: Callable[[str, OSError], None] | None = None
+    #: seconds since boot (``hafo.model.clocks.since_boot``): how long a guard has had to
+    #: start is measured on it, never on the wall clock or a file's mtime
+    boot_clock: Callable[[], float] = since_boot
 
     def __post_init__(self) -> None:
+        self._launched: dict[InstanceKey, float] = {}  # boot clock at launch (or first sight)
         self._ports: dict[InstanceKey, dict[str, int]] = {}
         self._launches: dict[InstanceKey, dict[str, object]] = {}
         self._unrecorded: dict[InstanceKey, GuardState] = {}  # exits not written to disk yet
@@ -132,12 +141,12 @@ class Supervisor:
         if state is None:
             try:
                 launched = (path / "launch.json").exists()
-                age = time.time() - path.stat().st_mtime if launched else 0.0
             except OSError:
                 return None
-            if age < 10.0:
+            if not launched or self._launch_age(key, path) < GUARD_START_WAIT:
                 return GuardState(None, None, "starting", None, None, None, "")
             # the guard never wrote its state: it did not start
+            self._launched.pop(key, None)
             return self._mark_exited(key, state, "guard did not start", InstanceEnd.GUARD_LOST)
         if state.state == "exited":
             return state
@@ -150,6 +159,27 @@ class Supervisor:
         if not self._kill_instance(key, state):
             return dataclasses.replace(state, state="stopping")
         return self._mark_exited(key, state, "guard died", InstanceEnd.GUARD_LOST, exit_code=-9)
+
+    def _launch_age(self, key: InstanceKey, path: Path) -> float:
+        """Seconds since the instance was launched, on the boot clock: remembered at launch;
+        after an agent restart, from the launch file's ``launched_boottime`` of this boot
+        (another boot's launch: its guard is gone); a launch file without it (an older
+        agent's) counts from its first sight. Never a file's mtime against the wall clock:
+        a step of the wall clock would make a starting guard one that did not start."""
+        now = self.boot_clock()
+        at = self._launched.get(key)
+        if at is None:
+            launch = read_launch(path) or {}
+            stamp, boot = launch.get("launched_boottime"), launch.get("boot")
+            if isinstance(stamp, (int, float)) and not isinstance(stamp, bool) \
+                    and isinstance(boot, str) and boot:
+                if boot != procid.boot_id():
+                    return float("inf")
+                at = float(stamp)
+            else:
+                at = now
+            self._launched[key] = at
+        return now - at
 
     def cgroup_of(self, key: InstanceKey) -> Path | None:
         """The instance's cgroup, if it was launched in one: the path this agent would give
@@ -274,12 +304,15 @@ class Supervisor:
                "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids), "PYTHONUNBUFFERED": "1", **gang,
                **port_env(ports)}
         cgroup = self.containment.of(self.node, key.dirname)
+        launched = self.boot_clock()
+        self._launched[key] = launched
         write_json_atomic(path / "launch.json", {
             "workload": assignment.workload, "epoch": assignment.epoch, "node": self.node,
             "argv": list(spec.command), "env": env, "cwd": spec.workdir or os.getcwd(),
             "grace": spec.stop_grace, "fence_file": str(self.state_dir / FENCE_FILE),
             "checkpoint_mode": spec.checkpoint_mode, "ports": ports,
             "output_max_bytes": self.logs.max_mib * MIB, "launched_at": time.time(),
+            "launched_boottime": launched, "boot": procid.boot_id(),
             "tmpdir": str(tmpdir) if tmpdir is not None else None,
             "cgroup": str(cgroup) if cgroup is not None else None})
         with open(path / "guard.log", "ab") as guard_log:
@@ -361,6 +394,7 @@ class Supervisor:
             cgroups.remove(cgroup)
         self._ports.pop(key, None)
         self._launches.pop(key, None)
+        self._launched.pop(key, None)
         self.stopping.discard(key)
         self.stopping_now.discard(key)
 

@@ -222,14 +222,22 @@ class ProcessCheck:
 
 
 class ProgressCheck:
-    """The workload reported progress (SDK heartbeat, or any touch of the file) recently."""
+    """The workload reported progress (SDK heartbeat, or any touch of the file) recently.
+
+    Progress is a change of the heartbeat file (another heartbeat, or another mtime or size
+    of a file that is not one), timed on the agent's monotonic clock when the probe sees it:
+    the heartbeat's wall-clock ``t`` and the file's mtime say only *whether* it changed, so a
+    step of the machine's wall clock is no stall (docs/safety.md, "One clock per decision").
+    The first probe of the instance counts as progress: a stall is ``stall_after`` seconds
+    without a change after it."""
 
     def __init__(self, options: Mapping[str, Any],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         opts = _options(PROGRESS_OPTIONS, options)
         self.stall_after = opts.stall_after
         self.file = opts.file
         self.clock = clock
+        self._last: tuple[object, float] | None = None  # (what was seen, when first seen)
 
     def path(self, ctx: CheckContext) -> Path:
         """The heartbeat file: ``file`` (relative to the checkpoint dir) or heartbeat.json.
@@ -239,25 +247,26 @@ class ProgressCheck:
         return ctx.checkpoint_dir / (self.file or "heartbeat.json")
 
     def probe(self, ctx: CheckContext) -> CheckResult:
-        """Compare the newest progress (never before the instance started) with now."""
+        """Time since the heartbeat last changed (or since the first probe), on ``clock``."""
         now = self.clock()
-        last: float | None = None
+        seen: object = None
         step = "no heartbeat yet"
         path = self.path(ctx)
         try:
             with path.open(errors="replace") as f:
                 beat = parse_heartbeat(f.read(HEARTBEAT_READ_LIMIT))
             if beat is not None:
-                last, step = beat.t, f"last step {beat.step}"
+                seen, step = beat, f"last step {beat.step}"
             else:
-                last, step = path.stat().st_mtime, "last step unknown"
+                stat = path.stat()
+                seen, step = (stat.st_mtime_ns, stat.st_size), "last step unknown"
         except FileNotFoundError:
             pass
         except OSError as exc:
             return CheckResult(False, f"cannot read {path}: {_error(exc)}")
-        floor = ctx.started_at if ctx.started_at is not None else now
-        progress = max(last, floor) if last is not None else floor
-        age = now - progress
+        if self._last is None or self._last[0] != seen:
+            self._last = (seen, now)
+        age = now - self._last[1]
         if age > self.stall_after:
             return CheckResult(False, f"no progress for {age:.0f}s ({step})")
         return CheckResult(True, f"progress {max(age, 0.0):.0f}s ago ({step})")

@@ -27,6 +27,7 @@ import structlog
 
 from hafo.model.health import (
     CLOCK_JUMP,
+    CLOCK_STEP,
     DISK_FULL,
     DISK_READONLY,
     LOOP_LAG,
@@ -40,6 +41,16 @@ log = structlog.get_logger("hafo.checks")
 _MIB = 1024 * 1024
 # Errors of the write probe that mean "checkpoints cannot be written here".
 _UNWRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.ENOSPC, errno.EIO, errno.EDQUOT})
+
+# The wall clock is unusable (finding ``clock_jump``, which drains the node) only on evidence:
+# CLOCK_STEPS steps over ``health.clock_jump`` within CLOCK_WINDOW seconds of the monotonic
+# clock, or, over at least CLOCK_RATE_SPAN seconds, a rate off the monotonic clock's by more
+# than CLOCK_RATE (NTP slews by 0.05 % at most). One step (an NTP step, a VM resumed) is
+# reported (``clock_step``: logged, no action): no decision reads the wall clock.
+CLOCK_STEPS = 3
+CLOCK_WINDOW = 600.0
+CLOCK_RATE = 0.01
+CLOCK_RATE_SPAN = 60.0
 
 
 def write_probe(root: Path) -> None:
@@ -74,6 +85,8 @@ class OsProbe:
         self._mono = mono
         self._lock = threading.Lock()
         self._last_clock: tuple[float, float] | None = None
+        self._steps: deque[tuple[float, float]] = deque()  # (mono, step) within the window
+        self._drift: deque[tuple[float, float]] = deque()  # (mono, drift) under the threshold
         self._loop_lag = 0.0
         self._logged: set[str] = set()
 
@@ -108,14 +121,37 @@ class OsProbe:
         return self.state_dir() if self.state_dir is not None else []
 
     def _clock(self) -> list[Finding]:
+        """The wall clock against the monotonic clock since the last poll: a step is
+        reported (``clock_step``), an unusable clock found (``clock_jump``: see
+        ``CLOCK_STEPS``)."""
         now = (self._wall(), self._mono())
         with self._lock:
             last, self._last_clock = self._last_clock, now
-        if last is None:
-            return []
-        jump = (now[0] - last[0]) - (now[1] - last[1])
-        if abs(jump) > self.config.clock_jump:
-            return [Finding(CLOCK_JUMP, value=round(jump, 3),
+            if last is None:
+                return []
+            mono = now[1]
+            jump = (now[0] - last[0]) - (now[1] - last[1])
+            stepped = abs(jump) > self.config.clock_jump
+            (self._steps if stepped else self._drift).append((mono, jump))
+            for window in (self._steps, self._drift):
+                while window and window[0][0] < mono - CLOCK_WINDOW:
+                    window.popleft()
+            steps = len(self._steps)
+            span = mono - self._drift[0][0] if self._drift else 0.0
+            drift = sum(d for _, d in self._drift)
+            last_step = self._steps[-1][1] if self._steps else jump
+        if steps >= CLOCK_STEPS:
+            return [Finding(CLOCK_JUMP, value=round(last_step, 3),
+                            detail=f"wall clock vs monotonic clock: {steps} steps over "
+                            f"{self.config.clock_jump:g}s within {CLOCK_WINDOW:g}s")]
+        if span >= CLOCK_RATE_SPAN and abs(drift) > CLOCK_RATE * span:
+            return [Finding(CLOCK_JUMP, value=round(drift, 3),
+                            detail=f"wall clock vs monotonic clock: {drift:+.1f}s off in "
+                            f"{span:.0f}s (more than {CLOCK_RATE:.0%})")]
+        if stepped:
+            log.warning("wall clock stepped", seconds=round(jump, 3),
+                        detail="no decision reads the wall clock; log timestamps only")
+            return [Finding(CLOCK_STEP, value=round(jump, 3),
                             detail="wall clock vs monotonic clock")]
         return []
 

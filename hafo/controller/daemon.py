@@ -22,7 +22,9 @@ from hafo.controller.failsafe import ControllerFailsafe
 from hafo.controller.history import HistoryWriter
 from hafo.controller.metrics import ControllerMetrics
 from hafo.decisions.api_auth import api_auth_of
+from hafo.decisions.observed import Observations, observe
 from hafo.decisions.reconcile import reconcile
+from hafo.model.clocks import SteadyClock
 from hafo.model.cluster import ClusterSnapshot, Event
 from hafo.model.config import Config
 from hafo.store import (
@@ -54,9 +56,11 @@ TRUST_EVERY = 1.0  # how often the store's identity is read (hafo.store.identity
 class Controller:
     """One controller process."""
 
-    def __init__(self, config: Config, clock: Callable[[], float] = time.time,
+    def __init__(self, config: Config, clock: Callable[[], float] | None = None,
                  store: Store | None = None, api_token: str | None = None) -> None:
-        """``clock``: wall-clock seconds for decisions; ``store``: etcd from the config
+        """``clock``: seconds for decisions (default: wall clock at start, advanced by the
+        monotonic clock, so that a step of the wall clock changes no decision:
+        ``hafo.model.clocks.SteadyClock``); ``store``: etcd from the config
         unless given (tests pass ``hafo.store.memory.MemoryStore``); ``api_token``: the one
         its API needs (``api.token_file``), compared with the other controllers'."""
         assert config.controller_name is not None
@@ -82,7 +86,11 @@ class Controller:
         self.trusted_at = 0.0  # keeper clock of the last read that found the store trusted
         self.hold_until = 0.0  # failsafe clock: no decision before (after a store is trusted
         # again, until every failsafe promise given while it was not has run out)
+        clock = clock if clock is not None else SteadyClock()
         self.clock = clock
+        #: when this controller first saw each exit, run and assignment, on ``clock``
+        #: (``hafo.decisions.observed``): backoffs are timed from them
+        self.seen = Observations()
         self.is_leader = False
         self.connected = False
         self.cycles = 0
@@ -239,13 +247,14 @@ class Controller:
                 self.cache.changed.clear()
                 now = self.clock()
                 snapshot = self.conditions.decide(snapshot, now)  # shared faults
+                self.seen = observe(self.seen, snapshot, now)
                 # In a thread: a big cycle (thousands of placements) must not starve the
                 # lease keepalives on this loop. The snapshot is frozen.
                 plan = await asyncio.to_thread(
                     reconcile, snapshot, now,
                     allow_failover=self.failsafe.failover_allowed(),
                     strategy=self.config.placement_strategy,
-                    spares=self.config.placement.spares)
+                    spares=self.config.placement.spares, seen=self.seen)
                 self.cycles += 1
                 try:
                     await self.failsafe.maintain_set(self.election, snapshot)

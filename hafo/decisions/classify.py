@@ -95,7 +95,8 @@ KIND_TABLE: Mapping[str, tuple[HealthAction, str]] = {
     h.DISK_FULL: ("drain-node", "checkpoint filesystem nearly full"),
     h.DISK_READONLY: ("drain-node", "checkpoint filesystem not writable"),
     h.MEMORY_PRESSURE: ("drain-node", "memory pressure"),
-    h.CLOCK_JUMP: ("drain-node", "wall clock jumped"),
+    h.CLOCK_JUMP: ("drain-node", "wall clock unusable"),
+    h.CLOCK_STEP: ("ignore", "wall clock stepped: no decision reads it (log timestamps only)"),
     h.LOOP_LAG: ("drain-node", "agent event loop lagging"),
     h.STATE_DIR: ("drain-node", "the agent cannot write its state directory"),
 }

@@ -7,6 +7,13 @@ first), up to ``restart.max_restarts`` restarts within ``restart.window``. One m
 moves it to another node, and the failed node is excluded for ``restart.window`` seconds; the
 count starts again on the new node. A workload that has failed on every node that could run
 it is ``failed``. Backoff damps flapping; the exclusion list bounds it.
+
+A restart the infrastructure caused (fencing, a lost guard, a node claimed anew) is not
+counted, but it backs off too (``uncounted_backoff``): the first of a row is immediate, each
+further one of instances that ran less than ``QUICK_RUN`` waits ``UNCOUNTED_BACKOFF`` doubling
+to ``UNCOUNTED_MAX_BACKOFF``, so no fault outside the workload restarts it at more than one
+instance per 30 s for long. Every backoff is timed from when the deciding controller saw the
+failure (``hafo.decisions.observed``), never from the agent's clock.
 """
 
 from __future__ import annotations
@@ -17,6 +24,24 @@ from typing import Literal
 from hafo.model.cluster import Assignment
 from hafo.model.exits import failure_subject
 from hafo.model.spec import RestartPolicy
+
+#: An instance that ran at least this long (as the deciding controller saw it) ends a row of
+#: uncounted restarts.
+QUICK_RUN = 60.0
+UNCOUNTED_BACKOFF = 1.0
+UNCOUNTED_MAX_BACKOFF = 30.0
+
+
+def uncounted_backoff(streak: int, ran_for: float | None) -> tuple[int, float]:
+    """For an uncounted restart: (the row's length once it is done, seconds to wait from the
+    end's sighting). ``streak``: uncounted restarts in a row so far (``quick_restarts``);
+    ``ran_for``: how long the ended instance ran (None: not seen running by this controller,
+    taken as quick)."""
+    if ran_for is not None and ran_for >= QUICK_RUN:
+        streak = 0
+    if streak <= 0:
+        return 1, 0.0
+    return streak + 1, float(min(UNCOUNTED_BACKOFF * 2 ** (streak - 1), UNCOUNTED_MAX_BACKOFF))
 
 
 @dataclass(frozen=True)
@@ -35,7 +60,8 @@ def after_failure(current: Assignment, policy: RestartPolicy, node: str, what: s
                   failed_at: float, now: float, detail: str = "") -> AfterFailure:
     """Decide for ``current`` (placed on ``node``), which failed at ``failed_at`` because of
     ``what`` (e.g. "exited with code 3"); ``detail``: what it said (the last line of its
-    stderr, ``hafo.model.exits.stderr_line``), quoted after the node."""
+    stderr, ``hafo.model.exits.stderr_line``), quoted after the node. ``failed_at`` and
+    ``now`` are the deciding controller's clock (``failed_at``: when it saw the failure)."""
     subject = failure_subject(what, node, detail)
     recent = tuple(t for t in current.restart_times if now - t < policy.window)
     failed_on = {n: t for n, t in current.failed_on.items() if t > now}

@@ -21,8 +21,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from hafo.decisions.failures import AfterFailure, after_failure
+from hafo.decisions.failures import AfterFailure, after_failure, uncounted_backoff
 from hafo.decisions.hardware import hardware_fault
+from hafo.decisions.observed import Observations
 from hafo.decisions.placement import PlacementRequest, Unplaceable, node_capacity, place_one
 from hafo.decisions.plan import Action, Cause, Need, move_cause
 from hafo.model.cluster import (
@@ -42,16 +43,19 @@ GANG_PORT_COUNT = 2000
 
 def stop_gang(current: Assignment, why: str, cause: Cause, *, urgent: bool,
               after: AfterFailure | None = None, leave: tuple[str, ...] = (),
-              move_to: str | None = None) -> Action:
+              move_to: str | None = None, not_before: float = 0.0,
+              quick_restarts: int = 0) -> Action:
     """Stop every member of the gang's epoch (``moving``); ``moved_off_gang`` places it again
     once all are stopped. ``after``: a failure's outcome (restart counted, backoff);
-    ``leave``: the nodes whose members go elsewhere."""
+    ``leave``: the nodes whose members go elsewhere; ``not_before`` and ``quick_restarts``:
+    an uncounted restart's backoff (``hafo.decisions.failures.uncounted_backoff``)."""
     moving = dataclasses.replace(
         current, phase="moving", stopping=current.epoch, urgent=urgent,
         restarts=after.restarts if after else current.restarts,
         restart_times=after.restart_times if after else current.restart_times,
         failed_on=after.failed_on if after else current.failed_on,
-        not_before=after.not_before if after else 0.0,
+        not_before=after.not_before if after else not_before,
+        quick_restarts=quick_restarts,
         after_stop=after.kind if after else ("move" if leave else "restart"),
         reason=after.why if after else why, move_to=move_to, leave=leave,
         cause=move_cause(cause), preempted_for=None)
@@ -67,10 +71,24 @@ def _status(snapshot: ClusterSnapshot, current: Assignment, member: Member,
     return status if status is not None and status.epoch == epoch else None
 
 
+def _uncounted(current: Assignment, member: Member, why: str, seen: Observations,
+               now: float) -> Action:
+    """Stop the gang for an uncounted restart (the infrastructure ended ``member``), placed
+    again after its backoff (timed from when this controller saw the end)."""
+    ref = (current.workload, member.node, current.epoch)
+    streak, delay = uncounted_backoff(current.quick_restarts, seen.ran_for(ref))
+    wait = f" after a {delay:g}s backoff" if delay else ""
+    return stop_gang(current, f"{why}: restart, not counted{wait}", Cause.INFRASTRUCTURE,
+                     urgent=False, not_before=seen.ended_at(ref, now) + delay,
+                     quick_restarts=streak)
+
+
 def assess_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
-                allow_failover: bool) -> Action | None:
+                allow_failover: bool, seen: Observations | None = None) -> Action | None:
     """Decide for a placed gang: stop it (a member lost, failing, exited non-zero, on a bad
-    node or GPU), finish it (every member exited 0), or leave it."""
+    node or GPU), finish it (every member exited 0), or leave it. ``seen``: when this
+    controller saw each member's end (None: now)."""
+    seen = seen if seen is not None else Observations()
     wid = current.workload
     spec = snapshot.workloads[wid].spec
     down = [m.node for m in current.members if snapshot.node_state(m.node) == "down"]
@@ -82,10 +100,9 @@ def assess_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
     for member in current.members:
         registered = snapshot.alive.get(member.node)
         if registered is not None and current.epoch <= registered.claimed:
-            return stop_gang(current, f"{member.node} was registered again by an agent with a "
-                             f"new lease; member {member.rank} of instance {current.epoch} "
-                             "is gone: restart, not counted", Cause.INFRASTRUCTURE,
-                             urgent=False)
+            return _uncounted(current, member, f"{member.node} was registered again by an "
+                              f"agent with a new lease; member {member.rank} of instance "
+                              f"{current.epoch} is gone", seen, now)
     hardware = _hardware(snapshot, current)
     if hardware is not None:
         return hardware
@@ -100,16 +117,20 @@ def assess_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
         return stop_gang(current, after.why, cause, urgent=True, after=after,
                          leave=(member.node,) if after.kind == "move" else ())
     exited = [(m, s) for m, s in statuses if s is not None and s.state == "exited"]
-    for member, status in sorted(exited, key=lambda ms: ms[1].finished_at or now):
+    def exit_seen(ms: tuple[Member, InstanceStatus]) -> tuple[float, int]:
+        return seen.ended_at((wid, ms[0].node, ms[1].epoch), now), ms[0].rank
+
+    # The first exit this controller saw (the agents' finished_at are their clocks): the
+    # member that failed first is blamed, the others' exits follow from it.
+    for member, status in sorted(exited, key=exit_seen):
         if status.exit_code == 0:
             continue
         if status.ended_by_infrastructure:
-            return stop_gang(current, f"member {member.rank} on {member.node} was ended by the "
-                             "infrastructure: restart, not counted", Cause.INFRASTRUCTURE,
-                             urgent=False)
+            return _uncounted(current, member, f"member {member.rank} on {member.node} was "
+                              "ended by the infrastructure", seen, now)
         after = after_failure(current, spec.restart, member.node,
                               f"member {member.rank} exited with code {status.exit_code}",
-                              status.finished_at or now, now, detail=status.stderr_line)
+                              exit_seen((member, status))[0], now, detail=status.stderr_line)
         return stop_gang(current, after.why, Cause.EXITED, urgent=False, after=after,
                          leave=(member.node,) if after.kind == "move" else ())
     if len(exited) == len(current.members):
@@ -181,7 +202,7 @@ def moved_off_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
                                spares_first=current.cause not in PLANNED_CAUSES)
     return Need(request=request, previous=current, restarts=restarts, restart_times=times,
                 cause=cause, why=f"{why} (gang instance {current.stopping} stopped){resumes}",
-                avoid=kept)
+                avoid=kept, quick_restarts=current.quick_restarts)
 
 
 def gang_move_refusal(snapshot: ClusterSnapshot, current: Assignment, move: MoveRequest,

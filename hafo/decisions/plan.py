@@ -79,8 +79,8 @@ def event_kind(kind: ActionKind, cause: Cause) -> str:
 class Action:
     """One change to one workload's assignment: what (``kind``), why (``cause``; ``why`` is
     the sentence for people), decided from which revision, and the new assignment.
-    ``known_since``: when the failure behind it is known from (an exit's time plus the
-    backoff taken), None when the action's inputs do not say."""
+    ``known_since``: when the failure behind it is known from (when the controller saw an
+    exit, plus the backoff taken), None when the action's inputs do not say."""
 
     kind: ActionKind
     workload: str
@@ -123,3 +123,4 @@ class Need:
     why: str
     avoid: Mapping[str, float] | None = None
     known_since: float | None = None
+    quick_restarts: int = 0  # the new assignment's (``Assignment.quick_restarts``)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from hafo.decisions.failures import after_failure
+from hafo.decisions.failures import after_failure, uncounted_backoff
 from hafo.decisions.gang_placement import choose_spares
 from hafo.decisions.gangs import (
     assess_gang,
@@ -27,6 +27,7 @@ from hafo.decisions.gangs import (
 )
 from hafo.decisions.hardware import hardware_fault
 from hafo.decisions.moves import latest_checkpoints, moved_off, start_move, stop_then_place
+from hafo.decisions.observed import Observations, bounded, observe
 from hafo.decisions.placement import (
     NodeCapacity,
     Placed,
@@ -72,12 +73,15 @@ def _revision(assignment: Assignment | None) -> int:
 
 
 def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
-            allow_failover: bool,
-            checkpoints: Mapping[str, CheckpointInfo]) -> Action | Need | None:
+            allow_failover: bool, checkpoints: Mapping[str, CheckpointInfo],
+            seen: Observations) -> Action | Need | None:
     """Decide for one workload, except the placement itself."""
     submission = snapshot.workloads[wid]
     spec = submission.spec
     current = snapshot.assignments.get(wid)
+    if current is not None:  # times a leader with another clock wrote: bounded
+        current = bounded(current, seen.assigned_at(wid, current.epoch, now), spec.restart,
+                          cooldown)
     move = snapshot.moves.get(wid)
     if submission.retiring is not None:
         return None  # out of rotation, deleted soon (hafo.decisions.services): left as it is
@@ -88,7 +92,7 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
     if current is not None and current.is_gang and current.phase == "moving":
         return moved_off_gang(snapshot, current, now, cooldown, resumes_note(checkpoints, wid))
     if current is not None and current.is_gang and current.phase == "placed":
-        return assess_gang(snapshot, current, now, allow_failover)
+        return assess_gang(snapshot, current, now, allow_failover, seen)
     if current is not None and current.phase == "moving":
         return moved_off(snapshot, current, now, cooldown, checkpoints)
     if current is None or current.phase == "pending":
@@ -100,7 +104,7 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
                                              spares_first=bool(remembered)), previous=current,
                     restarts=current.restarts if current else 0,
                     restart_times=current.restart_times if current else (), cause=Cause.NEW,
-                    why="new workload")
+                    why="new workload", quick_restarts=current.quick_restarts if current else 0)
     if current.phase in ("completed", "failed") or current.node is None:
         return None
     node = current.node
@@ -119,7 +123,7 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
         return _infrastructure_restart(
             snapshot, current, now, checkpoints,
             f"{node} was registered again by an agent with a new lease; instance "
-            f"{current.epoch} of the previous registration is gone")
+            f"{current.epoch} of the previous registration is gone", seen)
     hardware = _hardware_move(snapshot, current)
     if hardware is not None:
         return hardware
@@ -142,8 +146,9 @@ def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
     if status.ended_by_infrastructure:
         how = "fenced" if status.ended is InstanceEnd.FENCED else "lost with its guard"
         return _infrastructure_restart(snapshot, current, now, checkpoints,
-                                       f"instance {current.epoch} on {node} was {how}")
-    failed_at = status.finished_at or now
+                                       f"instance {current.epoch} on {node} was {how}", seen)
+    # When this controller saw the exit: the agent's finished_at is another machine's clock.
+    failed_at = seen.ended_at((wid, status.node, status.epoch), now)
     after = after_failure(current, spec.restart, node, f"exited with code {status.exit_code}",
                           failed_at, now, detail=status.stderr_line)
     if now < after.not_before:
@@ -168,19 +173,27 @@ def _remembered(need: Need) -> tuple[Member, ...]:
 
 
 def _infrastructure_restart(snapshot: ClusterSnapshot, current: Assignment, now: float,
-                            checkpoints: Mapping[str, CheckpointInfo], why: str) -> Need:
+                            checkpoints: Mapping[str, CheckpointInfo], why: str,
+                            seen: Observations) -> Need | None:
     """Run again, in place, an instance that the infrastructure ended (fencing, lease loss,
-    an etcd outage, a lost guard): not the workload's fault, so no restart is counted, no
-    backoff waited for and no node excluded or cooled down."""
+    an etcd outage, a lost guard): not the workload's fault, so no restart is counted and no
+    node excluded or cooled down; the first of a row at once, a row of quick ones backing
+    off (``uncounted_backoff``, timed from when this controller saw the end). None: backing
+    off."""
     assert current.node is not None
+    ref = (current.workload, current.node, current.epoch)
+    streak, delay = uncounted_backoff(current.quick_restarts, seen.ran_for(ref))
+    if now < seen.ended_at(ref, now) + delay:
+        return None  # a row of quick uncounted restarts: a later cycle restarts it
     submission = snapshot.workloads[current.workload]
     avoid = {n: t for n, t in current.avoid.items() if t > now}
     request = PlacementRequest(current.workload, submission.spec, submission.submitted_at,
                                avoid, prefer=current.node, exclude=current.failed_on)
     return Need(request=request, previous=current, restarts=current.restarts,
                 restart_times=current.restart_times, cause=Cause.INFRASTRUCTURE,
-                why=f"{why}: restart in place, not counted (not the workload's fault); "
-                f"{_resume(checkpoints, current.workload)}")
+                why=f"{why}: restart in place, not counted (not the workload's fault"
+                f"{f'; after a {delay:g}s backoff' if delay else ''}); "
+                f"{_resume(checkpoints, current.workload)}", quick_restarts=streak)
 
 
 def _hardware_move(snapshot: ClusterSnapshot, current: Assignment) -> Action | None:
@@ -271,15 +284,21 @@ def _waiting_reason(wid: str, preemptions: Mapping[str, Preemption],
 
 def reconcile(snapshot: ClusterSnapshot, now: float,
               cooldown: float = FAILED_NODE_COOLDOWN, allow_failover: bool = True,
-              strategy: str = "spread", spares: int = 0) -> Plan:
-    """Compute the plan for one reconcile cycle. ``now`` is wall-clock seconds.
+              strategy: str = "spread", spares: int = 0,
+              seen: Observations | None = None) -> Plan:
+    """Compute the plan for one reconcile cycle. ``now`` is the deciding controller's clock
+    (``hafo.model.clocks.SteadyClock``: wall-clock seconds, advanced monotonically).
 
     With ``allow_failover`` False (a controller that told an agent "etcd is unavailable to me"
     within TTL + margin: failsafe mode), work on down or unhealthy nodes is left where it is.
     ``strategy`` (``spread`` or ``binpack``) places workloads whose spec does not choose.
     ``spares``: how many idle nodes to keep for replacing gang members (besides the nodes
-    labelled as spares; ``hafo.decisions.gang_placement``).
+    labelled as spares; ``hafo.decisions.gang_placement``). ``seen``: what this controller
+    observed, when (``hafo.decisions.observed.observe``, with this snapshot); None: all of it
+    seen first now.
     """
+    if seen is None:
+        seen = observe(Observations(), snapshot, now)
     default = _strategy(strategy)
     replicas = tuple(decide_services(snapshot, now))
     actions: list[Action] = []
@@ -297,7 +316,7 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
     needs: list[Need] = []
     settled: list[str] = []
     for wid in sorted(snapshot.workloads):
-        outcome = _assess(snapshot, wid, now, cooldown, allow_failover, checkpoints)
+        outcome = _assess(snapshot, wid, now, cooldown, allow_failover, checkpoints, seen)
         if isinstance(outcome, Action):
             actions.append(outcome)
         elif isinstance(outcome, Need):
@@ -332,7 +351,7 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
                              restarts=need.restarts, restart_times=need.restart_times,
                              reason=need.why, avoid=avoid, failed_on=failed_on,
                              members=with_addresses(snapshot, result.members),
-                             master_port=port)
+                             master_port=port, quick_restarts=need.quick_restarts)
             where = ", ".join(f"{m.rank}:{m.node}" for m in result.members) or result.node
             actions.append(Action(kind="place", workload=wid, cause=need.cause,
                                   why=f"{need.why} -> {where}",
@@ -363,7 +382,8 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
                              restart_times=need.restart_times, reason=reason,
                              avoid=avoid, failed_on=failed_on,
                              members=_remembered(need),
-                             master_port=previous.master_port if previous else 0)
+                             master_port=previous.master_port if previous else 0,
+                             quick_restarts=need.quick_restarts)
         actions.append(Action(kind="pending", workload=wid, cause=need.cause,
                               why=f"{need.why}; {reason}", expected_revision=_revision(previous),
                               assignment=pending, known_since=need.known_since))

@@ -197,6 +197,10 @@ class Assignment(Record):
     A gang (``members`` not empty) has one assignment and one epoch for all its members;
     ``master_port`` is its rendezvous port for this epoch; ``leave``: while ``moving``, the
     nodes whose members are placed elsewhere next (a planned move, a bad node).
+
+    ``quick_restarts``: uncounted restarts (the infrastructure's) in a row of instances that
+    ran less than a minute, for their backoff (``hafo.decisions.failures.uncounted_backoff``);
+    0 once any other restart or a longer run ends the row.
     """
 
     workload: str
@@ -220,6 +224,7 @@ class Assignment(Record):
     members: tuple[Member, ...] = ()
     master_port: int = 0
     leave: tuple[str, ...] = ()
+    quick_restarts: int = 0
 
     @property
     def holds_node(self) -> bool:

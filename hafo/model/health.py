@@ -31,15 +31,17 @@ DISK_FULL = "disk_full"              # value: free MiB of the checkpoint filesys
                                      # "PATH: 49.9 MiB free of 50 MiB required"
 DISK_READONLY = "disk_readonly"
 MEMORY_PRESSURE = "memory_pressure"  # value: PSI some avg10 (%), or MemAvailable %
-CLOCK_JUMP = "clock_jump"            # value: seconds the wall clock jumped
+CLOCK_JUMP = "clock_jump"            # the wall clock is unusable (it keeps stepping, or runs
+                                     # off the monotonic clock's rate); value: its last step
+CLOCK_STEP = "clock_step"            # value: seconds the wall clock stepped (once: reported)
 LOOP_LAG = "loop_lag"                # value: seconds the agent's event loop lagged
 STATE_DIR = "state_dir"              # detail: "PATH: OS error" (the agent cannot write there)
 
 GPU_KINDS = frozenset({XID, ECC_DBE, ECC_SBE_RATE, RETIRED_PAGES_PENDING, REMAP_PENDING,
                        REMAP_FAILED, LOST, THERMAL, HW_SLOWDOWN, HW_THERMAL_SLOWDOWN,
                        HW_POWER_BRAKE, PCIE_REPLAY, RECOVERY_ACTION})
-OS_KINDS = frozenset({DISK_FULL, DISK_READONLY, MEMORY_PRESSURE, CLOCK_JUMP, LOOP_LAG,
-                      STATE_DIR})
+OS_KINDS = frozenset({DISK_FULL, DISK_READONLY, MEMORY_PRESSURE, CLOCK_JUMP, CLOCK_STEP,
+                      LOOP_LAG, STATE_DIR})
 
 #: The unit of a finding's value, where ``describe`` names one. A detail that already says
 #: it ("49.9 MiB free of 50 MiB required") is not repeated.

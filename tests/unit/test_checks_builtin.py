@@ -307,43 +307,83 @@ def beat(path: Path, t: float, step: int = 42) -> None:
     path.write_text(encode_heartbeat(Heartbeat(step=step, epoch=3, t=t, pid=1)))
 
 
-@pytest.mark.parametrize(("heartbeat", "mtime", "started_at", "ok", "detail"), [
-    pytest.param(900.0, None, 800.0, False, "no progress for 100s (last step 42)", id="stalled"),
-    pytest.param(980.0, None, 800.0, True, "progress 20s ago (last step 42)", id="recent"),
-    pytest.param(900.0, None, 990.0, True, "progress 10s ago (last step 42)",
-                 id="old-beat-new-instance-grace"),
-    pytest.param(None, None, 900.0, False, "no progress for 100s (no heartbeat yet)",
-                 id="never-beat"),
-    pytest.param(None, None, None, True, "progress 0s ago (no heartbeat yet)",
-                 id="unknown-start"),
-    pytest.param(None, 900.0, 800.0, False, "no progress for 100s (last step unknown)",
-                 id="touched-file-old"),
-    pytest.param(None, 995.0, 800.0, True, "progress 5s ago (last step unknown)",
-                 id="touched-file-new"),
+class Mono:
+    """An injected monotonic clock."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# Each step: (monotonic seconds, what the workload did before the probe: "beat N" writes a
+# heartbeat of step N (its wall-clock t far off on purpose), "touch" rewrites a plain file,
+# "" nothing), the expected result.
+@pytest.mark.parametrize("steps", [
+    pytest.param([(1000.0, "", True, "progress 0s ago (no heartbeat yet)"),
+                  (1031.0, "", False, "no progress for 31s (no heartbeat yet)")],
+                 id="never-beat-stalls-after-the-first-probe"),
+    pytest.param([(1000.0, "beat 1", True, "progress 0s ago (last step 1)"),
+                  (1020.0, "beat 2", True, "progress 0s ago (last step 2)"),
+                  (1045.0, "", True, "progress 25s ago (last step 2)"),
+                  (1051.0, "", False, "no progress for 31s (last step 2)"),
+                  (1052.0, "beat 3", True, "progress 0s ago (last step 3)")],
+                 id="heartbeats"),
+    pytest.param([(1000.0, "touch", True, "progress 0s ago (last step unknown)"),
+                  (1020.0, "", True, "progress 20s ago (last step unknown)"),
+                  (1031.0, "", False, "no progress for 31s (last step unknown)"),
+                  (1032.0, "touch", True, "progress 0s ago (last step unknown)")],
+                 id="touched-file"),
 ])
-def test_progress(ctx: CheckContext, heartbeat: float | None, mtime: float | None,
-                  started_at: float | None, ok: bool, detail: str) -> None:
+def test_progress(ctx: CheckContext, steps: list[tuple[float, str, bool, str]]) -> None:
     path = ctx.checkpoint_dir / "heartbeat.json"
-    if heartbeat is not None:
-        beat(path, heartbeat)
-    if mtime is not None:
+    clock = Mono()
+    check = ProgressCheck({"stall_after": 30}, clock=clock)
+    touches = 0
+    for at, action, ok, detail in steps:
+        clock.now = at
+        if action.startswith("beat"):
+            beat(path, t=123.0 + at * 7, step=int(action.split()[1]))  # t: any wall clock
+        elif action == "touch":
+            touches += 1
+            path.write_text("touched" * touches)
+            os.utime(path, (50.0, 50.0 + touches))
+        assert check.probe(ctx) == CheckResult(ok, detail), at
+
+
+# Issue 28, finding 4: the heartbeat's wall-clock time (or the file's mtime) was compared with
+# the agent's wall clock: a forward step of the machine's clock right after a heartbeat was a
+# stall (and a restart of the workload).
+@pytest.mark.parametrize("plain_file", [False, True], ids=["heartbeat", "touched-file"])
+@pytest.mark.parametrize("step", [600.0, 3600.0], ids=["10min", "1h"])
+def test_a_forward_wall_clock_step_is_no_stall(ctx: CheckContext, plain_file: bool,
+                                               step: float) -> None:
+    path = ctx.checkpoint_dir / "heartbeat.json"
+    before_the_step = time.time() - step  # written just before the clock stepped forward
+    if plain_file:
         path.write_text("touched")
-        os.utime(path, (mtime, mtime))
-    check = ProgressCheck({"stall_after": 30}, clock=lambda: 1000.0)
-    result = check.probe(CheckContext(**{**ctx.__dict__, "started_at": started_at}))
-    assert result == CheckResult(ok, detail)
+        os.utime(path, (before_the_step, before_the_step))
+    else:
+        beat(path, before_the_step, step=5)
+    check = ProgressCheck({"stall_after": 30})
+    started = CheckContext(**{**ctx.__dict__, "started_at": time.time() - 5})
+    result = check.probe(started)
+    assert result.ok, result.detail
+    assert result.detail.startswith("progress 0s ago")
 
 
 async def test_progress_real_clock_and_custom_file(ctx: CheckContext) -> None:
     (ctx.checkpoint_dir / "sub").mkdir()
     path = ctx.checkpoint_dir / "sub" / "beat"
     beat(path, time.time() - 100, step=7)
-    check = ProgressCheck({"stall_after": 30, "file": "sub/beat"})
-    old = CheckContext(**{**ctx.__dict__, "started_at": time.time() - 200})
-    result = await run_probe(check, old, 2)
+    check = ProgressCheck({"stall_after": 0.2, "file": "sub/beat"})
+    assert (await run_probe(check, ctx, 2)).ok  # the first probe counts as progress
+    await asyncio.sleep(0.3)
+    result = await run_probe(check, ctx, 2)
     assert not result.ok and result.detail.endswith("(last step 7)")
     beat(path, time.time(), step=8)
-    assert (await run_probe(check, old, 2)).ok
+    assert (await run_probe(check, ctx, 2)).ok
 
 
 # --- spec validation at submit --------------------------------------------------------------

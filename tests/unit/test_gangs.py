@@ -13,10 +13,13 @@ from hafo.agent.rendezvous import gang_env
 from hafo.decisions.drain import workloads_to_drain
 from hafo.decisions.gangs import GANG_PORT_COUNT, GANG_PORT_FIRST
 from hafo.decisions.moves import move_refusal
+from hafo.decisions.observed import Observations
+from hafo.decisions.plan import Cause
 from hafo.decisions.reconcile import Action, reconcile
 from hafo.model.cluster import (
     Assignment,
     ClusterSnapshot,
+    InstanceEnd,
     Member,
     MoveRequest,
     NodeRecord,
@@ -235,6 +238,37 @@ def test_a_member_exit_restarts_the_gang_in_place_counted() -> None:
     again = by_workload(stopped)["g"]
     assert (again.kind, nodes_of(again)) == ("place", ["a", "b", "c"])
     assert again.assignment is not None and again.assignment.restarts == 1
+
+
+# Issue 28, finding 4: the gang's backoff came from the members' agents' finished_at (their
+# wall clocks), and the member blamed was the one whose agent's clock read earliest.
+@pytest.mark.parametrize("offset", [3600.0, -3600.0], ids=["agents-1h-ahead", "agents-1h-behind"])
+def test_a_member_exit_backs_off_from_the_controller_s_sighting(offset: float) -> None:
+    failing = placed_gang("a", "b", "c", restarts=1, restart_times=(NOW - 100,))
+    snap = gang_cluster(assignment=failing, statuses=(
+        status("g", "a", 50, "exited", exit_code=1, finished_at=NOW + offset - 50),
+        status("g", "b", 50, "exited", exit_code=3, finished_at=NOW + offset),
+        status("g", "c", 50)))
+    seen = Observations(ended={("g", "b", 50): NOW - 0.5, ("g", "a", 50): NOW})
+    moving = by_workload(snap, seen=seen)["g"].assignment
+    assert moving is not None and "member 1 exited with code 3" in moving.reason
+    assert moving.not_before == NOW - 0.5 + 1.0, "the policy's 1 s, from the sighting"
+
+
+def test_a_gang_ended_by_the_infrastructure_again_and_again_backs_off() -> None:
+    snap = gang_cluster(assignment=placed_gang("a", "b", "c", quick_restarts=3), statuses=(
+        status("g", "a", 50), dataclasses.replace(
+            status("g", "b", 50, "exited", exit_code=-9), ended=InstanceEnd.GUARD_LOST),
+        status("g", "c", 50)))
+    action = by_workload(snap, seen=Observations(ended={("g", "b", 50): NOW}))["g"]
+    moving = action.assignment
+    assert action.cause is Cause.INFRASTRUCTURE and moving is not None
+    assert (moving.not_before, moving.quick_restarts, moving.restarts) == (NOW + 4.0, 4, 0)
+    stopped = gang_cluster(assignment=dataclasses.replace(moving, epoch=51), statuses=())
+    assert "g" not in by_workload(stopped, NOW + 3.9)
+    again = by_workload(stopped, NOW + 4.0)["g"]
+    assert again.kind == "place" and again.assignment is not None
+    assert again.assignment.quick_restarts == 4
 
 
 def test_an_exit_caused_by_a_lost_peer_is_not_counted() -> None:

@@ -1,7 +1,9 @@
 """Infrastructure is not the workload's fault; a node name has one holder. Pure, table-driven.
 
 - an instance fenced (deadline, lease loss) or lost with its guard restarts in place without
-  counting toward ``restart.max_restarts``, without backoff and without excluding its node;
+  counting toward ``restart.max_restarts`` and without excluding its node: the first of a row
+  at once, a row of quick ones backing off (1 s doubling to 30 s, from the controller's
+  sighting of each end);
 - a node registered again by a new claimant restarts the instances of the previous holder;
 - a planned move or preemption leaves no cool-down on the node it left;
 - who may hold a node name (``decide_claim``) and which epochs an agent may start.
@@ -15,7 +17,9 @@ import pytest
 
 from hafo.controller.metrics import classify
 from hafo.decisions.claim import ClaimView, decide_claim, may_start_epoch
+from hafo.decisions.failures import QUICK_RUN, uncounted_backoff
 from hafo.decisions.instances import plan_instances
+from hafo.decisions.observed import Observations, observe
 from hafo.decisions.plan import Cause
 from hafo.decisions.reconcile import reconcile
 from hafo.model.cluster import (
@@ -40,12 +44,13 @@ def exited(end: InstanceEnd | None, exit_code: int = -9) -> InstanceStatus:
 
 
 def on_a(*statuses: InstanceStatus, claimed: int = 0, restarts: tuple[float, ...] = (),
-         failed_on: dict[str, float] | None = None) -> ClusterSnapshot:
+         failed_on: dict[str, float] | None = None, quick: int = 0) -> ClusterSnapshot:
     snapshot = make_snapshot(
         [make_node("a"), make_node("b")],
         workloads=[submit("w", restart=RestartPolicy(max_restarts=3, window=600))],
         assignments=[placed("w", "a", [0], epoch=10, restarts=len(restarts),
-                            restart_times=restarts, failed_on=failed_on or {})],
+                            restart_times=restarts, failed_on=failed_on or {},
+                            quick_restarts=quick)],
         statuses=statuses)
     alive = dict(snapshot.alive)
     alive["a"] = dataclasses.replace(alive["a"], claimed=claimed)
@@ -174,3 +179,68 @@ def test_may_start_epoch(epoch: int, claimed: int, recorded: bool, may: bool) ->
 def test_an_agent_never_starts_an_epoch_of_the_previous_holder() -> None:
     plan = plan_instances([("w", 10), ("x", 12)], {}, may_start=True, claimed=11)
     assert plan.start == (("x", 12),)
+
+
+# Issue 28, finding 4: "guard did not start" (uncounted) restarted at once, every time: a
+# guard that never starts looped at ten epochs a second. Every restart path backs off.
+@pytest.mark.parametrize(("streak", "ran_for", "after"), [
+    pytest.param(0, None, (1, 0.0), id="first-of-a-row-at-once"),
+    pytest.param(1, None, (2, 1.0), id="second-quick-1s"),
+    pytest.param(2, 5.0, (3, 2.0), id="third-quick-2s"),
+    pytest.param(5, None, (6, 16.0), id="sixth-16s"),
+    pytest.param(9, None, (10, 30.0), id="capped-30s"),
+    pytest.param(9, QUICK_RUN, (1, 0.0), id="a-long-run-ends-the-row"),
+])
+def test_uncounted_backoff(streak: int, ran_for: float | None,
+                           after: tuple[int, float]) -> None:
+    assert uncounted_backoff(streak, ran_for) == after
+
+
+@pytest.mark.parametrize("end", [InstanceEnd.GUARD_LOST, InstanceEnd.FENCED])
+@pytest.mark.parametrize(("quick", "seen_ago", "waits"), [
+    pytest.param(0, 0.0, False, id="first-at-once"),
+    pytest.param(1, 0.5, True, id="second-waits-1s"),
+    pytest.param(1, 1.0, False, id="second-after-1s"),
+    pytest.param(4, 7.9, True, id="fifth-waits-8s"),
+    pytest.param(4, 8.0, False, id="fifth-after-8s"),
+    pytest.param(20, 29.0, True, id="long-row-waits-30s"),
+])
+def test_uncounted_restarts_back_off_too(end: InstanceEnd, quick: int, seen_ago: float,
+                                         waits: bool) -> None:
+    snapshot = on_a(exited(end), quick=quick)
+    seen = Observations(ended={("w", "a", 10): NOW - seen_ago})
+    actions = reconcile(snapshot, NOW, seen=seen).actions
+    assert (not actions) == waits
+    if not waits:
+        (action,) = actions
+        assert action.assignment is not None and action.assignment.quick_restarts == quick + 1
+        assert action.assignment.restarts == 0, "still not counted"
+
+
+def test_a_guard_that_never_starts_restarts_at_a_bounded_rate() -> None:
+    """Each epoch's guard never starts (reported exited at once, guard lost): simulated for
+    10 minutes of cycles every 0.1 s, the workload is restarted about 25 times, not 6000."""
+    now, epoch, quick, restarts = NOW, 10, 0, 0
+    seen = Observations()
+    while now < NOW + 600:
+        snapshot = make_snapshot(
+            [make_node("a")], workloads=[submit("w")],
+            assignments=[placed("w", "a", [0], epoch=epoch, quick_restarts=quick)],
+            statuses=[dataclasses.replace(status("w", "a", epoch, "exited", exit_code=None),
+                                          ended=InstanceEnd.GUARD_LOST)])
+        seen = observe(seen, snapshot, now)
+        actions = reconcile(snapshot, now, seen=seen).actions
+        if actions:
+            (action,) = actions
+            assert action.assignment is not None
+            quick, epoch, restarts = action.assignment.quick_restarts, epoch + 1, restarts + 1
+        now += 0.1
+    assert restarts <= 30
+
+
+def test_the_registered_again_restart_backs_off_from_its_sighting() -> None:
+    snapshot = on_a(status("w", "a", 10), claimed=10, quick=2)
+    assert not reconcile(snapshot, NOW, seen=Observations(ended={("w", "a", 10): NOW - 1}))
+    (action,) = reconcile(snapshot, NOW, seen=Observations(ended={("w", "a", 10): NOW - 2}))\
+        .actions
+    assert action.cause is Cause.INFRASTRUCTURE and "after a 2s backoff" in action.why

@@ -19,6 +19,7 @@ from hafo.controller.metrics import (
     decisions,
     gpu_counts,
 )
+from hafo.decisions.observed import Observations
 from hafo.decisions.plan import Action, Cause, Plan
 from hafo.decisions.reconcile import reconcile
 from hafo.model.cluster import Assignment, ClusterSnapshot, Gpu, MoveRequest, NodeRecord
@@ -50,6 +51,14 @@ def degraded_a() -> NodeRecord:
     gpus = (dataclasses.replace(node.gpus[0], degraded=True, reason="hw slowdown"),
             *node.gpus[1:])
     return dataclasses.replace(node, gpus=gpus)
+
+
+def seen_at_finish(snapshot: ClusterSnapshot) -> Observations:
+    """The controller saw each exit at the time its report says (clocks that agree): the
+    backoff and the failure's time are counted from the controller's sighting."""
+    return Observations(ended={(s.workload, s.node, s.epoch): s.finished_at
+                               for s in snapshot.statuses.values()
+                               if s.state == "exited" and s.finished_at is not None})
 
 
 def with_restarts(snapshot: ClusterSnapshot, count: int) -> ClusterSnapshot:
@@ -145,7 +154,7 @@ def test_other_actions_are_not_counted() -> None:
 ])
 def test_decisions_know_the_failure_from(snapshot: ClusterSnapshot, down_since: dict[str, float],
                                          reported: float | None, since: float | None) -> None:
-    plan = reconcile(snapshot, NOW)
+    plan = reconcile(snapshot, NOW, seen=seen_at_finish(snapshot))
     (decision,) = decisions(snapshot, plan, down_since=down_since,
                             reported_since=reported, lease_ttl=3.0)
     assert decision.workload == "w" and decision.replaces == 10
@@ -260,7 +269,7 @@ def test_a_second_failure_before_recovery_keeps_the_first_decision_time() -> Non
                           statuses=[status("w", "a", 20, "exited", exit_code=1,
                                            finished_at=NOW + 1)])
     clock.now = NOW + 3
-    metrics.cycle(again, NOW + 3, reconcile(again, NOW + 3), 0.001)
+    metrics.cycle(again, NOW + 3, reconcile(again, NOW + 3, seen=seen_at_finish(again)), 0.001)
     assert value(registry, "hafo_restarts_total", cause="exited") == 2
     assert metrics.pending["w"].decided_at == first
 

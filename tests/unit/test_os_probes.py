@@ -17,6 +17,7 @@ from hafo.checks.os_probes import LoopLagMonitor, OsProbe
 from hafo.decisions.classify import classify
 from hafo.model.health import (
     CLOCK_JUMP,
+    CLOCK_STEP,
     DISK_FULL,
     DISK_READONLY,
     LOOP_LAG,
@@ -90,18 +91,60 @@ def test_psi_directory_unreadable_falls_back(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("readings", "expected"), [
     pytest.param([(100.0, 5.0), (102.0, 7.0)], None, id="steady"),
-    pytest.param([(100.0, 5.0), (145.0, 7.0)], 43.0, id="forward-jump"),
-    pytest.param([(100.0, 5.0), (60.0, 7.0)], -42.0, id="backward-jump"),
+    pytest.param([(100.0, 5.0), (145.0, 7.0)], 43.0, id="forward-step"),
+    pytest.param([(100.0, 5.0), (60.0, 7.0)], -42.0, id="backward-step"),
     pytest.param([(100.0, 5.0), (120.0, 7.0)], None, id="under-threshold"),
     pytest.param([(100.0, 5.0), (200.0, 7.0), (202.0, 9.0)], 98.0, id="reported-once"),
 ])
-def test_clock_jump(tmp_path: Path, readings: list[tuple[float, float]],
-                    expected: float | None) -> None:
+def test_a_clock_step_is_reported(tmp_path: Path, readings: list[tuple[float, float]],
+                                  expected: float | None) -> None:
     probe = make_probe(tmp_path, clock=readings, clock_jump=30.0)
-    results = [probe.findings() for _ in readings]
+    with capture_logs() as logs:
+        results = [probe.findings() for _ in readings]
     assert results[0] == []  # the first call only records
-    jumps = [f.value for r in results for f in r if f.kind == CLOCK_JUMP]
-    assert jumps == ([] if expected is None else [expected])
+    steps = [f.value for r in results for f in r if f.kind == CLOCK_STEP]
+    assert steps == ([] if expected is None else [expected])
+    assert not any(f.kind == CLOCK_JUMP for r in results for f in r)
+    said = [e for e in logs if e["event"] == "wall clock stepped"]
+    assert [e["seconds"] for e in said] == steps and all(e["log_level"] == "warning"
+                                                       for e in said)
+
+
+# Issue 28, finding 4: one NTP step of over 30 s drained the node (all of its work moved).
+# A step is reported and changes nothing; only a clock that keeps stepping, or runs at a rate
+# far from the monotonic clock's, is unusable and drains it.
+@pytest.mark.parametrize("step", [600.0, -600.0, 31.0], ids=["10min-ahead", "10min-behind",
+                                                             "31s"])
+def test_one_step_does_not_drain_the_node(tmp_path: Path, step: float) -> None:
+    readings = [(1000.0, 0.0), (1005.0 + step, 5.0), *((1010.0 + step + 5 * i, 10.0 + 5 * i)
+                                                        for i in range(200))]
+    probe = make_probe(tmp_path, clock=readings, clock_jump=30.0)
+    found = [f for _ in readings for f in probe.findings()]
+    assert [f.kind for f in found] == [CLOCK_STEP]
+    config = HealthConfig()
+    assert classify(found[0], config).action == "ignore"
+
+
+@pytest.mark.parametrize(("readings", "unusable"), [
+    pytest.param([(1000.0 + 5 * i + 60 * (i // 2), 5.0 * i) for i in range(8)], True,
+                 id="a-step-every-10s"),
+    pytest.param([(1000.0 + 5 * i + (60 if i >= 1 else 0) + (60 if i >= 150 else 0)
+                   + (60 if i >= 300 else 0), 5.0 * i) for i in range(310)], False,
+                 id="three-steps-over-25-minutes"),
+    pytest.param([(1000.0 + 5.25 * i, 5.0 * i) for i in range(40)], True,
+                 id="runs-5-percent-fast"),
+    pytest.param([(1000.0 + 5.0005 * i, 5.0 * i) for i in range(200)], False,
+                 id="ntp-slew-0.01-percent"),
+])
+def test_an_unusable_clock_drains_the_node(tmp_path: Path, readings: list[tuple[float, float]],
+                                           unusable: bool) -> None:
+    probe = make_probe(tmp_path, clock=readings, clock_jump=30.0)
+    found = [f for _ in readings for f in probe.findings()]
+    jumps = [f for f in found if f.kind == CLOCK_JUMP]
+    assert bool(jumps) == unusable
+    if jumps:
+        assert classify(jumps[0], HealthConfig()).action == "drain-node"
+        assert "wall clock vs monotonic clock" in (jumps[0].detail or "")
 
 
 @pytest.mark.parametrize(("lag", "found"), [(0.1, False), (2.0, False), (2.5, True)])

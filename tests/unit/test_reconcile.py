@@ -9,6 +9,7 @@ import pytest
 
 from hafo.decisions.classify import classify
 from hafo.decisions.health import HealthState, apply_to_inventory, assess
+from hafo.decisions.observed import Observations, observe
 from hafo.decisions.reconcile import FAILED_NODE_COOLDOWN, Action, reconcile
 from hafo.model import health as h
 from hafo.model.cluster import (
@@ -34,8 +35,14 @@ def three_nodes(**overrides: Any) -> list[NodeRecord]:
     return [overrides.get(n, make_node(n)) for n in "abc"]
 
 
-def only(snapshot: ClusterSnapshot, now: float = NOW) -> Action:
-    plan = reconcile(snapshot, now)
+def exit_seen(at: float, wid: str = "w1", node: str = "a", epoch: int = 10) -> Observations:
+    """The controller saw that instance's exit at ``at`` (its own clock)."""
+    return Observations(ended={(wid, node, epoch): at})
+
+
+def only(snapshot: ClusterSnapshot, now: float = NOW,
+         seen: Observations | None = None) -> Action:
+    plan = reconcile(snapshot, now, seen=seen)
     assert len(plan.actions) == 1, plan.actions
     return plan.actions[0]
 
@@ -130,7 +137,7 @@ def test_exit_nonzero_restarts_in_place() -> None:
         assignments=[prior, placed("other", "b", [0], epoch=5)],
         statuses=[status("w1", "b", 10, "exited", exit_code=3, finished_at=NOW - 60),
                   status("other", "b", 5)])
-    action = only(snap)
+    action = only(snap, seen=exit_seen(NOW - 60, node="b"))
     assert (action.kind, action.event, action.expected_revision) == ("place", "restarted", 10)
     assert action.why == ("exited with code 3 on b; restart 2/3 in place after a 1s backoff; "
                           "resumes from its latest checkpoint, if any -> b")
@@ -155,7 +162,7 @@ def test_restart_budget_restarts_in_place_then_moves(
     snap = running_on_a(status("w1", "a", 10, "exited", exit_code=1, finished_at=NOW - 100),
                         assignment=prior,
                         restart=RestartPolicy(max_restarts=max_restarts, window=window))
-    action = only(snap)
+    action = only(snap, seen=exit_seen(NOW - 100))
     new = action.assignment
     assert action.kind == "place" and new is not None and new.restarts == len(times) + 1
     recent = tuple(t for t in times if NOW - t < window)
@@ -167,22 +174,84 @@ def test_restart_budget_restarts_in_place_then_moves(
         assert f"(max {max_restarts})" in action.why
 
 
-@pytest.mark.parametrize(("finished_ago", "restarts_in_window", "waits"), [
+@pytest.mark.parametrize(("seen_ago", "restarts_in_window", "waits"), [
     pytest.param(0.0, 0, False, id="first-restart-immediate"),
     pytest.param(0.5, 1, True, id="second-waits-1s"),
     pytest.param(1.5, 1, False, id="second-after-1s"),
     pytest.param(1.5, 2, True, id="third-waits-2s"),
     pytest.param(2.5, 2, False, id="third-after-2s"),
 ])
-def test_restart_backoff_doubles(finished_ago: float, restarts_in_window: int,
+def test_restart_backoff_doubles(seen_ago: float, restarts_in_window: int,
                                  waits: bool) -> None:
     times = tuple(NOW - 10 - i for i in range(restarts_in_window))
     prior = placed("w1", "a", [0], epoch=10, restarts=restarts_in_window, restart_times=times)
     policy = RestartPolicy(max_restarts=5, window=600.0, backoff=1.0, max_backoff=30.0)
-    snap = running_on_a(status("w1", "a", 10, "exited", exit_code=1,
-                               finished_at=NOW - finished_ago),
+    snap = running_on_a(status("w1", "a", 10, "exited", exit_code=1, finished_at=NOW),
                         assignment=prior, restart=policy)
-    assert bool(reconcile(snap, NOW)) != waits
+    assert bool(reconcile(snap, NOW, seen=exit_seen(NOW - seen_ago))) != waits
+
+
+# Issue 28, finding 4: the agent's finished_at is its wall clock. An agent 1 h ahead made the
+# first restart wait an hour; 1 h behind, there was no backoff at all. The backoff is timed
+# from when the controller saw the exit, so the agent's clock changes nothing.
+@pytest.mark.parametrize("agent_offset", [
+    pytest.param(3600.0, id="agent-1h-ahead"),
+    pytest.param(-3600.0, id="agent-1h-behind"),
+    pytest.param(0.0, id="agent-in-step"),
+])
+@pytest.mark.parametrize(("restarts_in_window", "seen_ago", "waits"), [
+    pytest.param(0, 0.0, False, id="first-at-once"),
+    pytest.param(1, 0.0, True, id="second-seen-now-waits"),
+    pytest.param(1, 0.9, True, id="second-before-1s"),
+    pytest.param(1, 1.0, False, id="second-after-1s"),
+    pytest.param(3, 3.5, True, id="fourth-before-4s"),
+    pytest.param(3, 4.0, False, id="fourth-after-4s"),
+])
+def test_restart_backoff_is_the_policy_s_whatever_the_agent_s_clock(
+        agent_offset: float, restarts_in_window: int, seen_ago: float, waits: bool) -> None:
+    times = tuple(NOW - 10 - i for i in range(restarts_in_window))
+    prior = placed("w1", "a", [0], epoch=10, restarts=restarts_in_window, restart_times=times)
+    policy = RestartPolicy(max_restarts=5, window=600.0, backoff=1.0, max_backoff=30.0)
+    snap = running_on_a(status("w1", "a", 10, "exited", exit_code=1,
+                               finished_at=NOW - seen_ago + agent_offset),
+                        assignment=prior, restart=policy)
+    seen = observe(exit_seen(NOW - seen_ago), snap, NOW)
+    assert bool(reconcile(snap, NOW, seen=seen)) != waits
+
+
+def test_a_new_leader_backs_off_from_its_own_sighting_of_an_old_exit() -> None:
+    """A leader that did not see the exit happen sees it first now: the backoff runs from
+    there (at most one backoff later than its predecessor), never from the agent's clock."""
+    prior = placed("w1", "a", [0], epoch=10, restarts=1, restart_times=(NOW - 100,))
+    policy = RestartPolicy(max_restarts=5, window=600.0, backoff=1.0, max_backoff=30.0)
+    snap = running_on_a(status("w1", "a", 10, "exited", exit_code=1, finished_at=NOW + 3600),
+                        assignment=prior, restart=policy)
+    first = observe(Observations(), snap, NOW)
+    assert not reconcile(snap, NOW, seen=first)
+    later = observe(first, snap, NOW + 1.0)
+    assert later.ended_at(("w1", "a", 10), NOW + 1.0) == NOW
+    assert only(snap, NOW + 1.0, seen=later).kind == "place"
+
+
+@pytest.mark.parametrize(("field", "value", "bounded_to"), [
+    pytest.param("failed_on", {"b": NOW + 3600 + 600}, {"b": NOW + 600},
+                 id="exclusion-of-a-leader-1h-ahead"),
+    pytest.param("avoid", {"b": NOW + 3600 + 60}, {"b": NOW + 60},
+                 id="cool-down-of-a-leader-1h-ahead"),
+])
+def test_windows_a_leader_with_another_clock_wrote_last_at_most_their_length(
+        field: str, value: dict[str, float], bounded_to: dict[str, float]) -> None:
+    """A leader whose clock was 1 h ahead wrote an exclusion and a cool-down: its successor
+    keeps them at most their length after it first saw them, not an hour more."""
+    prior = placed("w1", "a", [0], epoch=10, restarts=1, restart_times=(NOW + 3600,),
+                   **{field: value})
+    snap = running_on_a(status("w1", "a", 10, "exited", exit_code=1), assignment=prior,
+                        restart=RestartPolicy(max_restarts=5, window=600.0))
+    seen = observe(exit_seen(NOW - 5), snap, NOW)  # the assignment seen first now
+    action = only(snap, seen=seen)
+    assert action.assignment is not None
+    assert dict(getattr(action.assignment, field)) == bounded_to
+    assert action.assignment.restart_times == (NOW, NOW)  # the inherited one: seen now
 
 
 def test_failed_on_every_node_is_failed() -> None:

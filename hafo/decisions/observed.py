@@ -1,0 +1,105 @@
+"""When the deciding controller saw things, on its own clock. Pure.
+
+A decision that spans machines never compares their clocks (docs/safety.md, "One clock per
+decision"): an agent's ``finished_at`` is its wall clock, not the controller's, and a time
+written into an assignment by a previous leader is that leader's clock. So the controller
+keeps, in memory, the cycle (its ``now``) at which it first saw
+
+- an instance running (reported ``running`` or ``stopping``),
+- an instance ended (reported ``exited``, or its node registered again by a new agent),
+- an assignment (workload at a revision),
+
+and times from those: a restart's backoff from when it saw the exit, how long an instance
+ran from when it saw it running to when it saw it end, and a time a previous leader wrote
+(``restart_times``, ``failed_on``, ``avoid``, ``not_before``) bounded by the policy's length
+after it first saw that assignment (``bounded``). Nothing is written to etcd. A new leader
+starts with no observations: it sees an old exit "now" and backs off from there, at most one
+backoff (``restart.max_backoff``) later than its predecessor would have; a window it inherits
+lasts at most its length after it first saw the assignment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from hafo.decisions.failures import UNCOUNTED_MAX_BACKOFF
+from hafo.model.cluster import Assignment, ClusterSnapshot
+from hafo.model.spec import RestartPolicy
+
+__all__ = ["Observations", "bounded", "observe"]
+
+#: An instance: (workload, node, epoch).
+InstanceRef = tuple[str, str, int]
+
+
+@dataclass(frozen=True)
+class Observations:
+    """First sightings, in the deciding controller's clock (see the module docstring)."""
+
+    running: Mapping[InstanceRef, float] = field(default_factory=dict)
+    ended: Mapping[InstanceRef, float] = field(default_factory=dict)
+    assigned: Mapping[tuple[str, int], float] = field(default_factory=dict)
+
+    def ended_at(self, ref: InstanceRef, now: float) -> float:
+        """When this controller first saw the instance end (``now``: not before)."""
+        return self.ended.get(ref, now)
+
+    def ran_for(self, ref: InstanceRef) -> float | None:
+        """Seconds from its first sighting running to its first sighting ended (None: not
+        seen both)."""
+        start, end = self.running.get(ref), self.ended.get(ref)
+        return end - start if start is not None and end is not None else None
+
+    def assigned_at(self, wid: str, epoch: int, now: float) -> float:
+        """When this controller first saw the assignment of ``wid`` at ``epoch``."""
+        return self.assigned.get((wid, epoch), now)
+
+
+def observe(previous: Observations, snapshot: ClusterSnapshot, now: float) -> Observations:
+    """``previous`` with this snapshot's sightings added at ``now``; sightings of instances
+    and assignments no longer in the snapshot are dropped (linear in reports + assignments)."""
+    running: dict[InstanceRef, float] = {}
+    ended: dict[InstanceRef, float] = {}
+    for status in snapshot.statuses.values():
+        ref = (status.workload, status.node, status.epoch)
+        seen_running = previous.running.get(ref)
+        if seen_running is not None:
+            running[ref] = seen_running
+        elif status.state in ("running", "stopping"):
+            running[ref] = now
+        if status.state == "exited":
+            ended[ref] = previous.ended.get(ref, now)
+    assigned: dict[tuple[str, int], float] = {}
+    for wid, assignment in snapshot.assignments.items():
+        key = (wid, assignment.epoch)
+        assigned[key] = previous.assigned.get(key, now)
+        if assignment.phase != "placed":
+            continue
+        for node in assignment.nodes:
+            alive = snapshot.alive.get(node)
+            if alive is not None and assignment.epoch <= alive.claimed:
+                ref = (wid, node, assignment.epoch)  # its agent is gone: it ended
+                ended[ref] = previous.ended.get(ref, now)
+    return Observations(running, ended, assigned)
+
+
+def bounded(current: Assignment, seen: float, policy: RestartPolicy,
+            cooldown: float) -> Assignment:
+    """``current`` with the times a controller wrote into it bounded by this controller's
+    first sighting of it (``seen``): no restart after ``seen``, no exclusion past ``seen`` +
+    ``restart.window``, no cool-down past ``seen`` + ``cooldown``, no backoff past ``seen`` +
+    the longer of ``restart.max_backoff`` and ``UNCOUNTED_MAX_BACKOFF``. Times written by
+    this controller are within those bounds already (it wrote them when it decided, no later
+    than it saw the result); only those of a leader whose clock was ahead are cut. The same
+    object when nothing is cut."""
+    times = tuple(min(t, seen) for t in current.restart_times)
+    failed_on = {n: min(t, seen + policy.window) for n, t in current.failed_on.items()}
+    avoid = {n: min(t, seen + cooldown) for n, t in current.avoid.items()}
+    not_before = min(current.not_before,
+                     seen + max(policy.max_backoff, UNCOUNTED_MAX_BACKOFF))
+    if (times == current.restart_times and failed_on == current.failed_on
+            and avoid == current.avoid and not_before == current.not_before):
+        return current
+    return replace(current, restart_times=times, failed_on=failed_on, avoid=avoid,
+                   not_before=not_before)
