@@ -2,10 +2,14 @@
 cores are saturated by other processes and a neighbour hammers the disk with fsyncs.
 
     python benchmarks/false_positives.py --minutes 10
+    python benchmarks/false_positives.py --minutes 10 --stall-every 60 --stall-for 2.5
 
 Counts, over the run, failovers, restarts, re-registrations and epoch changes (all spurious:
-nothing is injected). The baseline is the same cluster, measured first for a short while
-without the load.
+nothing is injected but load). The baseline is the same cluster, measured first for a short
+while without the load. ``--stall-every S --stall-for T`` also freezes every etcd member
+(SIGSTOP) for T seconds every S seconds under the load, as a GC pause or a VM stall does:
+each stall expires every lease as etcd resumes, and the agents must hold their nodes again
+(``node-resumed``, counted apart) without a restart (docs/safety.md, "An etcd stall").
 """
 
 from __future__ import annotations
@@ -59,12 +63,27 @@ async def observe(cluster: LocalCluster, ids: list[str], seconds: float) -> dict
                 epochs[w] = epoch
     events = [e for e in await read_events(cluster.store, cluster.keys, 0) if e.ts >= t0]
     count = {kind: sum(1 for e in events if e.kind == kind)
-             for kind in ("failover", "restarted", "node-reregistered", "leader-elected")}
+             for kind in ("failover", "restarted", "node-reregistered", "fenced",
+                          "leader-elected", "node-resumed")}
     count["epoch changes"] = changed
     return count
 
 
-async def main(minutes: float, baseline: float) -> int:
+async def stall_etcd(cluster: LocalCluster, every: float, stall: float,
+                     done: list[float]) -> None:
+    """Freeze every etcd member for ``stall`` seconds every ``every`` seconds."""
+    members = list(range(len(cluster.etcd.members)))
+    while True:
+        await asyncio.sleep(every - stall)
+        cluster.etcd.freeze(members)
+        try:
+            await asyncio.sleep(stall)
+        finally:
+            cluster.etcd.thaw(members)
+        done.append(stall)
+
+
+async def main(minutes: float, baseline: float, stall_every: float, stall_for: float) -> int:
     cluster = LocalCluster(nodes=4, controllers=2, etcd_members=3)
     load: list = []
     cluster.start()
@@ -81,11 +100,22 @@ async def main(minutes: float, baseline: float) -> int:
             load.append(spawn([sys.executable, "-c", BURN], cluster.base / f"burn{i}.log"))
         load.append(spawn([sys.executable, "-c", FSYNC, str(scratch)],
                           cluster.base / "fsync.log"))
+        stalls: list[float] = []
+        stalling = (asyncio.ensure_future(stall_etcd(cluster, stall_every, stall_for, stalls))
+                    if stall_every > 0 else None)
         print(f"load: {len(load) - 1} CPU burners (both cores) + 1 fsync neighbour on etcd's "
-              f"disk, for {minutes:g} min", flush=True)
-        loaded = await observe(cluster, ids, minutes * 60)
-        print(f"under load ({minutes:g} min): {loaded}")
-        spurious = loaded["failover"] + loaded["restarted"] + loaded["node-reregistered"]
+              f"disk, for {minutes:g} min"
+              + (f"; every etcd member frozen {stall_for:g} s every {stall_every:g} s"
+                 if stalling else ""), flush=True)
+        try:
+            loaded = await observe(cluster, ids, minutes * 60)
+        finally:
+            if stalling is not None:
+                stalling.cancel()
+                await asyncio.gather(stalling, return_exceptions=True)
+        print(f"under load ({minutes:g} min, {len(stalls)} etcd stalls): {loaded}")
+        spurious = (loaded["failover"] + loaded["restarted"] + loaded["node-reregistered"]
+                    + loaded["fenced"])
         print(f"spurious failovers/restarts/re-registrations: {spurious} "
               f"(baseline {quiet['failover'] + quiet['restarted']})")
         await cluster.close_store()
@@ -102,5 +132,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--baseline", type=float, default=30.0, help="seconds without load")
+    parser.add_argument("--stall-every", type=float, default=0.0,
+                        help="freeze every etcd member every S seconds (0: never)")
+    parser.add_argument("--stall-for", type=float, default=2.5, help="for T seconds")
     args = parser.parse_args()
-    run_main(lambda: asyncio.run(main(args.minutes, args.baseline)))
+    if args.stall_every and not 0 < args.stall_for < args.stall_every:
+        parser.error("--stall-for: must be positive and below --stall-every")
+    run_main(lambda: asyncio.run(main(args.minutes, args.baseline, args.stall_every,
+                                      args.stall_for)))

@@ -19,23 +19,26 @@ from hafo.decisions.store_trust import IdentityRecord, Known, Verdict, accepted_
 from hafo.store import codec
 from hafo.store.keys import Keys
 from hafo.store.protocol import Store
-from hafo.store.records import Compare, Get, Put
+from hafo.store.records import KV, Compare, Get, Put
 
 log = structlog.get_logger("hafo.store")
+
+
+def _record_of(kv: KV | None) -> IdentityRecord | None:
+    """The record a read found (None when missing or not of its shape)."""
+    if kv is None:
+        return None
+    try:
+        return IdentityRecord.from_dict(codec.decode(kv.value))
+    except ValueError:
+        return None
 
 
 async def read_identity(store: Store, keys: Keys) -> tuple[IdentityRecord | None, int]:
     """The identity record (None when missing or not of its shape) and the store's revision
     at the same moment."""
     result = await store.txn([], [Get(keys.identity)])
-    kv = result.reads[0] if result.reads else None
-    record = None
-    if kv is not None:
-        try:
-            record = IdentityRecord.from_dict(codec.decode(kv.value))
-        except ValueError:
-            record = None
-    return record, result.revision
+    return _record_of(result.reads[0] if result.reads else None), result.revision
 
 
 async def accept_store(store: Store, keys: Keys) -> IdentityRecord:
@@ -45,12 +48,7 @@ async def accept_store(store: Store, keys: Keys) -> IdentityRecord:
     while True:
         result = await store.txn([], [Get(keys.identity)])
         kv = result.reads[0] if result.reads else None
-        old = None
-        if kv is not None:
-            try:
-                old = IdentityRecord.from_dict(codec.decode(kv.value))
-            except ValueError:
-                old = None
+        old = _record_of(kv)
         new = IdentityRecord(old.id if old is not None else uuid.uuid4().hex,
                              accepted_generation(old.generation if old else 0,
                                                  now=time.time()),
