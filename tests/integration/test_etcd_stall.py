@@ -26,6 +26,8 @@ from .test_etcd_restart import five_workloads, why_changed
     pytest.param(1, (0,), 10.0, id="single-member-10s"),
     pytest.param(3, (0, 1, 2), 5.0, id="all-3-members-5s"),
     pytest.param(3, (0,), 5.0, id="one-of-3-members-5s"),
+    pytest.param(1, (0,), 60.0, id="single-member-60s"),
+    pytest.param(3, (0, 1, 2), 10.0, id="all-3-members-10s"),
 ])
 async def test_an_etcd_stall_restarts_nothing(local_cluster: ClusterFactory, members: int,
                                               frozen: tuple[int, ...], stall: float) -> None:
