@@ -34,9 +34,11 @@ def test_judge(known: Known | None, record: IdentityRecord | None, revision: int
     verdict = judge(known, record, revision)
     assert verdict.trusted is trusted
     assert words in verdict.reason
-    if trusted:
-        assert (verdict.known is not None and verdict.known.revision >= revision) \
-            or (verdict.known is not None and verdict.known.revision >= 7)
+    if trusted:  # known from now on: the record's, at the highest revision seen
+        assert record is not None and verdict.known is not None
+        floor = known.revision if known is not None and not verdict.accepted else 0
+        assert verdict.known == Known(record.id, record.generation,
+                                      max(revision, record.accepted_revision, floor))
 
 
 def test_an_accepted_generation_starts_the_floor_again() -> None:
