@@ -46,7 +46,12 @@ _UNWRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.ENOSPC, errno.EIO, err
 # CLOCK_STEPS steps over ``health.clock_jump`` within CLOCK_WINDOW seconds of the monotonic
 # clock, or, over at least CLOCK_RATE_SPAN seconds, a rate off the monotonic clock's by more
 # than CLOCK_RATE (NTP slews by 0.05 % at most). One step (an NTP step, a VM resumed) is
-# reported (``clock_step``: logged, no action): no decision reads the wall clock.
+# reported (``clock_step``: logged, no action): no decision reads the wall clock. A step
+# that puts the clock back where it was before the window's first step (within
+# ``health.clock_jump``) is a correction, reported but not counted: a clock set wrong and
+# set right again is usable (a real step +5 min, -10 min and back drained every node:
+# tests/integration/test_clock_step.py); one that keeps flipping between two times still
+# counts every step away.
 CLOCK_STEPS = 3
 CLOCK_WINDOW = 600.0
 CLOCK_RATE = 0.01
@@ -85,7 +90,8 @@ class OsProbe:
         self._mono = mono
         self._lock = threading.Lock()
         self._last_clock: tuple[float, float] | None = None
-        self._steps: deque[tuple[float, float]] = deque()  # (mono, step) within the window
+        # (mono, step, the offset wall - mono before it, counted) within the window
+        self._steps: deque[tuple[float, float, float, bool]] = deque()
         self._drift: deque[tuple[float, float]] = deque()  # (mono, drift) under the threshold
         self._loop_lag = 0.0
         self._logged: set[str] = set()
@@ -132,11 +138,18 @@ class OsProbe:
             mono = now[1]
             jump = (now[0] - last[0]) - (now[1] - last[1])
             stepped = abs(jump) > self.config.clock_jump
-            (self._steps if stepped else self._drift).append((mono, jump))
             for window in (self._steps, self._drift):
                 while window and window[0][0] < mono - CLOCK_WINDOW:
                     window.popleft()
-            steps = len(self._steps)
+            correction = False
+            if stepped:
+                before = last[0] - last[1]
+                baseline = self._steps[0][2] if self._steps else before
+                correction = abs(before + jump - baseline) <= self.config.clock_jump
+                self._steps.append((mono, jump, before, not correction))
+            else:
+                self._drift.append((mono, jump))
+            steps = sum(counted for *_, counted in self._steps)
             span = mono - self._drift[0][0] if self._drift else 0.0
             drift = sum(d for _, d in self._drift)
             last_step = self._steps[-1][1] if self._steps else jump
@@ -150,9 +163,11 @@ class OsProbe:
                             f"{span:.0f}s (more than {CLOCK_RATE:.0%})")]
         if stepped:
             log.warning("wall clock stepped", seconds=round(jump, 3),
-                        detail="no decision reads the wall clock; log timestamps only")
+                        detail="no decision reads the wall clock; log timestamps only",
+                        **({"back": True} if correction else {}))
             return [Finding(CLOCK_STEP, value=round(jump, 3),
-                            detail="wall clock vs monotonic clock")]
+                            detail="wall clock vs monotonic clock" + (
+                                ": back where it was" if correction else ""))]
         return []
 
     def _disk(self) -> list[Finding]:

@@ -7,15 +7,20 @@ keeps, in memory, the cycle (its ``now``) at which it first saw
 
 - an instance running (reported ``running`` or ``stopping``),
 - an instance ended (reported ``exited``, or its node registered again by a new agent),
+- an instance ready (in rotation, ``hafo.model.endpoints.instance_ready``; a new
+  ``ready_since`` in its agent's report is a new ready period, seen anew: the agent's stamp
+  is only compared with itself, never with this clock),
 - an assignment (workload at a revision),
 
 and times from those: a restart's backoff from when it saw the exit, how long an instance
-ran from when it saw it running to when it saw it end, and a time a previous leader wrote
+ran from when it saw it running to when it saw it end, how long a service replica has been
+ready (``update.min_ready_seconds``) from when it saw it ready, and a time a previous leader wrote
 (``restart_times``, ``failed_on``, ``avoid``, ``not_before``) bounded by the policy's length
 after it first saw that assignment (``bounded``). Nothing is written to etcd. A new leader
 starts with no observations: it sees an old exit "now" and backs off from there, at most one
 backoff (``restart.max_backoff``) later than its predecessor would have; a window it inherits
-lasts at most its length after it first saw the assignment.
+lasts at most its length after it first saw the assignment, and a replica already ready
+waits ``min_ready_seconds`` again from when it first saw it ready.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from hafo.decisions.failures import UNCOUNTED_MAX_BACKOFF
 from hafo.model.cluster import Assignment, ClusterSnapshot
+from hafo.model.endpoints import instance_ready, serving_status
 from hafo.model.spec import RestartPolicy
 
 __all__ = ["Observations", "bounded", "observe"]
@@ -40,6 +46,10 @@ class Observations:
     running: Mapping[InstanceRef, float] = field(default_factory=dict)
     ended: Mapping[InstanceRef, float] = field(default_factory=dict)
     assigned: Mapping[tuple[str, int], float] = field(default_factory=dict)
+    #: instance -> when first seen ready (in rotation), in this period of readiness
+    ready: Mapping[InstanceRef, float] = field(default_factory=dict)
+    #: instance -> its agent's ``ready_since`` at that sighting (tells periods apart)
+    ready_stamp: Mapping[InstanceRef, float | None] = field(default_factory=dict)
 
     def ended_at(self, ref: InstanceRef, now: float) -> float:
         """When this controller first saw the instance end (``now``: not before)."""
@@ -81,7 +91,19 @@ def observe(previous: Observations, snapshot: ClusterSnapshot, now: float) -> Ob
             if alive is not None and assignment.epoch <= alive.claimed:
                 ref = (wid, node, assignment.epoch)  # its agent is gone: it ended
                 ended[ref] = previous.ended.get(ref, now)
-    return Observations(running, ended, assigned)
+    ready: dict[InstanceRef, float] = {}
+    ready_stamp: dict[InstanceRef, float | None] = {}
+    for wid in snapshot.assignments:
+        serving = serving_status(snapshot, wid) if instance_ready(snapshot, wid) else None
+        if serving is None:
+            continue  # not in rotation: its next period of readiness is seen anew
+        ref = (wid, serving.node, serving.epoch)
+        stamp = serving.ready_since
+        seen_ready = previous.ready.get(ref)
+        same_period = seen_ready is not None and previous.ready_stamp.get(ref) == stamp
+        ready[ref] = seen_ready if same_period and seen_ready is not None else now
+        ready_stamp[ref] = stamp
+    return Observations(running, ended, assigned, ready, ready_stamp)
 
 
 def bounded(current: Assignment, seen: float, policy: RestartPolicy,

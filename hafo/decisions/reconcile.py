@@ -300,7 +300,7 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
     if seen is None:
         seen = observe(Observations(), snapshot, now)
     default = _strategy(strategy)
-    replicas = tuple(decide_services(snapshot, now))
+    replicas = tuple(decide_services(snapshot, now, seen.ready))
     actions: list[Action] = []
     for wid, assignment in sorted(snapshot.assignments.items()):
         if wid not in snapshot.workloads:

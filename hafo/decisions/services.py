@@ -14,7 +14,9 @@ The rules, one line each in the log (``ReplicaChange.why``):
 1. A retiring replica is deleted ``drain_delay`` after it left rotation (at once if it does
    not run).
 2. A replacement that has been ready ``min_ready_seconds`` retires the replica it replaces;
-   so does one whose old replica is not ready anyway.
+   so does one whose old replica is not ready anyway. How long is timed from when this
+   controller first saw it ready (``ready_seen``, ``hafo.decisions.observed``), never from
+   its agent's ``ready_since`` (another machine's clock).
 3. A replacement for an older spec that is not ready yet is retired (a newer submit, or a
    rollback, supersedes it).
 4. A replica asked to move (``hafo drain``, ``hafo migrate``) gets a replacement at once.
@@ -28,6 +30,7 @@ The rules, one line each in the log (``ReplicaChange.why``):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -38,6 +41,9 @@ from hafo.model.service_state import stalled_replacements
 ChangeKind = Literal["create", "retire", "delete"]
 
 __all__ = ["ChangeKind", "ReplicaChange", "apart_from", "decide_services"]
+
+#: An instance: (workload, node, epoch).
+InstanceRef = tuple[str, str, int]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,10 +72,12 @@ def _finished(snapshot: ClusterSnapshot, wid: str) -> bool:
 class _Service:
     """The decisions for one service in one cycle."""
 
-    def __init__(self, snapshot: ClusterSnapshot, service: Submission, now: float) -> None:
+    def __init__(self, snapshot: ClusterSnapshot, service: Submission, now: float,
+                 ready_seen: Mapping[InstanceRef, float]) -> None:
         self.snapshot = snapshot
         self.service = service
         self.now = now
+        self.ready_seen = ready_seen
         self.spec = service.spec
         self.template = service.spec.template
         self.update = service.spec.update
@@ -121,7 +129,8 @@ class _Service:
                      if r.replaces is not None and r.replaces in by_id}
         for old_id, new in sorted(replacing.items()):  # rules 2 and 3
             old = by_id[old_id]
-            if ready_for(snapshot, new.id, self.update.min_ready_seconds, now):
+            if ready_for(snapshot, new.id, self.update.min_ready_seconds, now,
+                         self.ready_seen):
                 self._retire(old, f"replica {new.id} is ready: {old.id}, which it "
                              "replaces, leaves rotation")
             elif new.spec != self.template and not instance_ready(snapshot, new.id):
@@ -152,7 +161,7 @@ class _Service:
         in_flight = [new for old, new in replacing.items()
                      if new.id not in self.retired and old not in self.retired
                      and not ready_for(self.snapshot, new.id, self.update.min_ready_seconds,
-                                        self.now)]
+                                        self.now, self.ready_seen)]
         stalled = [r for r in stalled_replacements(self.snapshot, self.service.id, self.now)
                    if r.id not in self.retired and r.replaces not in self.retired]
         if stalled:
@@ -180,13 +189,17 @@ class _Service:
                              "leaves rotation")
 
 
-def decide_services(snapshot: ClusterSnapshot, now: float) -> list[ReplicaChange]:
-    """Every service's replica changes for this cycle (rules in the module docstring)."""
+def decide_services(snapshot: ClusterSnapshot, now: float,
+                    ready_seen: Mapping[InstanceRef, float] | None = None) -> list[ReplicaChange]:
+    """Every service's replica changes for this cycle (rules in the module docstring).
+    ``ready_seen``: instance -> when this controller first saw it ready
+    (``Observations.ready``); None: every ready instance seen first ``now``."""
+    seen = ready_seen if ready_seen is not None else {}
     changes: list[ReplicaChange] = []
     for sid in sorted(snapshot.workloads):
         submission = snapshot.workloads[sid]
         if submission.spec.is_service and submission.service is None:
-            changes += _Service(snapshot, submission, now).decide()
+            changes += _Service(snapshot, submission, now, seen).decide()
     for sid, replicas in sorted(snapshot.replicas.items()):  # rule 7 (service gone)
         service = snapshot.workloads.get(sid)
         if service is None or not service.spec.is_service:

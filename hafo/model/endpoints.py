@@ -74,21 +74,19 @@ def instance_ready(snapshot: ClusterSnapshot, wid: str) -> bool:
         and not status.failing
 
 
-def ready_since(snapshot: ClusterSnapshot, wid: str) -> float | None:
-    """Since when a ready instance has been ready (None: not ready)."""
+def ready_for(snapshot: ClusterSnapshot, wid: str, seconds: float, now: float,
+              seen: Mapping[tuple[str, str, int], float]) -> bool:
+    """Ready, and for at least ``seconds`` by the deciding controller's clock: ``seen``
+    maps an instance (workload, node, epoch) to when that controller first saw it ready
+    (``hafo.decisions.observed``; an instance it has not seen ready is seen first ``now``).
+    The agent's ``ready_since`` is its own wall clock and is never compared with ``now``
+    (docs/safety.md, "One clock per decision")."""
     if not instance_ready(snapshot, wid):
-        return None
+        return False
     status = serving_status(snapshot, wid)
-    return status.ready_since if status is not None else None
-
-
-def ready_for(snapshot: ClusterSnapshot, wid: str, seconds: float, now: float) -> bool:
-    """Ready, and for at least ``seconds`` (a report without ``ready_since`` counts only when
-    no time is asked for)."""
-    since = ready_since(snapshot, wid)
-    if since is not None:
-        return now - since >= seconds
-    return seconds <= 0 and instance_ready(snapshot, wid)
+    if status is None:
+        return False
+    return now - seen.get((wid, status.node, status.epoch), now) >= seconds
 
 
 def _endpoint(snapshot: ClusterSnapshot, wid: str) -> Endpoint:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hafo.model.cluster import ClusterSnapshot, Submission
-from hafo.model.endpoints import instance_ready, ready_for
+from hafo.model.endpoints import instance_ready
 
 __all__ = ["ServiceState", "service_state", "stalled_replacements"]
 
@@ -39,9 +39,11 @@ def _pending_reasons(snapshot: ClusterSnapshot, ids: Iterable[str]) -> list[str]
 def stalled_replacements(snapshot: ClusterSnapshot, sid: str,
                          now: float | None) -> list[Submission]:
     """The replacements (of the current spec, for a replica still in rotation) not ready
-    ``update.min_ready_seconds`` longer than ``update.progress_deadline`` after they were
-    created: they stop the rollout (the one rule, for the decisions and for people). None
-    when ``now`` is None."""
+    ``update.progress_deadline`` after they were created: they stop the rollout (the one
+    rule, for the decisions and for people). Ready means in rotation now: how long it has
+    been ready (``update.min_ready_seconds``) is the leader's own observation
+    (``hafo.decisions.services``), which no one else has, so a ready replacement waiting
+    out ``min_ready_seconds`` is in progress, not stopped. None when ``now`` is None."""
     if now is None:
         return []
     service = snapshot.workloads[sid]
@@ -51,7 +53,7 @@ def stalled_replacements(snapshot: ClusterSnapshot, sid: str,
     return [r for r in active.values()
             if r.replaces in active and r.spec == template
             and now - r.submitted_at > update.progress_deadline
-            and not ready_for(snapshot, r.id, update.min_ready_seconds, now)]
+            and not instance_ready(snapshot, r.id)]
 
 
 def service_state(snapshot: ClusterSnapshot, sid: str, now: float | None) -> ServiceState:

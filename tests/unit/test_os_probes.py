@@ -125,12 +125,32 @@ def test_one_step_does_not_drain_the_node(tmp_path: Path, step: float) -> None:
     assert classify(found[0], config).action == "ignore"
 
 
+def stepped(steps: list[float]) -> list[tuple[float, float]]:
+    """(wall, mono) readings 5 s apart, the wall clock stepped by each of ``steps`` in turn,
+    10 s apart."""
+    readings, offset = [], 0.0
+    for i in range(2 * len(steps) + 3):
+        if i % 2 == 1 and i // 2 < len(steps):
+            offset += steps[i // 2]
+        readings.append((1000.0 + 5.0 * i + offset, 5.0 * i))
+    return readings
+
+
+# A step that puts the clock back where it was (a clock set wrong, then set right) is a
+# correction: reported, not counted as evidence that the clock is unusable (a real step of
+# +5 min, -10 min and back drained every node: tests/integration/test_clock_step.py).
 @pytest.mark.parametrize(("readings", "unusable"), [
     pytest.param([(1000.0 + 5 * i + 60 * (i // 2), 5.0 * i) for i in range(8)], True,
                  id="a-step-every-10s"),
     pytest.param([(1000.0 + 5 * i + (60 if i >= 1 else 0) + (60 if i >= 150 else 0)
                    + (60 if i >= 300 else 0), 5.0 * i) for i in range(310)], False,
                  id="three-steps-over-25-minutes"),
+    pytest.param(stepped([300.0, -600.0, 300.0]), False, id="ahead-behind-and-back"),
+    pytest.param(stepped([-600.0, 600.0, 45.0]), False, id="behind-back-and-one-step"),
+    pytest.param(stepped([300.0, -300.0, 300.0, -300.0, 300.0]), True,
+                 id="flipping-between-two-times"),
+    pytest.param(stepped([300.0, -600.0, 300.0, 600.0]), True,
+                 id="ahead-behind-back-and-away-again"),
     pytest.param([(1000.0 + 5.25 * i, 5.0 * i) for i in range(40)], True,
                  id="runs-5-percent-fast"),
     pytest.param([(1000.0 + 5.0005 * i, 5.0 * i) for i in range(200)], False,
@@ -253,3 +273,15 @@ async def test_loop_lag_monitor_sees_a_blocked_loop() -> None:
             await task
     assert monitor.max_recent >= 0.2
     assert seen[-1] >= 0.2  # the window keeps the max, not just the latest
+
+
+def test_a_step_back_is_reported_as_one(tmp_path: Path) -> None:
+    readings = stepped([300.0, -600.0, 300.0])
+    probe = make_probe(tmp_path, clock=readings, clock_jump=30.0)
+    with capture_logs() as logs:
+        found = [f for _ in readings for f in probe.findings()]
+    assert [(f.kind, f.value) for f in found] == [(CLOCK_STEP, 300.0), (CLOCK_STEP, -600.0),
+                                                 (CLOCK_STEP, 300.0)]
+    assert found[2].detail == "wall clock vs monotonic clock: back where it was"
+    said = [e for e in logs if e["event"] == "wall clock stepped"]
+    assert [e.get("back", False) for e in said] == [False, False, True]

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from hafo.decisions.observed import Observations, observe
 from hafo.decisions.reconcile import reconcile
 from hafo.decisions.services import apart_from, decide_services
 from hafo.model.cluster import ClusterSnapshot, InstanceStatus, MoveRequest, Submission
@@ -106,18 +107,77 @@ def test_a_changed_spec_replaces_one_replica_at_a_time_new_before_old() -> None:
     assert kinds(done) == [("retire", f"{SID}.0"), ("create", f"{SID}.4")]
 
 
-def test_min_ready_seconds_holds_the_old_replica_in_rotation() -> None:
-    old, new = service_spec(), service_spec(env={"V": "2"},
-                                            update=UpdatePolicy(min_ready_seconds=30))
-    replicas = [replica(0, old), replica(1, old), replica(2, old),
-                replica(3, new, at=NOW - 5, replaces=f"{SID}.0")]
-    snapshot = cluster(new, replicas, {0: "n1", 1: "n2", 2: "n3", 3: "n4"})
+MIN_READY = 30.0
+NEW_SPEC = service_spec(env={"V": "2"}, update=UpdatePolicy(min_ready_seconds=MIN_READY,
+                                                              progress_deadline=60))
+OLD_REPLICAS = [replica(0), replica(1), replica(2)]
+REPLACEMENT = replica(3, NEW_SPEC, at=NOW - 100, replaces=f"{SID}.0")
+RETIRES = [("retire", f"{SID}.0"), ("create", f"{SID}.4")]
+
+
+def replacing(agent_since: float | None) -> ClusterSnapshot:
+    """Replica 3 replaces replica 0; ready (its agent says since ``agent_since``, its own
+    clock) or, with None, placed and not ready."""
+    ready_on = {0: "n1", 1: "n2", 2: "n3"}
+    snapshot = cluster(NEW_SPEC, [*OLD_REPLICAS, REPLACEMENT],
+                       {**ready_on, **({3: "n4"} if agent_since is not None else {})},
+                       placed_on={3: "n4"} if agent_since is None else None)
+    if agent_since is None:
+        return snapshot
     statuses = dict(snapshot.statuses)
-    statuses[(f"{SID}.3", "n4")] = dataclasses.replace(statuses[(f"{SID}.3", "n4")],
-                                                       ready_since=NOW - 5)
-    snapshot = dataclasses.replace(snapshot, statuses=statuses)
-    assert kinds(snapshot) == []
-    assert kinds(snapshot, NOW + 30) == [("retire", f"{SID}.0"), ("create", f"{SID}.4")]
+    statuses[(f"{SID}.3", "n4")] = ready(3, "n4", since=agent_since)
+    return dataclasses.replace(snapshot, statuses=statuses)
+
+
+# (controller's time, the agent's ready_since or None: not ready) per cycle, then the
+# cycles at which the leader retires the old replica. SKEW is the agent's clock minus the
+# controller's: min_ready_seconds is timed by the leader's own sightings, so an agent clock
+# an hour ahead or behind changes nothing (its ready_since used to: an hour behind retired
+# the old replica at once, an hour ahead held it for an hour).
+@pytest.mark.parametrize("skew", [0.0, 3600.0, -3600.0], ids=["same", "1h-ahead", "1h-behind"])
+@pytest.mark.parametrize(("cycles", "retires_at"), [
+    pytest.param([(NOW, NOW), (NOW + 29.9, NOW), (NOW + 30, NOW)], [2], id="after-30s"),
+    pytest.param([(NOW, NOW - 500), (NOW + 30, NOW - 500)], [1],
+                 id="ready-long-before-first-seen"),
+    pytest.param([(NOW, NOW), (NOW + 10, None), (NOW + 15, NOW + 15), (NOW + 30, NOW + 15),
+                  (NOW + 45, NOW + 15)], [4], id="not-ready-between-starts-again"),
+    pytest.param([(NOW, NOW), (NOW + 20, NOW + 19), (NOW + 30, NOW + 19),
+                  (NOW + 50, NOW + 19)], [3], id="agent-saw-a-flap-between-snapshots"),
+])
+def test_min_ready_seconds_is_timed_by_the_leader_s_sightings(
+        skew: float, cycles: list[tuple[float, float | None]], retires_at: list[int]) -> None:
+    seen = Observations()
+    retired = []
+    for i, (now, agent_since) in enumerate(cycles):
+        snapshot = replacing(None if agent_since is None else agent_since + skew)
+        seen = observe(seen, snapshot, now)
+        changes = [(c.kind, c.replica) for c in decide_services(snapshot, now, seen.ready)]
+        assert changes in ([], RETIRES), (i, changes)
+        if changes:
+            retired.append(i)
+        plan = reconcile(snapshot, now, seen=seen)
+        assert [(c.kind, c.replica) for c in plan.replicas] == changes
+    assert retired == retires_at
+
+
+@pytest.mark.parametrize("skew", [0.0, 3600.0, -3600.0], ids=["same", "1h-ahead", "1h-behind"])
+def test_a_new_leader_waits_min_ready_seconds_from_its_own_first_sighting(skew: float) -> None:
+    snapshot = replacing(NOW - 1000 + skew)  # ready for long, by its agent's clock
+    assert kinds(snapshot) == []  # no sightings: seen first now
+    seen = observe(Observations(), snapshot, NOW)
+    assert decide_services(snapshot, NOW + 29, seen.ready) == []
+    assert [(c.kind, c.replica) for c in decide_services(snapshot, NOW + 30, seen.ready)] \
+        == RETIRES
+
+
+@pytest.mark.parametrize("skew", [0.0, 3600.0, -3600.0], ids=["same", "1h-ahead", "1h-behind"])
+def test_a_ready_replacement_waiting_out_min_ready_seconds_is_not_a_stopped_rollout(
+        skew: float) -> None:
+    snapshot = replacing(NOW + skew)  # 100 s after it was created, past the deadline
+    state = service_state(snapshot, SID, NOW)
+    assert state.state == "updating" and "rollout stopped" not in state.reason
+    stalled = service_state(replacing(None), SID, NOW)  # not ready past the deadline
+    assert stalled.state == "degraded" and "rollout stopped" in stalled.reason
 
 
 def test_a_replacement_never_ready_stops_the_rollout_and_a_rollback_withdraws_it() -> None:
