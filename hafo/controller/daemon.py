@@ -79,7 +79,7 @@ class Controller:
         self.history = HistoryWriter(self.store, self.keys)
         self.trust = StoreTrust(self.store, self.keys, f"controller {self.name}")
         self.api_auth = ApiAuthAgreement(self.store, self.keys, self.name, api_auth_of(
-            api_token, config.api.scheme == "https", config.cluster))
+            api_token, config.api.scheme == "https", config.cluster), self.events)
         self.failsafe = ControllerFailsafe(self.name, self.store, self.keys, timing.lease_ttl,
                                            timing.fence_margin, timing.failsafe_max,
                                            store_problem=self.store_problem)
@@ -95,7 +95,8 @@ class Controller:
         self.connected = False
         self.cycles = 0
         self.metrics = ControllerMetrics(self, self.registry, lease_ttl=timing.lease_ttl,
-                                         clock=clock)
+                                         clock=clock,
+                                         api_auth_mismatch=lambda: self.api_auth.mismatch)
         self.store.observer = self.metrics.observe_etcd
         self.conditions = ClusterConditions(self.events, self.leading, self.registry)
 

@@ -3,7 +3,8 @@
 At scrape time, from the cache's snapshot (``hafo_nodes``, ``hafo_workloads``, ``hafo_gpus``,
 every state always present; per node and per workload ``hafo_node_state``,
 ``hafo_workload_state`` and ``hafo_workload_restarts_total``, for alerts that name them), the
-election (``hafo_leader``) and the failsafe side (``hafo_failsafe_active``). Counted by the
+election (``hafo_leader``), the failsafe side (``hafo_failsafe_active``) and whether this
+controller's API auth differs from the cluster's (``hafo_api_auth_mismatch``). Counted by the
 leader once per applied decision (``hafo_failovers_total``, ``hafo_restarts_total``), with
 the latency of detection and recovery (``hafo_detection_seconds``,
 ``hafo_recovery_seconds``), and the cost of each reconcile cycle and of each etcd request.
@@ -57,7 +58,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -295,7 +296,10 @@ class ControllerMetrics:
     (and ``new_term`` when its term begins), the store feeds ``observe_etcd``."""
 
     def __init__(self, source: ControllerSource, registry: CollectorRegistry, *,
-                 lease_ttl: float, clock: Callable[[], float]) -> None:
+                 lease_ttl: float, clock: Callable[[], float],
+                 api_auth_mismatch: Callable[[], bool] = lambda: False) -> None:
+        """``api_auth_mismatch``: whether this controller's API auth differs from the
+        cluster's (``hafo.store.api_auth.ApiAuthAgreement.mismatch``), read at scrape time."""
         self.lease_ttl = lease_ttl
         self.clock = clock
         self.pending: dict[str, _Pending] = {}
@@ -333,6 +337,9 @@ class ControllerMetrics:
             "hafo_controller_reconcile_duration_seconds", "Seconds one reconcile cycle of the "
             "leader took: snapshot, decisions and applying the plan",
             buckets=CYCLE_BUCKETS, registry=registry)
+        Gauge("hafo_api_auth_mismatch", "1 while this controller refuses writes because its "
+              "API auth (token, TLS) differs from the cluster's record, else 0",
+              registry=registry).set_function(lambda: 1.0 if api_auth_mismatch() else 0.0)
         self.etcd = EtcdMetrics(registry)
         self.observe_etcd = self.etcd.observe  # the store's observer
 

@@ -5,17 +5,25 @@ lease: ``{"api": URL, "auth": {...}}``); ``ApiAuthAgreement.check`` reads the cl
 (``Keys.api_auth``) and every live controller's settings, judges, writes the record where the
 verdict says so (guarded: created only where there is none, replaced only where it is the one
 read), and keeps ``refusal``: why this controller refuses writes, '' while it agrees.
+
+A mismatch (this controller's settings differ from the cluster's record) is said once in the
+event log (``api-auth-mismatch``, given an ``EventLog``): when it is found, again only when it
+changes (this controller's settings or the record), and once when it ends; ``mismatch`` is
+what the ``hafo_api_auth_mismatch`` gauge exports.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import structlog
 
 from hafo.decisions.api_auth import ApiAuth, judge
+from hafo.model.cluster import Event
 from hafo.store import codec
+from hafo.store.events import EventLog
 from hafo.store.keys import Keys
 from hafo.store.protocol import Store
 from hafo.store.records import Compare, Put
@@ -55,14 +63,24 @@ async def read_api_auth(store: Store, keys: Keys) -> tuple[ApiAuth | None, int,
 class ApiAuthAgreement:
     """One controller's view of whether its API auth is the cluster's (see the module)."""
 
-    def __init__(self, store: Store, keys: Keys, name: str, mine: ApiAuth) -> None:
+    def __init__(self, store: Store, keys: Keys, name: str, mine: ApiAuth,
+                 events: EventLog | None = None) -> None:
         self.store = store
         self.keys = keys
         self.name = name
         self.mine = mine
+        self.events = events
         #: why this controller refuses writes; '' while it agrees (not before the first check)
         self.refusal = NOT_YET
         self.checked = False
+        #: the mismatch last said in an event: (this controller's settings, the record's)
+        self.said: tuple[ApiAuth, ApiAuth | None] | None = None
+
+    @property
+    def mismatch(self) -> bool:
+        """Whether the last check found this controller's settings not the cluster's (it
+        refuses writes for it; not before the first check)."""
+        return self.checked and bool(self.refusal)
 
     async def check(self) -> str:
         """Read, judge, write the record where due; the refusal ('' when none). Store errors
@@ -72,6 +90,7 @@ class ApiAuthAgreement:
             verdict = judge(self.mine, record, live)
             if verdict.write is None:
                 break
+            record = verdict.write
             guard = Compare(self.keys.api_auth, "mod", "==", mod) if mod else \
                 Compare(self.keys.api_auth, "create", "==", 0)
             done = await self.store.txn([guard], [Put(self.keys.api_auth,
@@ -85,6 +104,7 @@ class ApiAuthAgreement:
         else:
             return self.refusal  # raced three times: the verdict found last stays
         self._keep(verdict.refusal)
+        await self._say(record)
         return self.refusal
 
     def _keep(self, refusal: str) -> None:
@@ -96,6 +116,19 @@ class ApiAuthAgreement:
                          controller=self.name)
         self.refusal = refusal
         self.checked = True
+
+    async def _say(self, record: ApiAuth | None) -> None:
+        """One ``api-auth-mismatch`` event when a mismatch is found, changes or ends."""
+        now = (self.mine, record) if self.mismatch else None
+        if now == self.said:
+            return
+        if self.events is not None:
+            message = (f"controller {self.name}: {self.refusal}" if now is not None else
+                       f"controller {self.name}: its API auth is the cluster's again; "
+                       "writes accepted")
+            await self.events.append(Event(ts=time.time(), kind="api-auth-mismatch",
+                                           message=message))
+        self.said = now
 
     async def watch(self, errors: tuple[type[BaseException], ...],
                     every: float = CHECK_EVERY) -> None:

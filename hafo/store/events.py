@@ -31,7 +31,7 @@ EVENT_KINDS: tuple[str, ...] = (
     "preempted", "completed", "failed", "member-lost", "member-exited", "gang-restart",
     "deleted", "replica-created", "replica-retiring", "replica-deleted", "leader-elected",
     "health", "stopped", "fenced", "node-reregistered", "node-resumed", "duplicate-node",
-    "store-untrusted", "store-trusted", "cluster-condition",
+    "store-untrusted", "store-trusted", "cluster-condition", "api-auth-mismatch",
 )
 
 

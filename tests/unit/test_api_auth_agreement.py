@@ -18,7 +18,7 @@ from hafo.api import make_controller_app
 from hafo.controller.daemon import Controller
 from hafo.decisions.api_auth import ApiAuth, api_auth_of, judge, token_fingerprint
 from hafo.model.config import parse_config
-from hafo.store import Keys, codec
+from hafo.store import EventLog, Keys, codec, read_events
 from hafo.store.api_auth import NOT_YET, ApiAuthAgreement
 from hafo.store.keys import ParsedKey
 from hafo.store.memory import MemoryStore
@@ -149,6 +149,42 @@ async def test_the_token_is_dropped_only_by_deleting_the_record() -> None:
     assert await b.check() == ""
 
 
+async def mismatch_events(store: MemoryStore, keys: Keys) -> list[str]:
+    """The messages of the ``api-auth-mismatch`` events, oldest first."""
+    return [e.message for e in await read_events(store, keys, 0) if e.kind == "api-auth-mismatch"]
+
+
+async def test_a_mismatch_is_said_once_again_when_it_changes_and_when_it_ends() -> None:
+    store, keys = MemoryStore(), Keys("c")
+    a = ApiAuthAgreement(store, keys, "a", TOKEN, EventLog(store, keys))
+    b = ApiAuthAgreement(store, keys, "b", OPEN, EventLog(store, keys))
+    assert not b.mismatch  # not before the first check, though it refuses writes
+    await present(store, keys, "a", TOKEN)
+    await present(store, keys, "b", OPEN)
+    assert await a.check() == "" and not a.mismatch
+    for _ in range(3):  # every cycle finds it: said once
+        assert "deleting its record" in await b.check()
+    assert b.mismatch
+    said = await mismatch_events(store, keys)
+    assert said == [f"controller b: {b.refusal}"], said
+    assert "(no token, plain HTTP) differs from the cluster's (token required" in said[0]
+    # b's settings change (another token, not a's): said once more
+    b.mine = OTHER
+    await present(store, keys, "b", OTHER)
+    for _ in range(2):
+        assert "token differs" in await b.check()
+    said = await mismatch_events(store, keys)
+    assert len(said) == 2 and "controller b: this controller's API token differs" in said[1]
+    # b given the cluster's token: said once, and no more
+    b.mine = TOKEN
+    await present(store, keys, "b", TOKEN)
+    assert await b.check() == "" and await b.check() == "" and not b.mismatch
+    said = await mismatch_events(store, keys)
+    assert len(said) == 3 and said[2] == ("controller b: its API auth is the cluster's again; "
+                                          "writes accepted")
+    assert a.said is None and not any(m.startswith("controller a") for m in said)
+
+
 def controller(store: MemoryStore, name: str, token: str | None) -> Controller:
     config = parse_config({"etcd": {"endpoints": ["http://127.0.0.1:1"]},
                            "cluster": "c", "controller": {"name": name},
@@ -194,6 +230,15 @@ async def test_a_controller_whose_auth_differs_refuses_writes_and_says_why(
         assert (await client_a.post("/v1/workloads", json=SPEC,
                                     headers=headers_a)).status == 201
         assert (await client_a.get("/readyz")).status == 200
+        # Said once (an event, however many checks), and in b's metrics alone.
+        await b.api_auth.check()
+        await b.api_auth.check()
+        said = await mismatch_events(store, Keys("c"))
+        assert said == [f"controller ctl-b: {why}"], said
+        assert b.registry.get_sample_value("hafo_api_auth_mismatch") == 1.0
+        assert a.registry.get_sample_value("hafo_api_auth_mismatch") == 0.0
+        metrics = await (await client_b.get("/metrics")).text()
+        assert "\nhafo_api_auth_mismatch 1.0\n" in metrics
     if token_b is None:
         assert "(no token, plain HTTP) differs from the cluster's (token required" in why
 
@@ -208,6 +253,8 @@ async def test_controllers_with_the_same_auth_both_accept(token: str | None) -> 
         spec = {**SPEC, "name": "other"}
         assert (await client_b.post("/v1/workloads", json=spec, headers=headers)).status == 201
         assert (await client_b.get("/readyz")).status == 200
+    assert await mismatch_events(store, Keys("c")) == []
+    assert b.registry.get_sample_value("hafo_api_auth_mismatch") == 0.0
     kv = await store.get(Keys("c").controller("ctl-b"))
     assert kv is not None and "auth" in codec.decode(kv.value)
     assert (token or "absent").encode() not in kv.value

@@ -211,7 +211,7 @@ def test_an_unknown_kind_lists_the_kinds() -> None:
         check_kinds(["failvoer"], EVENT_KINDS)
     assert info.value.code == 2
     assert str(info.value).startswith("--kind: unknown kind 'failvoer', did you mean "
-                                      "'failover'? (kinds: app-failed, ")
+                                      "'failover'? (kinds: api-auth-mismatch, app-failed, ")
 
 
 def test_a_bad_events_flag_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
