@@ -155,7 +155,8 @@ class EtcdStore:
         self._lock = asyncio.Lock()
         self._closed = False
         self._closing: set[asyncio.Task[None]] = set()
-        self._moving: set[asyncio.Task[None]] = set()  # moves to an endpoint that answered
+        # moves to an endpoint that answered, and a failed keepalive's rotation
+        self._moving: set[asyncio.Task[None]] = set()
         self._connecting: asyncio.Task[tuple[aetcd.Client, int]] | None = None
         # Connections kept to each endpoint for the hedged keepalive and the leader check
         # (``keepalive_any``, ``leaderless_majority``), made before they are needed: a
@@ -298,6 +299,17 @@ class EtcdStore:
         self._closing.add(asyncio.get_running_loop().create_task(
             self._close_quietly(old, delay=5.0)))
 
+    def _rotate_soon(self, generation: int, error: BaseException) -> None:
+        """``_rotate`` in the background, for a keepalive: rotating takes the lock, which a
+        connect started by another caller may hold for its whole timeout (the store's, 2.5 s
+        in the daemons), and a failed keepalive must return within its own timeout. The
+        lease keeper's failsafe rounds run between its retries, and the deadline they keep
+        is only seconds ahead: waiting here let it pass as etcd came back from a stall,
+        which fenced the work it was resuming (tests/integration/test_etcd_stall.py)."""
+        task = asyncio.get_running_loop().create_task(self._rotate(generation, error))
+        self._moving.add(task)
+        task.add_done_callback(self._moving.discard)
+
     async def _close_quietly(self, client: aetcd.Client, delay: float = 0.0) -> None:
         try:
             await asyncio.sleep(delay)
@@ -438,7 +450,7 @@ class EtcdStore:
         try:
             ttl = await asyncio.wait_for(adapter.mapped_errors(op)(client), timeout)
         except TRANSIENT as exc:
-            await self._rotate(generation, exc)
+            self._rotate_soon(generation, exc)
             raise
         self._answered()
         return ttl
