@@ -40,8 +40,13 @@ class NodeClaim:
 
     def __init__(self, name: str, store: Store, keys: Keys, keeper: LeaseKeeper,
                  state_dir: Path, events: EventLog, heartbeat: float,
-                 fence_all: Callable[[str], None]) -> None:
+                 fence_all: Callable[[str], None],
+                 epoch_base: Callable[[], int] = lambda: 0) -> None:
+        """``epoch_base``: the trusted generation's (``hafo.decisions.store_trust``): a claim
+        at revision R is at epoch R + it, the epoch every assignment written after it
+        exceeds."""
         self.name = name
+        self.epoch_base = epoch_base
         self.store = store
         self.keys = keys
         self.keeper = keeper
@@ -116,9 +121,11 @@ class NodeClaim:
                             error=type(exc).__name__)
                 await asyncio.sleep(min(0.5, self.heartbeat / 2))
 
-    async def _claim(self, revision: int, why: str) -> bool:
+    async def _claim(self, seen_free: int, why: str) -> bool:
         """Fence whatever our records still run, take a fresh lease and create the liveness
-        key if nobody did meanwhile. ``revision``: when the name was seen free."""
+        key if nobody did meanwhile. ``seen_free``: the revision the name was seen free at;
+        the claim is at its epoch (``epoch_base`` added: ``Liveness.claimed``)."""
+        revision = seen_free + self.epoch_base()
         self.fence_all(f"claiming node {self.name} anew ({why})")
         if self.keeper.lease_id is None or not self.keeper.valid():
             # Not published yet: the fencing deadline file is read by every guard of this

@@ -14,6 +14,7 @@ decisions are dropped; the next cycle decides those again.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Collection, Mapping, Sequence
 
@@ -79,7 +80,8 @@ async def _txn_parts(keys: Keys, events: EventLog, action: Action,
 
 def _log_applied(action: Action, revision: int) -> None:
     node = action.assignment.node if action.assignment else None
-    epoch = revision if action.kind == "place" else None
+    base = action.assignment.epoch_base if action.assignment else 0
+    epoch = revision + base if action.kind == "place" else None
     log.info(f"{action.kind}: {action.why}", workload=action.workload, node=node, epoch=epoch,
              action=action.kind)
 
@@ -143,11 +145,24 @@ def _batches(actions: Sequence[Action],
     return batches
 
 
+def with_epoch_base(action: Action, epoch_base: int) -> Action:
+    """The action with its new assignment stamped with the cluster's ``epoch_base`` (its
+    epoch is then the revision that writes it plus that base: ``hafo.model.cluster``)."""
+    new = action.assignment
+    if new is None or new.epoch_base == epoch_base:
+        return action
+    return dataclasses.replace(action, assignment=dataclasses.replace(new,
+                                                                      epoch_base=epoch_base))
+
+
 async def apply_plan(election: Election, keys: Keys, events: EventLog, plan: Plan,
-                     snapshot: ClusterSnapshot | None = None) -> int:
+                     snapshot: ClusterSnapshot | None = None, epoch_base: int = 0) -> int:
     """Apply every action, in order, ``BATCH`` per transaction; returns the highest revision
     written (0 if none). ``snapshot``: the one the plan was decided on (for the per-node
-    copies). A workload's assignment appears at most once in a plan."""
+    copies); ``epoch_base``: the cluster identity's, written into every assignment. A
+    workload's assignment appears at most once in a plan."""
+    plan = dataclasses.replace(plan, actions=tuple(with_epoch_base(a, epoch_base)
+                                                   for a in plan.actions))
     previous: dict[str, tuple[str, ...]] = {}
     down: frozenset[str] = frozenset()
     if snapshot is not None:

@@ -264,8 +264,10 @@ class Controller:
                 applied = None
                 if plan:
                     try:
-                        written = max(written, await apply_plan(self.election, self.keys,
-                                                                self.events, plan, snapshot))
+                        written = max(written, await apply_plan(
+                            self.election, self.keys, self.events, plan, snapshot,
+                            epoch_base=self.trust.known.epoch_base if self.trust.known
+                            else 0))
                         applied = plan
                     except TRANSIENT as exc:
                         log.warning("apply failed: etcd unavailable", error=type(exc).__name__)

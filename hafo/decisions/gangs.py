@@ -61,7 +61,7 @@ def stop_gang(current: Assignment, why: str, cause: Cause, *, urgent: bool,
         cause=move_cause(cause), preempted_for=None)
     how = "stop every member now" if urgent else "checkpoint and stop every member"
     return Action(kind="move", workload=current.workload, cause=cause,
-                  why=f"{after.why if after else why}: {how}", expected_revision=current.epoch,
+                  why=f"{after.why if after else why}: {how}", expected_revision=current.revision,
                   assignment=moving)
 
 
@@ -139,7 +139,7 @@ def assess_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
                           reason=f"all {len(exited)} members exited with code 0")
         return Action(kind="finish", workload=wid, cause=Cause.COMPLETED,
                       why=f"every member of gang instance {current.epoch} exited 0",
-                      expected_revision=current.epoch, assignment=done)
+                      expected_revision=current.revision, assignment=done)
     return None
 
 

@@ -28,9 +28,9 @@ class InstancePlan:
 def plan_instances(desired: Iterable[Instance], running: Mapping[Instance, bool],
                    may_start: bool, claimed: int = 0) -> InstancePlan:
     """``desired``: instances assigned to this node; ``running``: every instance on disk ->
-    whether it still runs; ``claimed``: the revision of this agent's claim of the node
-    (instances of epochs up to it are an earlier holder's, never started here, see
-    ``hafo.decisions.claim``)."""
+    whether it still runs; ``claimed``: the epoch of this agent's claim of the node
+    (``Liveness.claimed``; instances of epochs up to it are an earlier holder's, never
+    started here, see ``hafo.decisions.claim``)."""
     wanted = set(desired)
     stop = tuple(sorted(i for i, alive in running.items() if alive and i not in wanted))
     busy = {workload for (workload, _), alive in running.items() if alive}

@@ -123,7 +123,7 @@ def start_move(snapshot: ClusterSnapshot, wid: str, move: MoveRequest, now: floa
     target = move.to or "another node"
     return Action(kind="move", workload=wid, cause=Cause.PLANNED,
                   why=f"{move.reason or 'planned move'}: checkpoint and stop on "
-                  f"{current.node}, then run on {target}", expected_revision=current.epoch,
+                  f"{current.node}, then run on {target}", expected_revision=current.revision,
                   assignment=moving, clear_move=True)
 
 
@@ -147,7 +147,7 @@ def stop_then_place(current: Assignment, why: str, cause: Cause, *, urgent: bool
     how = "stop now" if urgent else "checkpoint and stop"
     return Action(kind="move", workload=current.workload, cause=cause,
                   why=f"{after.why if after else why}: {how} on {current.node}",
-                  expected_revision=current.epoch, assignment=moving)
+                  expected_revision=current.revision, assignment=moving)
 
 
 def moved_off(snapshot: ClusterSnapshot, current: Assignment, now: float, cooldown: float,

@@ -69,7 +69,7 @@ def _resume(checkpoints: Mapping[str, CheckpointInfo], wid: str) -> str:
 
 
 def _revision(assignment: Assignment | None) -> int:
-    return assignment.epoch if assignment is not None else 0
+    return assignment.revision if assignment is not None else 0
 
 
 def _assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
@@ -305,7 +305,7 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
     for wid, assignment in sorted(snapshot.assignments.items()):
         if wid not in snapshot.workloads:
             actions.append(Action(kind="forget", workload=wid, cause=Cause.DELETED,
-                                  why="workload deleted", expected_revision=assignment.epoch,
+                                  why="workload deleted", expected_revision=assignment.revision,
                                   assignment=None))
     for wid in sorted(snapshot.moves):
         if wid not in snapshot.workloads:

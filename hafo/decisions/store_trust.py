@@ -18,6 +18,13 @@ read of the record against them:
   without reading the store it was written in, and a daemon that finds no record never
   writes generation 1 over a store someone knew.
 
+Epochs across generations. An epoch is an assignment key's mod revision plus the record's
+``epoch_base``; a new store's revisions start again near 1, so an operator's decision sets a
+new ``epoch_base`` past every epoch the earlier history can have had (``next_epoch_base``):
+the highest one known (the backup's, the agents' reports', the store's) plus ``EPOCH_BUMP``
+for the writes after it that nobody reported, as etcd's own ``--bump-revision`` advice has
+it. Epochs, and so checkpoints (which sort by epoch), never go backwards.
+
 Pure: the caller reads the record and the revision, and keeps what ``judge`` returns.
 """
 
@@ -36,11 +43,14 @@ class IdentityRecord:
     #: the store's revision when this generation was accepted (its new floor)
     accepted_revision: int = 0
     created: float = 0.0
+    #: added to every assignment's mod revision to make its epoch (see the module)
+    epoch_base: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The record's JSON form."""
         return {"id": self.id, "generation": self.generation,
-                "accepted_revision": self.accepted_revision, "created": self.created}
+                "accepted_revision": self.accepted_revision, "created": self.created,
+                "epoch_base": self.epoch_base}
 
     @classmethod
     def from_dict(cls, data: Any) -> IdentityRecord | None:
@@ -49,10 +59,12 @@ class IdentityRecord:
             return None
         ident, generation = data.get("id"), data.get("generation", 1)
         accepted, created = data.get("accepted_revision", 0), data.get("created", 0.0)
+        base = data.get("epoch_base", 0)
         if not isinstance(ident, str) or not ident or not _count(generation) \
-                or not _count(accepted) or not isinstance(created, int | float):
+                or not _count(accepted) or not isinstance(created, int | float) \
+                or not _count(base):
             return None
-        return cls(ident, generation, accepted, float(created))
+        return cls(ident, generation, accepted, float(created), base)
 
 
 def _count(value: Any) -> bool:
@@ -67,10 +79,17 @@ class Known:
     id: str
     generation: int
     revision: int
+    epoch_base: int = 0
+
+    @property
+    def highest_epoch(self) -> int:
+        """No epoch this daemon saw in the cluster is higher (``epoch_base`` + revision)."""
+        return self.epoch_base + self.revision
 
     def to_dict(self) -> dict[str, Any]:
         """For the agent's state directory (``instances/.cluster.json``)."""
-        return {"id": self.id, "generation": self.generation, "revision": self.revision}
+        return {"id": self.id, "generation": self.generation, "revision": self.revision,
+                "epoch_base": self.epoch_base}
 
     @classmethod
     def from_dict(cls, data: Any) -> Known | None:
@@ -79,11 +98,12 @@ class Known:
             return None
         ident, generation, revision = data.get("id"), data.get("generation"), data.get(
             "revision")
+        base = data.get("epoch_base", 0)
         if not isinstance(ident, str) or not ident or not isinstance(generation, int) \
                 or not isinstance(revision, int) or not _count(generation) \
-                or not _count(revision):
+                or not _count(revision) or not _count(base):
             return None
-        return cls(ident, generation, revision)
+        return cls(ident, generation, revision, base)
 
 
 @dataclass(frozen=True)
@@ -100,6 +120,16 @@ class Verdict:
     accepted: bool = False
 
 
+#: how far past the highest epoch known an operator's decision sets the next ``epoch_base``
+EPOCH_BUMP = 1_000_000_000
+
+
+def next_epoch_base(*highest_epochs: int) -> int:
+    """The ``epoch_base`` of an operator's decision: past every epoch of the earlier history
+    (``highest_epochs``: the highest each source knows) by ``EPOCH_BUMP``."""
+    return max(highest_epochs, default=0) + EPOCH_BUMP
+
+
 def accepted_generation(*before: int, now: float) -> int:
     """The generation of an operator's decision: past every generation ``before`` and at
     least the Unix time ``now`` (see the module)."""
@@ -113,7 +143,7 @@ def judge(known: Known | None, record: IdentityRecord | None, revision: int) -> 
         if record is None:
             return Verdict(False, None, "the store has no cluster identity yet", create=True)
         return Verdict(True, Known(record.id, record.generation,
-                                   max(revision, record.accepted_revision)))
+                                   max(revision, record.accepted_revision), record.epoch_base))
     if record is None:
         return Verdict(False, known, (
             f"the store has no cluster identity (this cluster's is {known.id}): etcd lost "
@@ -121,7 +151,8 @@ def judge(known: Known | None, record: IdentityRecord | None, revision: int) -> 
             "store as the cluster (hafo restore --as-is)"))
     if record.generation > known.generation:
         return Verdict(True, Known(record.id, record.generation,
-                                   max(revision, record.accepted_revision)), accepted=True)
+                                   max(revision, record.accepted_revision), record.epoch_base),
+                       accepted=True)
     if record.id != known.id:
         return Verdict(False, known, (
             f"the store holds cluster {record.id}, not this cluster ({known.id}); restore "
@@ -135,4 +166,4 @@ def judge(known: Known | None, record: IdentityRecord | None, revision: int) -> 
             f"the store's revision went backwards from {known.revision} to {revision}: "
             "etcd was restored from an older snapshot or lost writes; accept it as the "
             "cluster (hafo restore --as-is) once you have checked it"))
-    return Verdict(True, Known(known.id, known.generation, revision))
+    return Verdict(True, Known(known.id, known.generation, revision, record.epoch_base))

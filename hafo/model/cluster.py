@@ -130,10 +130,11 @@ class NodeRecord(Record):
 class Liveness(Record):
     """The lease-bound key that says a node's agent is alive.
 
-    ``claimed``: the etcd revision at which this agent verified that the node name was free
-    (no live lease held it). Instances of epochs up to it belong to an earlier holder of the
-    name: the agent never starts them, and the controller places them again (0: an agent
-    that predates the claim rule)."""
+    ``claimed``: the epoch of this agent's claim: the etcd revision at which it verified
+    that the node name was free (no live lease held it), plus the generation's
+    ``epoch_base`` (so it compares with epochs across an operator's restore). Instances of
+    epochs up to it belong to an earlier holder of the name: the agent never starts them,
+    and the controller places them again (0: an agent that predates the claim rule)."""
 
     node: str
     lease: int
@@ -142,9 +143,13 @@ class Liveness(Record):
 
 
 def _from_context(value: int, info: ValidationInfo) -> int:
-    """The key's mod_revision, given as the validation context's ``epoch``."""
+    """The key's mod_revision, given as the validation context's ``epoch``, plus the
+    assignment's ``epoch_base`` (validated before it)."""
     context = info.context
-    return int(context["epoch"]) if context and "epoch" in context else value
+    if not context or "epoch" not in context:
+        return value
+    base = info.data.get("epoch_base", 0) if isinstance(info.data, dict) else 0
+    return int(context["epoch"]) + int(base)
 
 
 def _after_stop(value: object) -> AfterStop:
@@ -182,9 +187,11 @@ Slot = tuple[str, tuple[int, ...]]
 class Assignment(Record):
     """The controller's decision for one workload.
 
-    ``epoch`` is the etcd revision that wrote this assignment (the key's mod_revision): a
-    new instance (a move or a restart) always gets a new, larger epoch. It is not in the JSON
-    form: it is the key's revision.
+    ``epoch`` is the etcd revision that wrote this assignment (the key's mod_revision, its
+    ``revision``) plus ``epoch_base``, the cluster identity's for the generation it was
+    written in (``hafo.decisions.store_trust``): a new instance (a move or a restart) always
+    gets a new, larger epoch, also after etcd lost its data and an operator restored it. It
+    is not in the JSON form: it comes from the key's revision.
 
     Phase ``moving``: the instance of epoch ``stopping`` on ``node`` is stopped (after a
     checkpoint, unless ``urgent``), then, not before ``not_before``, the workload is placed
@@ -207,6 +214,7 @@ class Assignment(Record):
     phase: Phase
     node: str | None = None
     gpus: tuple[int, ...] = ()
+    epoch_base: int = 0
     epoch: Annotated[int, Field(exclude=True, validate_default=True),
                      AfterValidator(_from_context)] = 0
     restarts: int = 0
@@ -225,6 +233,12 @@ class Assignment(Record):
     master_port: int = 0
     leave: tuple[str, ...] = ()
     quick_restarts: int = 0
+
+    @property
+    def revision(self) -> int:
+        """The etcd revision that wrote this assignment (its key's mod revision): what a
+        compare-and-swap on it names."""
+        return self.epoch - self.epoch_base
 
     @property
     def holds_node(self) -> bool:

@@ -17,10 +17,16 @@ from __future__ import annotations
 
 import base64
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from hafo.decisions.store_trust import IdentityRecord, accepted_generation
+from hafo.decisions.store_trust import (
+    IdentityRecord,
+    Known,
+    accepted_generation,
+    next_epoch_base,
+)
 from hafo.store import codec
 from hafo.store.identity import read_identity
 from hafo.store.keys import Keys
@@ -28,7 +34,11 @@ from hafo.store.protocol import Store
 from hafo.store.records import Delete, Put
 
 FORMAT = "hafo-backup/1"
-_SKIPPED = {"alive", "leader", "controller", "event", "status", "identity", "unknown"}
+#: not kept, and not counted as the cluster's state by ``holds_cluster``: bound to a lease,
+#: the identity (written anew), or the agents' recovery reports (written into a store that is
+#: not the cluster: ``hafo recover --from-agents`` reads them)
+_SKIPPED = {"alive", "leader", "controller", "event", "status", "identity", "report",
+            "unknown"}
 #: kept in a backup, but written again by the daemons on any store: no sign of a state
 _REWRITTEN = {"api-auth"}
 
@@ -107,26 +117,49 @@ async def holds_cluster(store: Store, keys: Keys) -> list[str]:
             if kv.lease == 0 and keys.parse(kv.key).kind not in _SKIPPED | _REWRITTEN]
 
 
-async def restore_backup(store: Store, keys: Keys, backup: Backup,
-                         replace: bool = False) -> IdentityRecord:
+def _with_epoch_base(keys: Keys, key: str, value: bytes, epoch_base: int) -> bytes:
+    """An assignment (or its per-node copy) as restored: of the new generation's
+    ``epoch_base``, so that its epoch is past every epoch of the history it was taken from.
+    Any other key, and a value that is not an assignment's JSON, as it is."""
+    if keys.parse(key).kind not in ("assignment", "node-assignment"):
+        return value
+    try:
+        data = codec.decode(value)
+    except ValueError:
+        return value
+    return codec.encode({**data, "epoch_base": epoch_base}) if isinstance(data, dict) \
+        else value
+
+
+async def restore_backup(store: Store, keys: Keys, backup: Backup, replace: bool = False,
+                         known: Iterable[Known] = ()) -> IdentityRecord:
     """Write ``backup`` into the store (refused by the caller unless it is empty of the
     cluster or ``replace``), then the next generation of the identity record: the backup's
-    cluster id, one generation past the backup's and the store's."""
+    cluster id, one generation past the backup's and the store's, with an ``epoch_base``
+    past every epoch known (the backup's, the store's, and those of ``known``: what the
+    agents' reports say they knew; ``hafo.decisions.store_trust``)."""
+    knew = list(known)
     if backup.cluster != keys.cluster:
         raise BackupError(f"cluster: the backup is of cluster {backup.cluster!r}, not "
                           f"{keys.cluster!r}")
     if replace:
         await store.txn([], [Delete(prefix_, prefix=True) for prefix_ in (
             keys.state, keys.by_node, f"{keys.root}history/")])
-    ops: list[Put | Delete] = [Put(k, v) for k, v in sorted(backup.keys.items())]
+    current, revision = await read_identity(store, keys)
+    backed_up = backup.revision + (backup.identity.epoch_base if backup.identity else 0)
+    epoch_base = next_epoch_base(*(k.highest_epoch for k in knew), backed_up,
+                                 revision + (current.epoch_base if current else 0))
+    ops: list[Put | Delete] = [Put(k, _with_epoch_base(keys, k, v, epoch_base))
+                               for k, v in sorted(backup.keys.items())]
     if ops:
         await store.write_many(ops)
     current, revision = await read_identity(store, keys)
     generation = accepted_generation(backup.identity.generation if backup.identity else 0,
-                                     current.generation if current else 0, now=time.time())
+                                     current.generation if current else 0,
+                                     *(k.generation for k in knew), now=time.time())
     ident = (backup.identity.id if backup.identity is not None
              else current.id if current is not None else f"restored-{int(time.time())}")
-    new = IdentityRecord(ident, generation, revision + 1, time.time())
+    new = IdentityRecord(ident, generation, revision + 1, time.time(), epoch_base)
     # One write, whatever raced it: the record is the operator's decision.
     await store.txn([], [Put(keys.identity, codec.encode(new.to_dict()))])
     return new

@@ -11,11 +11,18 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import structlog
 
-from hafo.decisions.store_trust import IdentityRecord, Known, Verdict, accepted_generation, judge
+from hafo.decisions.store_trust import (
+    IdentityRecord,
+    Known,
+    Verdict,
+    accepted_generation,
+    judge,
+    next_epoch_base,
+)
 from hafo.store import codec
 from hafo.store.keys import Keys
 from hafo.store.protocol import Store
@@ -41,18 +48,24 @@ async def read_identity(store: Store, keys: Keys) -> tuple[IdentityRecord | None
     return _record_of(result.reads[0] if result.reads else None), result.revision
 
 
-async def accept_store(store: Store, keys: Keys) -> IdentityRecord:
+async def accept_store(store: Store, keys: Keys, known: Iterable[Known] = ()) -> IdentityRecord:
     """The operator's decision: this store, as it is now, is the cluster. Writes the next
     generation of the record (keeping the cluster's id, or a new one where none is left),
-    naming the current revision as the new floor."""
+    naming the current revision as the new floor, newer than every generation ``known``
+    (what the agents' reports say they knew) and with an ``epoch_base`` past every epoch
+    known: the store's own and the agents'."""
+    knew = list(known)
     while True:
         result = await store.txn([], [Get(keys.identity)])
         kv = result.reads[0] if result.reads else None
         old = _record_of(kv)
         new = IdentityRecord(old.id if old is not None else uuid.uuid4().hex,
                              accepted_generation(old.generation if old else 0,
+                                                 *(k.generation for k in knew),
                                                  now=time.time()),
-                             result.revision + 1, time.time())
+                             result.revision + 1, time.time(),
+                             next_epoch_base(*(k.highest_epoch for k in knew), result.revision
+                                             + (old.epoch_base if old else 0)))
         guard = (Compare(keys.identity, "create", "==", 0) if kv is None
                  else Compare(keys.identity, "mod", "==", kv.mod_revision))
         written = await store.txn([guard], [Put(keys.identity, codec.encode(new.to_dict()))])

@@ -213,7 +213,7 @@ def test_no_instance_starts_while_the_published_deadline_has_passed(
         await asyncio.sleep(agent.published_deadline - loop.time())
         announced: list[InstanceKey] = []
 
-        async def announce(key: InstanceKey) -> bool:
+        async def announce(key: InstanceKey, _assignment: object = None) -> bool:
             announced.append(key)
             return False
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from hafo.controller.apply import with_epoch_base
 from hafo.controller.failsafe import ControllerFailsafe
-from hafo.decisions.store_trust import IdentityRecord, Known, judge
+from hafo.decisions.plan import Action
+from hafo.decisions.store_trust import EPOCH_BUMP, IdentityRecord, Known, judge, next_epoch_base
+from hafo.model.cluster import Assignment
 from hafo.store import Keys, codec
 from hafo.store.backup import Backup, BackupError, restore_backup, take_backup
 from hafo.store.identity import StoreTrust, accept_store, read_identity
@@ -152,3 +155,81 @@ async def test_agents_of_another_cluster_contest_a_controllers_new_store() -> No
     assert failsafe.contested == ""
     await failsafe.probe("old/1", ("new", 1))
     assert "agents know cluster old" in failsafe.contested
+
+
+def test_the_epoch_base_is_past_every_epoch_known() -> None:
+    assert next_epoch_base() == EPOCH_BUMP
+    assert next_epoch_base(5, 70, 3) == 70 + EPOCH_BUMP
+    assert Known("a", 2, 40, 1000).highest_epoch == 1040
+    record = IdentityRecord("a", 3, 9, 1.0, 2000)
+    assert IdentityRecord.from_dict(record.to_dict()) == record
+    assert IdentityRecord.from_dict({**record.to_dict(), "epoch_base": -1}) is None
+    assert Known.from_dict(Known("a", 2, 40, 1000).to_dict()) == Known("a", 2, 40, 1000)
+    # What a daemon knows carries the generation's base, for the assignments it writes.
+    assert judge(None, record, 12).known == Known("a", 3, 12, 2000)
+    assert judge(Known("a", 3, 12, 2000), record, 15).known == Known("a", 3, 15, 2000)
+
+
+def test_an_assignment_s_epoch_is_its_revision_plus_its_generation_s_base() -> None:
+    value = codec.encode(Assignment("w", "placed", "n1", (0,), epoch_base=5000).to_dict())
+    decoded = codec.decode_assignment(value, 7)
+    assert (decoded.epoch, decoded.revision, decoded.epoch_base) == (5007, 7, 5000)
+    old = codec.decode_assignment(codec.encode(Assignment("w", "placed").to_dict()), 7)
+    assert (old.epoch, old.revision) == (7, 7), "an assignment of before the field"
+    action = Action(kind="place", workload="w", cause="new", why="w", expected_revision=0,
+                    assignment=Assignment("w", "placed", "n1"))
+    stamped = with_epoch_base(action, 5000)
+    assert stamped.assignment is not None and stamped.assignment.epoch_base == 5000
+    assert with_epoch_base(dataclasses_replace_none(action), 5000).assignment is None
+
+
+def dataclasses_replace_none(action: Action) -> Action:
+    """The action deleting its assignment."""
+    import dataclasses
+    return dataclasses.replace(action, kind="forget", assignment=None)
+
+
+async def _assign(store: MemoryStore, keys: Keys, workload: str, base: int) -> int:
+    """Write an assignment as a controller of that generation does; its epoch."""
+    value = codec.encode(Assignment(workload, "placed", "n1", (0,), epoch_base=base).to_dict())
+    await store.put(keys.assignment(workload), value)
+    await store.put(keys.node_assignment("n1", workload), value)
+    kv = await store.get(keys.assignment(workload))
+    assert kv is not None
+    return codec.decode_assignment(kv.value, kv.mod_revision).epoch
+
+
+async def test_epochs_never_go_backwards_across_a_restore_or_an_accept() -> None:
+    """The new store's revisions start again near 1: without the generation's epoch base a
+    restored workload's epochs would be lower than its checkpoints', which sort by epoch
+    (its next checkpoints shadowed by its old ones, and pruned first)."""
+    store, keys = MemoryStore(), Keys("c")
+    trust = StoreTrust(store, keys, "agent")
+    assert await trust.check()
+    for i in range(40):
+        await store.put(f"/hafo/c/s/workloads/x{i}", b"{}")
+    old = await _assign(store, keys, "w", 0)
+    backup = await take_backup(store, keys)
+    for _ in range(30):  # writes after the backup: epochs nobody backed up
+        later = await _assign(store, keys, "w", 0)
+    assert await trust.check() and trust.known is not None
+    store.lose_data()
+    record = await restore_backup(store, keys, backup,
+                                  known=[trust.known])
+    assert record.epoch_base >= later + EPOCH_BUMP
+    kv = await store.get(keys.assignment("w"))
+    assert kv is not None
+    restored = codec.decode_assignment(kv.value, kv.mod_revision)
+    assert restored.epoch > later > old, "the restored assignment: past every old epoch"
+    assert await trust.check() and trust.accepted and trust.known is not None
+    assert trust.known.epoch_base == record.epoch_base
+    placed = await _assign(store, keys, "w", trust.known.epoch_base)
+    assert placed > restored.epoch
+    assert await trust.check()  # it saw that revision
+    # Lost again, no backup, the store accepted as it is: past the agents' epochs still.
+    store.lose_data()
+    assert not await trust.check()
+    accepted = await accept_store(store, keys, known=[trust.known])
+    assert accepted.epoch_base >= placed + EPOCH_BUMP
+    assert await trust.check() and trust.known.epoch_base == accepted.epoch_base
+    assert await _assign(store, keys, "w", accepted.epoch_base) > placed
