@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
 from pathlib import Path
@@ -26,24 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_main import run_main
 
 from hafo.local.cluster import LocalCluster, demo_workload_spec
-from hafo.local.procs import kill_pid, spawn, stop_process
+from hafo.local.stress import Stress
 from hafo.logs import configure
 from hafo.model.views import workload_view
 from hafo.store import read_events
-
-BURN = "import time\nwhile True:\n    pass\n"
-FSYNC = """
-import os, sys
-
-path = sys.argv[1]
-block = os.urandom(64 * 1024)
-while True:
-    with open(path, 'wb') as fh:
-        for _ in range(16):
-            fh.write(block)
-            fh.flush()
-            os.fsync(fh.fileno())
-"""
 
 
 async def observe(cluster: LocalCluster, ids: list[str], seconds: float) -> dict[str, int]:
@@ -85,7 +70,7 @@ async def stall_etcd(cluster: LocalCluster, every: float, stall: float,
 
 async def main(minutes: float, baseline: float, stall_every: float, stall_for: float) -> int:
     cluster = LocalCluster(nodes=4, controllers=2, etcd_members=3)
-    load: list = []
+    load = Stress(cluster.base / "etcd" / "stress")  # its fsyncs on etcd's disk
     cluster.start()
     try:
         await cluster.wait_ready(60)
@@ -95,16 +80,11 @@ async def main(minutes: float, baseline: float, stall_every: float, stall_for: f
                                              for w in ids), 60)
         quiet = await observe(cluster, ids, baseline)
         print(f"baseline ({baseline:.0f}s, no load): {quiet}", flush=True)
-        scratch = cluster.base / "etcd" / "fsync-neighbour.bin"
-        for i in range(os.cpu_count() or 2):
-            load.append(spawn([sys.executable, "-c", BURN], cluster.base / f"burn{i}.log"))
-        load.append(spawn([sys.executable, "-c", FSYNC, str(scratch)],
-                          cluster.base / "fsync.log"))
+        load.start()
         stalls: list[float] = []
         stalling = (asyncio.ensure_future(stall_etcd(cluster, stall_every, stall_for, stalls))
                     if stall_every > 0 else None)
-        print(f"load: {len(load) - 1} CPU burners (both cores) + 1 fsync neighbour on etcd's "
-              f"disk, for {minutes:g} min"
+        print(f"load: {load.describe()} on etcd's disk, for {minutes:g} min"
               + (f"; every etcd member frozen {stall_for:g} s every {stall_every:g} s"
                  if stalling else ""), flush=True)
         try:
@@ -121,9 +101,7 @@ async def main(minutes: float, baseline: float, stall_every: float, stall_for: f
         await cluster.close_store()
         return 0 if spurious == 0 else 1
     finally:
-        for proc in load:
-            kill_pid(proc.pid)
-            stop_process(proc, grace=1.0)
+        load.stop()
         cluster.stop()
 
 

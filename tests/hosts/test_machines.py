@@ -19,7 +19,9 @@ deployment (each leaves every machine on and no workload behind):
 7. power loss of the machine of the leading controller: the other leads and fails work over;
 8. a machine cut off the network (nftables in its namespace) is fenced before its work runs
    elsewhere;
-9. power loss of etcd's raft leader's machine, 10 times: no workload elsewhere is fenced;
+9. power loss of etcd's raft leader's machine, 10 times, under the false-positive stress
+   (every core busy, a neighbour fsyncing on the machines' disk: ``hafo.local.stress``):
+   no workload elsewhere is fenced;
 10. upgrade.yml to another version, machine by machine: no workload restarted.
 
 The watcher (tests/hosts/watch.py) reads every machine's processes from the host throughout
@@ -36,6 +38,7 @@ from pathlib import Path
 
 import pytest
 
+from hafo.local.stress import Stress
 from tests.hosts.cluster import (
     AGENT_PORT,
     API_PORT,
@@ -400,8 +403,17 @@ def test_network_cut_fences_before_failover(lab_cluster: DeployedCluster) -> Non
 
 
 def test_etcd_leader_power_loss_fences_nothing(lab_cluster: DeployedCluster) -> None:
+    """Issue 28, finding 6: under heavy load, re-authenticating after the raft election
+    outlasted the fencing slack; measured under the false-positive stress."""
     cluster = lab_cluster
     before = _spread(cluster, "etcd")
+    with Stress(cluster.lab.dir / "stress") as load:
+        print(f"raft-leader power cuts under {load.describe()}")
+        _etcd_leader_power_cuts(cluster, before)
+
+
+def _etcd_leader_power_cuts(cluster: DeployedCluster, before: dict[str, Instance]) -> None:
+    """Ten power cuts of the raft leader's machine: no workload on another one changes."""
     for _trial in range(10):
         leader = cluster.etcd_leader()
         others = {m: i for m, i in before.items() if m != leader}
