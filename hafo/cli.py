@@ -37,7 +37,8 @@ __all__ = ["EXIT_NOT_FOUND", "EXIT_REFUSED", "EXIT_TIMEOUT", "EXIT_UNAVAILABLE",
            "CliError", "build_parser", "dispatch", "etcd_settings", "load_config", "main"]
 
 #: Subcommands with a module of their own in hafo.commands (``register`` and ``run``).
-COMMAND_MODULES = ("logs", "show", "dev", "completion", "events", "backup", "restore")
+COMMAND_MODULES = ("logs", "show", "dev", "completion", "events", "backup", "restore",
+                   "recover")
 
 #: Commands that keep running (and log what happens meanwhile at ``warning``); the others log
 #: only errors unless ``$HAFO_LOG_LEVEL`` says otherwise (docs/contract.md, "Commands").

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -27,6 +28,12 @@ from hafo.agent.health import HealthReport, NodeHealth
 from hafo.agent.instances import GuardState, InstanceKey, instance_dir
 from hafo.agent.metrics import AgentMetrics
 from hafo.agent.outputlog import list_outputs, read_output
+from hafo.agent.recovery_report import (
+    MAX_REPORT_BYTES,
+    build_report,
+    encode_report,
+    reported_instances,
+)
 from hafo.agent.supervisor import Supervisor, newest_per_workload, reap_children
 from hafo.checks.os_probes import LoopLagMonitor, OsProbe
 from hafo.decisions.fencing import can_start
@@ -67,6 +74,7 @@ from hafo.tasks import Backoff, restarting, run_all, wait_event
 log = structlog.get_logger("hafo.agent")
 
 RECOVERABLE: tuple[type[BaseException], ...] = (*TRANSIENT, StoreError)
+REPORT_ERRORS: tuple[type[BaseException], ...] = (*RECOVERABLE, TimeoutError)
 SUPERVISE_PERIOD = 0.2
 TRUST_EVERY = 2.0  # how often the store's identity is read besides every lost lease
 START_HEADROOM = 0.5
@@ -126,6 +134,9 @@ class Agent:
         self.identity_revision = 0
         self._reclaiming = asyncio.Lock()
         self._background: set[asyncio.Future[None]] = set()  # tasks nobody waits for
+        self._report_sent: str | None = None  # the recovery report last published
+        self._report_put: asyncio.Future[None] | None = None
+        self._report_left_out: list[str] = []
         self.claim = NodeClaim(self.name, self.store, self.keys, self.keeper, self.state_dir,
                                self.events, timing.heartbeat, self.supervisor.kill_all)
         self.api_address = ""
@@ -174,6 +185,7 @@ class Agent:
         self._background.add(said)
         said.add_done_callback(self._background.discard)
         while self.keeper.clock() < self.published_deadline:
+            self._publish_report()
             left = await self.failsafe.confirm(timing.heartbeat)
             if left is not None and self.keeper.clock() + left > self.published_deadline:
                 self._publish_deadline(self.keeper.clock() + left)
@@ -181,8 +193,54 @@ class Agent:
                 return self._generation() != generation
             await asyncio.sleep(min(0.5, timing.heartbeat / 2))
         while not await self._trusted_now():  # the guards fenced their work themselves
+            self._publish_report()
             await asyncio.sleep(timing.heartbeat)
         return self._generation() != generation
+
+    def _publish_report(self) -> None:
+        """Publish this node's recovery report into the store that is not the cluster
+        (``hafo.agent.recovery_report``), when it changed, in the background (a put may
+        retry for seconds; the deadline may not wait). A plain put: the store's leases are
+        not ours. It claims nothing and decides nothing."""
+        known = self.trust.known
+        if known is None or (self._report_put is not None and not self._report_put.done()):
+            return
+        try:
+            entries, unrecorded = reported_instances(self.state_dir)
+        except OSError as exc:
+            self._state_dir_failed("recovery report", exc)
+            return
+        report, left_out = build_report(self.name, known, entries)
+        content = json.dumps(report, sort_keys=True)
+        if content == self._report_sent:
+            return
+        if left_out != self._report_left_out and left_out:
+            log.warning(f"recovery report: {len(left_out)} instance(s) left out, over "
+                        f"{MAX_REPORT_BYTES >> 10} KiB", node=self.name, left_out=left_out)
+        self._report_left_out = left_out
+
+        async def put() -> None:
+            try:
+                await asyncio.wait_for(self.store.put(self.keys.report(self.name),
+                                                      encode_report(report, time.time())),
+                                       max(1.0, self.config.timing.heartbeat))
+            except REPORT_ERRORS:
+                return  # tried again on the next turn
+            self._report_sent = content
+            log.info("recovery report published", node=self.name,
+                     instances=len(report["instances"]), without_record=unrecorded or None)
+
+        self._report_put = asyncio.ensure_future(put())
+
+    async def _forget_report(self) -> None:
+        """The store is the cluster again: this node's recovery report describes work that
+        is fenced now (best effort; ``hafo recover`` never needs it again)."""
+        self._report_sent = None
+        if self._report_put is not None and not self._report_put.done():
+            self._report_put.cancel()
+        with contextlib.suppress(*REPORT_ERRORS):
+            await asyncio.wait_for(self.store.delete(self.keys.report(self.name)),
+                                   max(1.0, self.config.timing.heartbeat))
 
     async def _say(self, event: Event) -> None:
         with contextlib.suppress(*RECOVERABLE):
@@ -199,7 +257,8 @@ class Agent:
         leases) stops every start and stop until it is again (``supervise_once``)."""
         while True:
             await asyncio.sleep(TRUST_EVERY)
-            await self._trusted_now()
+            if not await self._trusted_now():
+                self._publish_report()
             if self.trust.accepted and self.registered.is_set():
                 await self._start_over("found the store accepted as the cluster by an "
                                        "operator")
@@ -215,6 +274,7 @@ class Agent:
                     self.supervisor.forget(key)
             self.failsafe.forget_set()  # the accepted store's set, whatever its version
             self.assignments.copies.forget()  # and its assignments, whatever their revision
+        await self._forget_report()
         await self._reclaim(why)
 
     # -- lease and registration ------------------------------------------------------------
@@ -501,15 +561,31 @@ class Agent:
             key = InstanceKey(workload, epoch)
             assignment = desired[key]
             submission = await self.assignments.spec(key.workload, key.epoch)
-            if submission is None or not await self._announce_start(key):
+            if submission is None:
                 continue
-            await self._launch(key, assignment, submission)
+            service = await self._service_of(submission)  # read before the announcement
+            if not await self._announce_start(key):
+                continue
+            await self._launch(key, assignment, submission, service)
         states = self._states()
         await self._check_apps(states, desired)
         await self._report(states, desired)
 
+    async def _service_of(self, submission: Submission) -> Submission | None:
+        """A replica's service's submission (None: not a replica, or the service is gone),
+        kept with the instance for ``hafo recover --from-agents``."""
+        if submission.service is None:
+            return None
+        kv = await self.store.get(self.keys.workload(submission.service))
+        if kv is None:
+            return None
+        try:
+            return codec.decode_submission(kv.value)
+        except ValueError:
+            return None
+
     async def _launch(self, key: InstanceKey, assignment: Assignment,
-                      submission: Submission) -> None:
+                      submission: Submission, service: Submission | None = None) -> None:
         """Start one announced instance. A launch the state directory refuses (read-only,
         full) is reported exited at once (``guard-lost``: not the workload's fault), so the
         controller, which saw it ``starting``, does not wait for it."""
@@ -517,7 +593,8 @@ class Agent:
         try:
             self.supervisor.launch(assignment, submission,
                                    [str(i) if self.node.simulate is not None else
-                                    by_index.get(i, str(i)) for i in assignment.gpus])
+                                    by_index.get(i, str(i)) for i in assignment.gpus],
+                                   service)
         except ValidationError as exc:  # an id no submit makes: never a path from it
             log.error("refusing to start", workload=key.workload, node=self.name,
                       epoch=key.epoch, error=str(exc))
@@ -692,6 +769,7 @@ class Agent:
         while not self.trust.trusted:  # claim nothing on a store that is not our cluster
             log.error("etcd is not the cluster this agent knew: waiting for an operator to "
                       "restore or accept it", node=self.name, reason=self.trust.reason)
+            self._publish_report()
             await asyncio.sleep(self.config.timing.heartbeat)
             await self._until_done("read the store's identity", self.trust.check)
         await self._until_done("claim the node name", self.acquire_lease)

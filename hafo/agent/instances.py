@@ -10,6 +10,11 @@ finds its guards again (docs/contract.md, "Files on a node"):
                   ended (how it ended: hafo.model.ends.InstanceEnd), stop_checkpoint,
                   transparent, stderr_tail (the last lines of the workload's stderr, once it
                   exited)
+    submission.json  written by the agent before launch.json: what it launched the
+                  instance for, for ``hafo recover --from-agents`` (hafo.agent.recovery_report):
+                  submission (the workload's record as in etcd), service (a replica's
+                  service's record, else null), assignment (as this node runs it: node,
+                  GPUs, a gang's members and ranks), epoch
     output.log    the workload's stdout and stderr
     guard.log     the guard's own stderr
 
@@ -114,6 +119,19 @@ def read_launch(path: Path) -> dict[str, Any] | None:
     unreadable, or not a JSON object)."""
     try:
         data = json.loads((path / "launch.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+SUBMISSION_FILE = "submission.json"
+
+
+def read_submission_file(path: Path) -> dict[str, Any] | None:
+    """The agent's submission.json of the instance at ``path``, or None (none: launched by
+    an agent before it; unreadable, or not a JSON object)."""
+    try:
+        data = json.loads((path / SUBMISSION_FILE).read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -25,6 +25,7 @@ from hafo.agent import cgroups, procid
 from hafo.agent.cgroups import CgroupRoot
 from hafo.agent.fencefile import FENCE_FILE
 from hafo.agent.instances import (
+    SUBMISSION_FILE,
     GuardState,
     InstanceKey,
     instance_dir,
@@ -273,9 +274,12 @@ class Supervisor:
 
     # -- actions ------------------------------------------------------------------------
 
-    def launch(self, assignment: Assignment, submission: Submission, gpu_ids: list[str]) -> None:
+    def launch(self, assignment: Assignment, submission: Submission, gpu_ids: list[str],
+               service: Submission | None = None) -> None:
         """Write the launch file and start the guard for one instance (ValidationError for a
-        workload id no submit makes: no path is built from it)."""
+        workload id no submit makes: no path is built from it). ``service``: a replica's
+        service's submission, kept with the instance's own and its assignment in
+        ``submission.json`` (what ``hafo recover --from-agents`` rebuilds from)."""
         checkpoint_dir = workload_checkpoint_dir(self.checkpoint_root, assignment.workload)
         key = InstanceKey(assignment.workload, assignment.epoch)
         path = instance_dir(self.state_dir, key)
@@ -304,6 +308,11 @@ class Supervisor:
                "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids), "PYTHONUNBUFFERED": "1", **gang,
                **port_env(ports)}
         cgroup = self.containment.of(self.node, key.dirname)
+        write_json_atomic(path / SUBMISSION_FILE, {
+            "workload": assignment.workload, "epoch": assignment.epoch,
+            "submission": submission.to_dict(),
+            "service": service.to_dict() if service is not None else None,
+            "assignment": assignment.to_dict()})
         launched = self.boot_clock()
         self._launched[key] = launched
         write_json_atomic(path / "launch.json", {

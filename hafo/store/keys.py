@@ -18,7 +18,7 @@ from typing import Literal, NamedTuple
 #: (``Keys.node_assignment``); ``unknown`` is any key that is not one of this cluster's.
 KeyKind = Literal["leader", "failsafe", "node", "alive", "cordon", "workload", "assignment",
                   "node-assignment", "move", "status", "controller", "event", "history",
-                  "identity", "api-auth", "unknown"]
+                  "identity", "api-auth", "report", "unknown"]
 
 
 class ParsedKey(NamedTuple):
@@ -81,6 +81,18 @@ class Keys:
         """The API auth settings the cluster's controllers run with (``hafo.store.api_auth``):
         written by the first controller to find none; no token in it, a slow hash."""
         return f"{self.root}api-auth"
+
+    def report(self, node: str) -> str:
+        """A node's recovery report (``hafo.agent.recovery_report``): what its agent runs,
+        published while the store is not the cluster it knew, for ``hafo recover
+        --from-agents``. No lease (the store's leases are not the agent's); outside the state
+        prefix: no decision reads it."""
+        return f"{self.reports}{node}"
+
+    @property
+    def reports(self) -> str:
+        """Prefix of the nodes' recovery reports."""
+        return f"{self.root}reports/"
 
     @property
     def controllers(self) -> str:
@@ -211,6 +223,8 @@ class Keys:
             return ParsedKey("node-assignment", node=parts[1], workload=parts[2])
         if area == "history" and count == 2:
             return ParsedKey("history", workload=parts[1])
+        if area == "reports" and count == 2:
+            return ParsedKey("report", node=parts[1])
         if area == "identity" and count == 1:
             return ParsedKey("identity")
         if area == "api-auth" and count == 1:

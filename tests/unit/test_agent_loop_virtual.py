@@ -262,7 +262,8 @@ def test_an_instance_is_reported_starting_before_it_is_launched(tmp_path: Path) 
         keys = agent.keys
         launched: list[tuple[str, int, Any]] = []
 
-        def launch(assignment: Assignment, submission: Submission, gpus: list[str]) -> None:
+        def launch(assignment: Assignment, submission: Submission, gpus: list[str],
+                   service: Submission | None = None) -> None:
             report = store._kvs.get(keys.status(assignment.workload, "node-a"))
             launched.append((assignment.workload, assignment.epoch, report))
 
