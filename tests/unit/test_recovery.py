@@ -301,3 +301,14 @@ async def test_written_back_with_copies_names_and_the_next_generation_last() -> 
     assert identity is not None and identity.mod_revision > kv.mod_revision, "identity last"
     backup = await take_backup(store, keys)
     assert not any(keys.parse(k).kind == "report" for k in backup.keys), "reports not kept"
+
+
+def test_recover_needs_its_source() -> None:
+    from hafo.cli import build_parser
+    from hafo.commands import recover
+    from hafo.commands.base import CliError
+
+    args = build_parser().parse_args(["recover", "--yes"])
+    with pytest.raises(CliError) as refused:
+        recover.run(args)
+    assert refused.value.code == 2 and "--from-agents" in str(refused.value)
