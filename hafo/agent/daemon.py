@@ -138,7 +138,8 @@ class Agent:
         self._report_put: asyncio.Future[None] | None = None
         self._report_left_out: list[str] = []
         self.claim = NodeClaim(self.name, self.store, self.keys, self.keeper, self.state_dir,
-                               self.events, timing.heartbeat, self.supervisor.kill_all)
+                               self.events, timing.heartbeat, self.supervisor.kill_all,
+                               self._epoch_base)
         self.api_address = ""
         self.address = node_address(config.node.address, config.etcd.endpoints)
         self.metrics = AgentMetrics(self, self.registry)
@@ -564,7 +565,7 @@ class Agent:
             if submission is None:
                 continue
             service = await self._service_of(submission)  # read before the announcement
-            if not await self._announce_start(key):
+            if not await self._announce_start(key, assignment):
                 continue
             await self._launch(key, assignment, submission, service)
         states = self._states()
@@ -622,9 +623,16 @@ class Agent:
             self._logged_faults.clear()
         return states
 
-    async def _announce_start(self, key: InstanceKey) -> bool:
+    def _epoch_base(self) -> int:
+        """The trusted cluster identity's ``epoch_base``: an assignment of this generation
+        has the epoch of its revision plus it (``hafo.decisions.store_trust``)."""
+        known = self.trust.known
+        return known.epoch_base if known is not None else 0
+
+    async def _announce_start(self, key: InstanceKey, assignment: Assignment) -> bool:
         """Report the instance as ``starting`` before it is launched, in one txn with a
-        compare that its assignment is still the one that placed it (mod revision == epoch).
+        compare that its assignment is still the one that placed it (its mod revision is
+        the one the epoch was made of: ``Assignment.revision``).
 
         A controller that moves the workload (phase ``moving``) waits until the instance it
         stops is reported exited; it takes a missing report to mean "never launched". This
@@ -636,7 +644,7 @@ class Agent:
         status = InstanceStatus(workload=key.workload, node=self.name, epoch=key.epoch,
                                 state="starting")
         result = await self.store.txn(
-            [Compare(self.keys.assignment(key.workload), "mod", "==", key.epoch)],
+            [Compare(self.keys.assignment(key.workload), "mod", "==", assignment.revision)],
             [Put(self.keys.status(key.workload, self.name), codec.encode(status.to_dict()),
                  lease=lease)])
         if not result.succeeded:

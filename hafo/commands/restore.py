@@ -61,12 +61,17 @@ async def _restore(args: argparse.Namespace) -> int:
     from hafo.commands.base import with_store
     from hafo.store.backup import BackupError, holds_cluster, restore_backup
     from hafo.store.identity import accept_store
+    from hafo.store.recovery import read_reports
 
     backup = _read(args.file) if args.file else None
 
     async def body(store: Any, keys: Any) -> int:
+        # What the agents' reports say they knew: the new generation and its epoch base
+        # past theirs (epochs, and checkpoints, never go backwards).
+        reports, _skipped, _ = await read_reports(store, keys)
+        known = [report.known for report in reports]
         if backup is None:
-            record = await accept_store(store, keys)
+            record = await accept_store(store, keys, known)
             print(f"cluster {keys.cluster!r}: the store as it is accepted as the cluster "
                   f"(generation {record.generation})")
             return 0
@@ -77,7 +82,8 @@ async def _restore(args: argparse.Namespace) -> int:
             raise CliError(f"etcd holds {len(held)} keys of cluster {keys.cluster!r} "
                            f"({shown}): restore over them with --replace", EXIT_REFUSED)
         try:
-            record = await restore_backup(store, keys, backup, replace=args.replace)
+            record = await restore_backup(store, keys, backup, replace=args.replace,
+                                          known=known)
         except BackupError as exc:
             raise CliError(f"FILE: {exc}", EXIT_USAGE) from None
         print(f"cluster {keys.cluster!r}: {len(backup.keys)} keys restored from the backup "
