@@ -8,6 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
+from hafo.chaos.faults import FAULT_KINDS
 from hafo.chaos.runner import ChaosReport, run_chaos
 from hafo.logs import configure
 
@@ -23,13 +24,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--services", type=int, default=1,
                         help="2-replica services beside them")
     parser.add_argument("--keep", metavar="DIR", help="run in DIR and keep every log")
+    parser.add_argument("--kinds", metavar="KIND,...",
+                        help="draw the faults from these kinds only (default: all of "
+                        f"{', '.join(FAULT_KINDS)})")
     args = parser.parse_args(argv)
+    only = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
+    unknown = sorted(set(only or ()) - set(FAULT_KINDS))
+    if unknown or (args.kinds is not None and not only):
+        parser.error(f"--kinds: unknown fault kinds {', '.join(unknown) or '(none given)'}")
     configure("console", level="warning")
 
     async def run() -> ChaosReport:
         task = asyncio.ensure_future(run_chaos(
             args.seed, args.faults, nodes=args.nodes, workloads=args.workloads, gangs=args.gangs,
-            services=args.services,
+            services=args.services, only_kinds=only,
             base_dir=Path(args.keep) if args.keep else None, keep=bool(args.keep)))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):  # tear the cluster down, by pid

@@ -3,22 +3,34 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from random import Random
 from typing import Any
 
-from hafo.local.cluster import LocalCluster
-from hafo.local.procs import kill_pid, stop_process
+from hafo.agent.procid import start_time
+from hafo.local.cluster import LocalCluster, lose_etcd_data
+from hafo.local.procs import kill_pid, pid_alive, stop_process
 from hafo.model.cluster import ClusterSnapshot, InstanceStatus
+from hafo.store.backup import Backup, restore_backup, take_backup
 
 FAULT_KINDS = (
     "node-power-loss", "agent-crash", "agent-restart", "agent-freeze", "agent-partition",
     "leader-crash", "leader-freeze", "etcd-member-crash", "workload-crash",
     "etcd-restart", "whole-etcd-restart", "duplicate-agent", "agent-restart-without-state",
-    "deleted-liveness-key",
+    "deleted-liveness-key", "etcd-stall", "etcd-lost-data",
 )
+
+#: Events a hitless etcd stall must not cause (docs/safety.md, "An etcd stall").
+STALL_QUIET = ("fenced", "restarted", "failover", "node-reregistered")
+
+#: A host process: its pid and start time (``hafo.agent.procid.start_time``).
+HostProcess = tuple[int, int]
 
 
 @dataclass
@@ -33,6 +45,11 @@ class Fault:
     hold: float = 0.0  # the fault lasts this long from injection before ``undo``
     details: dict[str, Any] = field(default_factory=dict)
     downtime: float = 0.0  # etcd was away this long inside ``inject``: not recovery time
+    quiet: tuple[str, ...] = ()  # event kinds that must not happen up to the hitless check
+    # wid@node -> the host process that recovery must have replaced (etcd-lost-data's restore)
+    replaced: dict[str, HostProcess] = field(default_factory=dict)
+    restored_at: float | None = None  # wall-clock time the store's history was replaced
+    violations: list[str] = field(default_factory=list)  # seen by ``inject`` itself
 
 
 async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float,
@@ -40,6 +57,7 @@ async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float,
     """Inject one fault of ``kind`` on a target chosen by ``rng`` (a node fault: on ``node``
     if given); lasting faults (freezes, partitions, a dead etcd member) are undone by the
     caller after ``hold`` seconds."""
+    began = time.monotonic()
     snapshot = await cluster.snapshot()
     running = running_instances(snapshot)
     busy_nodes = sorted({s.node for s in running.values()}) or sorted(cluster.node_handles)
@@ -125,6 +143,24 @@ async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float,
         await asyncio.to_thread(cluster.etcd.wait_ready, 20.0)
         return Fault(kind, "etcd", False, None, every_running, downtime=down,
                      details={"down": round(down, 1)})
+    if kind == "etcd-stall":  # SIGSTOP: a GC pause, a slow fsync, a VM stall
+        members = len(cluster.etcd.members)
+        frozen = list(range(members)) if members == 1 or rng.random() < 0.5 else [
+            rng.randrange(members)]
+        stall = rng.uniform(2.5, 20.0)
+        await cluster.close_store()  # the harness's client must not wait on a frozen member
+        cluster.etcd.freeze(frozen)
+        try:
+            await asyncio.sleep(stall)
+        finally:
+            cluster.etcd.thaw(frozen)
+        # Hitless (docs/safety.md, "An etcd stall"): the agents resume their nodes with new
+        # leases, nobody fails over; the stall itself is not recovery time.
+        target = "etcd" if len(frozen) == members else cluster.etcd.members[frozen[0]].name
+        return Fault(kind, target, False, None, every_running, downtime=stall,
+                     quiet=STALL_QUIET, details={"stall": round(stall, 1), "frozen": frozen})
+    if kind == "etcd-lost-data":
+        return await _lose_etcd_data(cluster, rng, outage, running, began)
     if kind == "duplicate-agent":  # a second agent started with a busy node's name
         tag = f"dup{rng.randrange(1 << 30)}"
         proc, _state, _port = cluster.start_duplicate_agent(node, tag=tag)
@@ -154,6 +190,67 @@ async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float,
         return Fault(kind, running[key].workload, True, None,
                      details={"pid": pid, "node": running[key].node})
     raise ValueError(f"unknown fault kind {kind!r}")
+
+
+async def _lose_etcd_data(cluster: LocalCluster, rng: Random, outage: float,
+                          running: dict[str, InstanceStatus], began: float) -> Fault:
+    """etcd restarted empty, then the operator's ``hafo restore`` of a backup taken before
+    (docs/safety.md, "etcd losing its data"). Meanwhile, checked at the end of a hold: every
+    instance's process still runs (untouched), nothing is placed on the empty store, every
+    controller's ``/readyz`` is 503 naming the store. Recovery: every workload running again
+    from the restored store (new epochs of a new history), its old processes gone."""
+    backup = await take_backup(cluster.store, cluster.keys)
+    path = cluster.base / f"backup-{backup.revision}.json"  # the operator's file, as written
+    path.write_text(json.dumps(backup.to_dict()))
+    old: dict[str, HostProcess] = {}
+    for key, status in running.items():
+        host = cluster.host_pid(status.node, status.pid)
+        started = start_time(host) if host is not None else None
+        if host is not None and started:
+            old[key] = (host, started)
+    await lose_etcd_data(cluster)
+    hold = rng.uniform(2.0, 2 * outage)
+    await asyncio.sleep(hold)
+    violations = [f"{key}: killed while etcd was not the cluster"
+                  for key, process in sorted(old.items()) if not host_alive(process)]
+    empty = await cluster.snapshot()
+    placed = sorted({*empty.workloads, *empty.assignments})
+    if placed:
+        violations.append(f"decided on the empty store: {placed}")
+    for name, ctl in sorted(cluster.controller_handles.items()):
+        if not ctl.running():
+            continue
+        code, body = await asyncio.to_thread(
+            _get_json, f"http://127.0.0.1:{ctl.api_port}/readyz")
+        if code != 503 or "not the cluster" not in str(body.get("error", "")):
+            violations.append(f"{name} /readyz on the empty store: {code} {body}")
+    restored = Backup.from_dict(json.loads(path.read_text()))
+    restored_at = time.time()
+    await restore_backup(cluster.store, cluster.keys, restored)
+    return Fault("etcd-lost-data", "etcd", False, None, downtime=time.monotonic() - began,
+                 replaced=old, restored_at=restored_at, violations=violations,
+                 details={"hold": round(hold, 1), "keys": len(backup.keys)})
+
+
+def host_alive(process: HostProcess) -> bool:
+    """True while that host process runs (same pid, same start time)."""
+    return pid_alive(process[0]) and start_time(process[0]) == process[1]
+
+
+def _get_json(url: str) -> tuple[int, dict[str, Any]]:
+    """GET a JSON document: (status, body); (0, {}) where nothing answered."""
+    try:
+        with urllib.request.urlopen(url, timeout=5.0) as response:
+            code, raw = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        code, raw = exc.code, exc.read()
+    except OSError:
+        return 0, {}
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError:
+        return code, {"text": raw[:200].decode(errors="replace")}
+    return code, body if isinstance(body, dict) else {"body": body}
 
 
 def running_instances(snapshot: ClusterSnapshot) -> dict[str, InstanceStatus]:

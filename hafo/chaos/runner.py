@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from random import Random
@@ -17,15 +17,17 @@ from hafo.chaos.faults import (
     FAULT_KINDS,
     Fault,
     hitless_violations,
+    host_alive,
     inject,
     running_instances,
 )
 from hafo.chaos.invariants import percentile
 from hafo.local.cluster import LocalCluster, demo_workload_spec
 from hafo.local.procs import children_map, pid_alive
-from hafo.local.progress import Overlap, overlaps
+from hafo.local.progress import Overlap, history, overlaps
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.views import workload_view
+from hafo.store import read_events
 
 
 @dataclass
@@ -88,13 +90,21 @@ class PidSampler:
     the epochs they belong to: processes of two epochs alive together are a sighting (a gang's
     members share one epoch). A logged process is found once, when its first line is read, as
     a host process (its node must run the boot it was logged in and a process of that number);
-    it is alive while that host process runs (same host pid, same host start time)."""
+    it is alive while that host process runs (same host pid, same host start time).
 
-    def __init__(self, cluster: LocalCluster, workloads: list[str]) -> None:
+    ``restores``: the times the store's history was replaced (etcd-lost-data's ``hafo
+    restore``; the runner appends to it): as in ``hafo.local.progress.overlaps``, a process's
+    instance is its history (of its first line, ``hafo.local.progress.history``) and its
+    epoch, so an epoch number repeated by another history is never taken for the same one."""
+
+    def __init__(self, cluster: LocalCluster, workloads: list[str],
+                 restores: list[float] | None = None) -> None:
         self.cluster = cluster
         self.workloads = workloads
+        self.restores = restores if restores is not None else []
         self.offsets: dict[str, int] = {}
-        self.pids: dict[str, dict[LoggedProcess, int]] = {w: {} for w in workloads}  # -> epoch
+        # -> (time of its first line read, epoch)
+        self.pids: dict[str, dict[LoggedProcess, tuple[float, int]]] = {w: {} for w in workloads}
         self.hosts: dict[LoggedProcess, tuple[int, int] | None] = {}  # -> host pid, start
         self.sightings: list[str] = []
 
@@ -112,9 +122,12 @@ class PidSampler:
             try:
                 record = json.loads(line)
                 process = (str(record["node"]), int(record["pid"]), str(record.get("boot", "")))
-                self.pids[wid][process] = int(record["epoch"])
-            except (ValueError, KeyError):
+                epoch, t = int(record["epoch"]), float(record["t"])
+            except (ValueError, KeyError, TypeError):
                 continue
+            known = self.pids[wid].get(process)
+            if known is None or known[1] != epoch:
+                self.pids[wid][process] = (t, epoch)
 
     def _find(self, processes: list[LoggedProcess]) -> None:
         """Find newly logged processes on the host (one look at /proc for all of them)."""
@@ -150,10 +163,13 @@ class PidSampler:
             for gone in set(self.pids[wid]) - set(alive):
                 self.hosts[gone] = None  # dead for good: never looked up again
             self.pids[wid] = alive
-            if len(set(alive.values())) > 1:
+            instances = {(history(t, self.restores), e) for t, e in alive.values()}
+            if len(instances) > 1:
                 pids = sorted(f"{node}:{pid}" for node, pid, _ in alive)
+                epochs = [str(e) if h == 0 else f"{e} (history {h})"
+                          for h, e in sorted(instances)]
                 self.sightings.append(f"{time.time():.3f} {wid}: pids {pids} of "
-                                      f"epochs {sorted(set(alive.values()))} alive together")
+                                      f"epochs {epochs} alive together")
 
     async def run(self) -> None:
         """Sample until cancelled."""
@@ -209,7 +225,8 @@ async def _wait_recovered(cluster: LocalCluster, fault: Fault, before: ClusterSn
         if s.leader is None:
             return False
         return all_running(workloads)(s) and all(
-            workload_view(s, w)["epoch"] != epochs[w] for w in affected)
+            workload_view(s, w)["epoch"] != epochs[w] for w in affected) and not any(
+            host_alive(process) for process in fault.replaced.values())
 
     await cluster.wait_for(recovered, timeout, interval=0.05, what=f"recovery from {fault.kind}")
 
@@ -224,6 +241,7 @@ async def _watch(bystanders: Bystanders) -> None:
 async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int = 2,
                     workloads: int = 4, gangs: int = 1, services: int = 1,
                     base_dir: Path | None = None, keep: bool = False,
+                    only_kinds: Sequence[str] | None = None,
                     say: Callable[[str], Any] = print) -> ChaosReport:
     """Start a cluster, inject ``faults`` seeded faults, check the invariants, tear down.
     ``gangs``: how many 2-member gangs run beside the ``workloads`` single-node ones (one of
@@ -231,7 +249,11 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
     how many 2-replica services (each replica is watched like a workload). A power loss
     targets the node that runs most kinds of workload not yet rebooted, and more power
     cycles follow the seeded faults until every kind has rebooted with its node at least
-    once. Processes hafo did not start run on every node (``hafo.chaos.bystanders``)."""
+    once. Processes hafo did not start run on every node (``hafo.chaos.bystanders``).
+    ``only_kinds``: the fault kinds to draw from (default: every kind, ``FAULT_KINDS``)."""
+    unknown = sorted(set(only_kinds or ()) - set(FAULT_KINDS))
+    if unknown:
+        raise ValueError(f"unknown fault kinds: {', '.join(unknown)}")
     rng = Random(seed)
     cluster = LocalCluster(base_dir=base_dir, nodes=nodes, controllers=controllers,
                            etcd_members=3, partitionable=True, keep=keep)
@@ -268,7 +290,8 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
             ids.extend(found.replicas[sid])
             kinds.update({replica: "service-replica" for replica in found.replicas[sid]})
         await cluster.wait_for(all_running(ids), 60, what="workloads running")
-        sampler = PidSampler(cluster, ids)
+        restores: list[float] = []  # when etcd-lost-data's restores replaced the history
+        sampler = PidSampler(cluster, ids, restores)
         sampler_task = asyncio.create_task(sampler.run())
         bystanders = Bystanders(cluster)
         for name in cluster.node_handles:
@@ -276,7 +299,7 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
         watch_task = asyncio.create_task(_watch(bystanders))
         await asyncio.sleep(SETTLE)  # their start-up is not part of the first fault
         rebooted: dict[str, int] = {}
-        fault_kinds = list(FAULT_KINDS)
+        fault_kinds = [k for k in FAULT_KINDS if not only_kinds or k in only_kinds]
         extra_reboots = 0
         n = 0
         while True:
@@ -293,13 +316,15 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
             before = await cluster.snapshot()
             target = reboot_target(before, kinds, missing or set(WORKLOAD_KINDS), rng) if (
                 kind == "node-power-loss") else None
-            t0 = time.monotonic()
+            t0, wall0 = time.monotonic(), time.time()
             fault = await inject(kind, cluster, rng, outage, node=target)
+            if fault.restored_at is not None:
+                restores.append(fault.restored_at)
             if kind == "node-power-loss":
                 bystanders.powered_off(fault.target)
                 for rebooted_kind in kinds_on(before, kinds, fault.target):
                     rebooted[rebooted_kind] = rebooted.get(rebooted_kind, 0) + 1
-            result = FaultResult(kind, fault.target, None)
+            result = FaultResult(kind, fault.target, None, list(fault.violations))
             try:
                 await _wait_recovered(cluster, fault, before, ids, 60)
                 result.recovery = time.monotonic() - t0 - fault.downtime
@@ -313,6 +338,11 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
                        if k in fault.hitless}
                 result.violations += hitless_violations(
                     fault, now, lambda node, pid: cluster.host_pid(node, pid) is not None)
+            if fault.quiet:
+                result.violations += [
+                    f"{e.kind}: {e.message}" for e in await read_events(cluster.store,
+                                                                         cluster.keys, 300)
+                    if e.ts >= wall0 and e.kind in fault.quiet]
             if fault.undo is not None:
                 await fault.undo()
             await cluster.wait_ready(60)
@@ -323,12 +353,13 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
             results.append(result)
             say(f"[{n:3d}/{faults}] {kind:18s} {fault.target:12s} recovered in "
                 + (f"{result.recovery:5.2f}s" if result.recovery is not None else "  never")
+                + (f"  {fault.details}" if fault.details else "")
                 + (f"  VIOLATIONS: {result.violations}" if result.violations else ""))
         final = await cluster.wait_for(all_running(ids), 60, what="all running at the end")
         sampler.sample()
         bystanders.check()
         lines = [line for w in ids for line in cluster.progress_log(w)]
-        return ChaosReport(seed=seed, results=results, overlaps=overlaps(lines),
+        return ChaosReport(seed=seed, results=results, overlaps=overlaps(lines, restores),
                            concurrent=sampler.sightings,
                            not_running=[w for w in ids
                                         if workload_view(final, w)["state"] != "running"],

@@ -523,6 +523,14 @@ class LocalCluster:
         """Lines the built-in workload wrote (see ``hafo.local.progress``)."""
         return read_progress(self.checkpoint_root / workload / "progress.jsonl")
 
+
+async def lose_etcd_data(cluster: LocalCluster) -> None:
+    """etcd loses its data: every member killed, its data directory removed, started again as
+    a new, empty cluster (the harness's own store client closed first)."""
+    await cluster.close_store()
+    await asyncio.to_thread(cluster.etcd.start_empty, 30.0)
+
+
 def demo_workload_spec(name: str = "train-demo", steps: int = 0, interval: float = 0.05,
                        every: int = 10, gpus: int = 1, fail_at: int = 0,
                        stall_at: int = 0, escape: bool = False) -> dict[str, Any]:

@@ -190,6 +190,17 @@ class EtcdCluster:
             if proc is not None and proc.poll() is None:
                 kill_pid(proc.pid, signal.SIGCONT)
 
+    def start_empty(self, timeout: float = 30.0) -> None:
+        """Lose the data: kill every member, remove its data directory, start it again as a
+        new cluster (an etcd restarted empty; docs/safety.md, "etcd losing its data")."""
+        for index, member in enumerate(self.members):
+            self.kill_member(index)
+            if member.data_dir.exists():
+                shutil.rmtree(member.data_dir)
+        for member in self.members:
+            self.start_member(member, state="new")
+        self.wait_ready(timeout)
+
     def restart_member(self, index: int) -> None:
         """Start a killed member again with its data."""
         member = self.members[index]

@@ -5,7 +5,8 @@ epoch, node, pid and time, so two instances alive at once show as overlapping li
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from bisect import bisect_right
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ class Overlap:
     workload: str
     epochs: tuple[int, int]
     seconds: float
+    histories: tuple[int, int] = (0, 0)  # of each epoch: the restores before it (overlaps)
 
 
 def read_progress(path: Path) -> list[dict[str, Any]]:
@@ -33,23 +35,45 @@ def read_progress(path: Path) -> list[dict[str, Any]]:
     return lines
 
 
-def overlaps(lines: Iterable[Mapping[str, Any]]) -> list[Overlap]:
-    """Per workload, epochs whose logged lifetimes (first to last line) overlap."""
-    spans: dict[tuple[str, int], tuple[float, float]] = {}
+def history(t: float, restores: Sequence[float]) -> int:
+    """How many of the (sorted) ``restores`` happened before time ``t``."""
+    return bisect_right(restores, t)
+
+
+def overlaps(lines: Iterable[Mapping[str, Any]],
+             restores: Sequence[float] = ()) -> list[Overlap]:
+    """Per workload, epochs whose logged lifetimes (first to last line) overlap.
+
+    ``restores``: the times the store's history was replaced (``hafo restore`` into an etcd
+    that lost its data). The restore's epoch base puts the new history's epochs past the old
+    ones, but the check does not rely on the code it checks: an instance is its workload,
+    history and epoch, so an epoch number repeated by another history is another instance.
+    A process belongs to the history of its first line (the number of restores before it):
+    an old instance still logging after a restore stays the old history's."""
+    marks = sorted(restores)
+    born: dict[tuple[Any, ...], float] = {}  # process -> its first line's time
+    rows = []
     for line in lines:
-        key = (str(line["workload"]), int(line["epoch"]))
-        first, last = spans.get(key, (line["t"], line["t"]))
-        spans[key] = (min(first, line["t"]), max(last, line["t"]))
+        process = (str(line["workload"]), int(line["epoch"]), line.get("node"),
+                   line.get("pid"), line.get("boot"))
+        born[process] = min(born.get(process, line["t"]), line["t"])
+        rows.append((process, line["t"]))
+    spans: dict[tuple[str, int, int], tuple[float, float]] = {}
+    for process, t in rows:
+        key = (process[0], history(born[process], marks), process[1])
+        first, last = spans.get(key, (t, t))
+        spans[key] = (min(first, t), max(last, t))
     found: list[Overlap] = []
-    for workload in sorted({w for w, _ in spans}):
-        mine = sorted(((e, s) for (w, e), s in spans.items() if w == workload),
-                      key=lambda item: item[1][0])
-        longest: tuple[int, float] | None = None  # the epoch that lives longest so far
-        for epoch, (start, end) in mine:
-            if longest is not None and start < longest[1]:
-                found.append(Overlap(workload, (longest[0], epoch), longest[1] - start))
-            if longest is None or end > longest[1]:
-                longest = (epoch, end)
+    for workload in sorted({w for w, _, _ in spans}):
+        mine = sorted(((h, e, s) for (w, h, e), s in spans.items() if w == workload),
+                      key=lambda item: item[2][0])
+        longest: tuple[int, int, float] | None = None  # history, epoch living longest so far
+        for hist, epoch, (start, end) in mine:
+            if longest is not None and start < longest[2]:
+                found.append(Overlap(workload, (longest[1], epoch), longest[2] - start,
+                                     (longest[0], hist)))
+            if longest is None or end > longest[2]:
+                longest = (hist, epoch, end)
     return found
 
 

@@ -12,14 +12,13 @@ never two copies), uncounted.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 
-from hafo.local.cluster import LocalCluster
+from hafo.local.cluster import LocalCluster, lose_etcd_data
 from hafo.store import read_events
 
 from .conftest import ClusterFactory
@@ -32,17 +31,6 @@ def hafo(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "hafo", *args, "--etcd",
                            ",".join(cluster.etcd.endpoints), "--cluster", cluster.cluster],
                           capture_output=True, text=True, timeout=60)
-
-
-async def lose_etcd_data(cluster: LocalCluster) -> None:
-    """Kill every member, remove its data directory, start it again as a new cluster."""
-    await cluster.close_store()
-    for index, member in enumerate(cluster.etcd.members):
-        cluster.etcd.kill_member(index)
-        shutil.rmtree(member.data_dir)
-    for member in cluster.etcd.members:
-        cluster.etcd.start_member(member, state="new")
-    await asyncio.to_thread(cluster.etcd.wait_ready, 30.0)
 
 
 @pytest.mark.timeout(240)
