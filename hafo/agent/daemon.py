@@ -132,6 +132,8 @@ class Agent:
         self._logged_faults: set[str] = set()  # state directory writes logged as failing
         self.registered = asyncio.Event()
         self.identity_revision = 0
+        # set when the store became another history: the identity watch starts again
+        self._rewatch_identity = asyncio.Event()
         self._reclaiming = asyncio.Lock()
         self._background: set[asyncio.Future[None]] = set()  # tasks nobody waits for
         self._report_sent: str | None = None  # the recovery report last published
@@ -277,6 +279,9 @@ class Agent:
             self.assignments.copies.forget()  # and its assignments, whatever their revision
         await self._forget_report()
         await self._reclaim(why)
+        # The identity watch resumes from the earlier store's revision, which the accepted
+        # one may not reach for a long time: it would miss every change meanwhile.
+        self._rewatch_identity.set()
 
     # -- lease and registration ------------------------------------------------------------
 
@@ -430,6 +435,7 @@ class Agent:
         and claim again (we cannot prove we still own the node's work)."""
         while True:
             await self.registered.wait()
+            self._rewatch_identity.clear()
             start = self.identity_revision + 1
             try:
                 async for event in self._identity_events(start):
@@ -461,8 +467,13 @@ class Agent:
                 await asyncio.sleep(min(0.5, self.config.timing.heartbeat / 2))
 
     async def _identity_events(self, start: int) -> AsyncIterator[tuple[str, str, int]]:
-        """(key, put|delete, lease) for our liveness key and node record, merged."""
-        queue: asyncio.Queue[tuple[str, str, int] | BaseException] = asyncio.Queue()
+        """(key, put|delete, lease) for our liveness key and node record, merged; ends when
+        the store becomes another history (``_start_over``)."""
+        queue: asyncio.Queue[tuple[str, str, int] | BaseException | None] = asyncio.Queue()
+
+        async def rewatch() -> None:
+            await self._rewatch_identity.wait()
+            await queue.put(None)
 
         async def pump(key: str) -> None:
             try:
@@ -474,9 +485,12 @@ class Agent:
 
         tasks = [asyncio.create_task(pump(k))
                  for k in (self.keys.alive(self.name), self.keys.node(self.name))]
+        tasks.append(asyncio.create_task(rewatch()))
         try:
             while True:
                 item = await queue.get()
+                if item is None:
+                    return
                 if isinstance(item, BaseException):
                     raise item
                 yield item
