@@ -316,6 +316,7 @@ class Controller:
             if self.trust.accepted:
                 self.failsafe.contested = ""
                 self.cache.watched.forget()  # another history: its revisions may be lower
+                self.election.forget()  # a standby's watch of the leader key, likewise
                 with contextlib.suppress(*RECOVERABLE):
                     await self.cache.load()
             problem = self.store_problem()

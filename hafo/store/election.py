@@ -30,6 +30,7 @@ class Election:
         self.key = key
         self.name = name
         self.token: int | None = None
+        self._forgotten = asyncio.Event()
 
     async def try_acquire(self, lease_id: int) -> tuple[bool, int, str | None]:
         """One attempt: (won, revision, current leader's name)."""
@@ -65,7 +66,27 @@ class Election:
             log.info("standing by", controller=self.name, leader=leader)
             await self._wait_for_vacancy(revision)
 
+    def forget(self) -> None:
+        """The store's history changed under us (an operator accepted another store as the
+        cluster: ``hafo restore``): a standby's watch of the leader key waits from a revision
+        of the earlier history, which the new one reaches late or never, so it would miss
+        the new leader's end. It looks again at once, in the accepted store."""
+        self._forgotten.set()
+
     async def _wait_for_vacancy(self, revision: int) -> None:
+        self._forgotten.clear()
+        watching = asyncio.ensure_future(self._watch_for_vacancy(revision))
+        forgotten = asyncio.ensure_future(self._forgotten.wait())
+        try:
+            await asyncio.wait({watching, forgotten}, return_when=asyncio.FIRST_COMPLETED)
+            if watching.done():
+                watching.result()
+        finally:
+            for task in (watching, forgotten):
+                task.cancel()
+            await asyncio.gather(watching, forgotten, return_exceptions=True)
+
+    async def _watch_for_vacancy(self, revision: int) -> None:
         async for event in self.store.watch_prefix(self.key, revision + 1):
             if isinstance(event, WatchEvent):
                 if event.kind == "delete" and event.kv.key == self.key:
