@@ -10,19 +10,20 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-EXIT_USAGE = 2
-EXIT_UNAVAILABLE = 3
-EXIT_NOT_FOUND = 4
-EXIT_REFUSED = 5
-EXIT_TIMEOUT = 6
+from hafo.config_file import load_config, load_yaml
+from hafo.exits import (
+    EXIT_NOT_FOUND,
+    EXIT_REFUSED,
+    EXIT_TIMEOUT,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    CliError,
+)
 
-
-class CliError(Exception):
-    """A failure explained in one line, with an exit code."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
+__all__ = ["EXIT_NOT_FOUND", "EXIT_REFUSED", "EXIT_TIMEOUT", "EXIT_UNAVAILABLE", "EXIT_USAGE",
+           "CliError", "Parser", "etcd_settings", "json_arg", "load_config", "load_yaml",
+           "positive_float", "positive_int", "print_json", "resolve_workdir", "store_args",
+           "watch_arg", "with_store"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -30,32 +31,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise CliError(f"{self.prog}: {message} (see --help)", EXIT_USAGE)
-
-
-def load_yaml(path: str, what: str) -> Any:
-    """A spec's or a config's YAML, read with bounded memory and time
-    (``hafo.model.yaml_text``): one line naming the file when it cannot be read, is too
-    big, or is not YAML we read."""
-    from hafo.model.yaml_text import MAX_FILE_BYTES, YamlRefused, load_yaml_text
-
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
-        raise CliError(f"{what} file not found: {path}", EXIT_USAGE) from None
-    except OSError as exc:
-        raise CliError(f"cannot read {what} file {path}: {exc.strerror}", EXIT_USAGE) from None
-    if len(data) > MAX_FILE_BYTES:
-        raise CliError(f"{path}: over {MAX_FILE_BYTES // (1024 * 1024)} MiB; a {what} file "
-                       "is a few KiB", EXIT_USAGE)
-    try:
-        text = data.decode()
-    except UnicodeDecodeError as exc:
-        raise CliError(f"{path}: not UTF-8 text (byte {exc.start})", EXIT_USAGE) from None
-    try:
-        return load_yaml_text(text)
-    except YamlRefused as exc:
-        raise CliError(f"{path}: {exc}", EXIT_USAGE) from None
 
 
 def resolve_workdir(raw: Any, spec_path: str) -> Any:
@@ -70,20 +45,6 @@ def resolve_workdir(raw: Any, spec_path: str) -> Any:
         return raw
     base = Path(spec_path).absolute().parent
     return {**raw, "workdir": os.path.normpath(base / workdir)}
-
-
-def load_config(path: str, role: str) -> Any:
-    """Read and validate a daemon config file."""
-    from hafo.model import ValidationError, parse_config
-
-    raw = load_yaml(path, "config")
-    if raw is None:
-        raise CliError(f"{path}: the file is empty (a config is a mapping: see "
-                       "docs/contract.md, \"Config files\")", EXIT_USAGE)
-    try:
-        return parse_config(raw, role)
-    except ValidationError as exc:
-        raise CliError("\n".join(exc.lines(f"{path}: ")), EXIT_USAGE) from None
 
 
 def store_args(p: argparse.ArgumentParser) -> None:

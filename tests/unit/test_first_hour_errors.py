@@ -15,8 +15,9 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestClient, TestServer
 
-from hafo.cli import drain_summary, main
+from hafo.cli import main
 from hafo.commands.base import CliError
+from hafo.commands.drain import drain_summary
 from hafo.commands.events import EventFilter, check_kinds, parse_duration, selected
 from hafo.model import ValidationError, parse_config, parse_spec
 from hafo.model.cluster import Event

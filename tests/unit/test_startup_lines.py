@@ -9,7 +9,7 @@ import pytest
 from structlog.testing import LogCapture
 
 from hafo import __version__
-from hafo.cli import _announce
+from hafo.daemon_start import announce as _announce
 from hafo.model.config import ApiConfig
 from hafo.model.exposure import api_url, is_loopback, open_api_warning, serving_line
 

@@ -34,7 +34,7 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> Callable[[ClusterSnapshot], None
     async def read_snapshot(store: Any, keys: Keys) -> ClusterSnapshot:
         return holder["snapshot"]
 
-    monkeypatch.setattr(cli, "_with_store", with_store)
+    monkeypatch.setattr("hafo.commands.base.with_store", with_store)
     monkeypatch.setattr("hafo.store.read_snapshot", read_snapshot)
     return lambda snapshot: holder.__setitem__("snapshot", snapshot)
 
@@ -139,7 +139,7 @@ def test_status_on_a_store_that_is_not_the_cluster_is_one_line_and_exit_3(
                          body: Callable[[Any, Keys], Awaitable[int]]) -> int:
         return await body(store, Keys("default"))
 
-    monkeypatch.setattr(cli, "_with_store", with_store)
+    monkeypatch.setattr("hafo.commands.base.with_store", with_store)
     asyncio.run(say("store-untrusted"))
     code, out, err = run(capsys, "status")
     assert code == 3 and out == ""

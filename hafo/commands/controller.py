@@ -1,0 +1,28 @@
+"""``hafo controller --config FILE``: the controller daemon (its start-up:
+``hafo.controller.main``); ``--check`` validates the config and exits."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    """Add the ``controller`` subparser."""
+    p = sub.add_parser("controller", help="controller daemon")
+    p.add_argument("--config", required=True, help="YAML config file")
+    p.add_argument("--check", action="store_true",
+                   help="validate the config file and exit (0: valid; 2: the error, "
+                        "naming the field)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``hafo controller``."""
+    from hafo.controller import main
+
+    if args.check:
+        main.check(args.config)
+        print(f"{args.config}: a valid controller config")
+        return 0
+    return asyncio.run(main.run(args.config))

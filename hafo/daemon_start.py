@@ -1,0 +1,89 @@
+"""What the two daemons' start-ups share (``hafo.agent.main``, ``hafo.controller.main``):
+the API's token and TLS from the config, listening, the one start-up line, and serving until
+SIGTERM/SIGINT while telling systemd. Heavy imports stay inside the functions: the agent
+renews its lease before any of them (docs/safety.md, "Hitless agent restarts")."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Coroutine
+from typing import Any
+
+from hafo.exits import EXIT_USAGE, CliError
+
+
+async def serve_until_signal(main: Coroutine[Any, Any, None], ready: asyncio.Event,
+                             what: str) -> None:
+    """Run a daemon until SIGTERM/SIGINT, telling systemd when it is ready, pinging the
+    watchdog from this event loop, and saying when it stops."""
+    from hafo.notify import Notifier
+
+    notifier = Notifier()
+    task = asyncio.ensure_future(main)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+
+    async def tell_systemd() -> None:
+        await ready.wait()
+        notifier.ready(f"{what}: serving")
+        await notifier.keep_watchdog()
+
+    helper = asyncio.ensure_future(tell_systemd())
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        helper.cancel()
+        notifier.stopping(f"{what}: stopping")
+
+
+def api_settings(config: Any) -> tuple[str | None, Any]:
+    """The API's bearer token and TLS context from ``api.token_file`` / ``api.tls_*``."""
+    from hafo.api.auth import load_token
+    from hafo.api.server import server_tls
+    from hafo.model import ValidationError
+
+    try:
+        token = load_token(config.api.token_file) if config.api.token_file else None
+    except ValidationError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    tls = None
+    if config.api.tls_cert:
+        try:
+            tls = server_tls(config.api.tls_cert, config.api.tls_key)
+        except (OSError, ValueError) as exc:
+            raise CliError(f"api.tls_cert: cannot load {config.api.tls_cert} with "
+                           f"{config.api.tls_key}: {exc}", EXIT_USAGE) from None
+    return token, tls
+
+
+async def listen(app: Any, config: Any, tls: Any) -> Any:
+    """Serve ``app`` on ``api.listen``; CliError (exit 2) naming it if that fails."""
+    from hafo.api import serve
+
+    try:
+        return await serve(app, config.api.host, config.api.port, tls)
+    except OSError as exc:
+        raise CliError(f"api.listen: cannot listen on {config.api.listen}: "
+                       f"{exc.strerror or exc}", EXIT_USAGE) from None
+
+
+def announce(role: Any, name: str, config: Any, runner: Any, token: str | None) -> None:
+    """Log the daemon's one start-up line (once it listens: the port it got for port 0), and
+    a warning when its API is open to other hosts without a token (hafo.model.exposure)."""
+    import structlog
+
+    from hafo import __version__
+    from hafo.model.exposure import TOKEN_FIELD, api_url, open_api_warning, serving_line
+
+    port = config.api.port or next(
+        (a[1] for a in runner.addresses if isinstance(a, tuple) and len(a) > 1), 0)
+    line = serving_line(role, name, api_url(config.api.scheme, config.api.host, port))
+    log = structlog.get_logger(f"hafo.{role}")
+    log.info(line.text, api=line.api, dashboard=line.dashboard, version=__version__)
+    warning = open_api_warning(role, config.api.listen, config.api.host, token is not None)
+    if warning:
+        log.warning(warning, field=TOKEN_FIELD, address=config.api.listen)
