@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pytest
 
+from hafo.decisions.failures import UNCOUNTED_MAX_BACKOFF
 from hafo.local.stress import Stress
 from tests.hosts.cluster import (
     AGENT_PORT,
@@ -429,8 +430,12 @@ def _etcd_leader_power_cuts(cluster: DeployedCluster, before: dict[str, Instance
         cluster.record("etcd raft leader machine back (s)", boottime() - off_at)
         # Its own workload failed over (or came back); wait for the three to run again.
         try:
+            # The cut machine's own workload comes back once the machine does, after the
+            # uncounted restarts' backoff: every cut ends an instance that ran under a
+            # minute, so the row doubles up to UNCOUNTED_MAX_BACKOFF (hafo.decisions.failures).
             before = {i.machine: i for wid in [i.workload for i in before.values()]
-                      for i in [cluster.watcher.one_live(wid, timeout=30)]}
+                      for i in [cluster.watcher.one_live(
+                          wid, timeout=30 + UNCOUNTED_MAX_BACKOFF)]}
         except AssertionError as exc:
             machines = list(cluster.lab.machines)
             raise AssertionError(

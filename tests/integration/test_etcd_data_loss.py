@@ -68,10 +68,13 @@ async def test_etcd_restarted_empty_keeps_work_then_a_restore_brings_the_cluster
     again = hafo(cluster, "restore", str(backup))
     assert again.returncode == 5 and "--replace" in again.stderr, "refused over keys"
     snapshot = await cluster.wait_for(
-        # New epochs of another history: they may be lower than the old ones. The old
-        # instances were fenced; the ones running now are the restored store's.
+        # New epochs of another history, past every old one (the generation's epoch base):
+        # the old instances were fenced; the ones running now are the restored store's.
         lambda s: all(running(w)(s) and not before[w][2].alive() for w in wids), 60,
         what="every workload running again from the restored store")
+    for wid in wids:
+        assert view(snapshot, wid)["epoch"] > before[wid][1], \
+            f"{wid}: epochs (so checkpoints) never go backwards across a restore"
     print(f"every workload running again {time.monotonic() - lost_at:.1f}s after etcd lost "
           "its data")
     for wid in wids:
