@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl
 import time
 from collections.abc import Callable
 
-import aiohttp
 import structlog
 
+from hafo.api.client import ApiClient, ApiError, client_tls
 from hafo.decisions.failsafe import PROMISES, failsafe_deadline
 from hafo.model.cluster import FailsafeSet
 from hafo.store import TRANSIENT, Keys, Store, StoreError, codec
@@ -62,20 +61,20 @@ class AgentFailsafe:
         the store as the cluster)."""
         self.current = FailsafeSet()
 
-    async def _ask(self, session: aiohttp.ClientSession, url: str,
+    async def _ask(self, client: ApiClient, url: str,
                    timeout: float) -> tuple[str | None, float]:
         """(the controller's answer or None, the hold it states: TTL + margin, the hold of
         controllers that do not state one)."""
         legacy = self.ttl + self.margin
         try:
             cluster = self.cluster()
-            async with session.get(f"{url}/v1/failsafe",
-                                   params={"cluster": cluster} if cluster else None,
-                                   timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                if resp.status != 200:
-                    return None, legacy
-                body = await resp.json()
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+            resp = await client.get(url, "/v1/failsafe",
+                                    params={"cluster": cluster} if cluster else None,
+                                    timeout=timeout)
+            if resp.status != 200:
+                return None, legacy
+            body = resp.json()
+        except ApiError:  # no answer, or not JSON
             return None, legacy
         if not isinstance(body, dict):
             return None, legacy
@@ -95,12 +94,10 @@ class AgentFailsafe:
         if not members or since_contact >= self.failsafe_max:
             self.promised.clear()
             return self._engage(None, {})
-        context = ssl.create_default_context(cafile=self.tls_ca) if self.tls_ca else None
-        connector = aiohttp.TCPConnector(ssl=context) if context else None
         sent = self.clock()
-        async with aiohttp.ClientSession(connector=connector) as session:
+        async with ApiClient(tls=client_tls(self.tls_ca), timeout=timeout) as client:
             replies = dict(zip(members, await asyncio.gather(
-                *(self._ask(session, url, timeout) for url in members.values())), strict=True))
+                *(self._ask(client, url, timeout) for url in members.values())), strict=True))
         answers = {name: answer for name, (answer, _hold) in replies.items()}
         for name, (answer, hold) in replies.items():
             if answer in PROMISES:

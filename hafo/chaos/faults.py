@@ -6,14 +6,13 @@ import asyncio
 import json
 import signal
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from random import Random
 from typing import Any
 
 from hafo.agent.procid import start_time
+from hafo.api.client import ApiClient, ApiUnavailable
 from hafo.local.cluster import LocalCluster, lose_etcd_data
 from hafo.local.procs import kill_pid, pid_alive, stop_process
 from hafo.model.cluster import ClusterSnapshot, InstanceStatus
@@ -220,8 +219,7 @@ async def _lose_etcd_data(cluster: LocalCluster, rng: Random, outage: float,
     for name, ctl in sorted(cluster.controller_handles.items()):
         if not ctl.running():
             continue
-        code, body = await asyncio.to_thread(
-            _get_json, f"http://127.0.0.1:{ctl.api_port}/readyz")
+        code, body = await _get_json(f"http://127.0.0.1:{ctl.api_port}", "/readyz")
         if code != 503 or "not the cluster" not in str(body.get("error", "")):
             violations.append(f"{name} /readyz on the empty store: {code} {body}")
     restored = Backup.from_dict(json.loads(path.read_text()))
@@ -237,15 +235,15 @@ def host_alive(process: HostProcess) -> bool:
     return pid_alive(process[0]) and start_time(process[0]) == process[1]
 
 
-def _get_json(url: str) -> tuple[int, dict[str, Any]]:
-    """GET a JSON document: (status, body); (0, {}) where nothing answered."""
+async def _get_json(base: str, path: str) -> tuple[int, dict[str, Any]]:
+    """GET a JSON document from hafo's API at ``base``: (status, body); (0, {}) where
+    nothing answered."""
     try:
-        with urllib.request.urlopen(url, timeout=5.0) as response:
-            code, raw = response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        code, raw = exc.code, exc.read()
-    except OSError:
+        async with ApiClient(timeout=5.0) as client:
+            response = await client.get(base, path)
+    except ApiUnavailable:
         return 0, {}
+    code, raw = response.status, response.body
     try:
         body = json.loads(raw or b"{}")
     except ValueError:

@@ -1,7 +1,7 @@
 """``hafo dev``: a local cluster that stays up until Ctrl-C, and the commands that control it.
 
 ``hafo dev [--nodes N] [--gpus G] [--cluster NAME] [--dir DIR]`` starts the cluster
-(``hafo.local.dev``); ``hafo dev power-off|power-on|fault|status`` talk to a running one
+(``hafo.local.dev_server``); ``hafo dev power-off|power-on|fault|status`` talk to a running one
 through ``$HAFO_DEV`` (the directory ``hafo dev`` prints in its export line).
 """
 
@@ -53,7 +53,7 @@ def _count(limit: int) -> Any:
 
 
 def _cluster_name(text: str) -> str:
-    from hafo.local.dev import CLUSTER_NAME_RE
+    from hafo.local.dev_server import CLUSTER_NAME_RE
 
     if not CLUSTER_NAME_RE.fullmatch(text):
         raise argparse.ArgumentTypeError(
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _start(args: argparse.Namespace) -> int:
-    from hafo.local.dev import DevError, DevOptions, run_dev
+    from hafo.local.dev_server import DevError, DevOptions, run_dev
 
     options = DevOptions(nodes=args.nodes or 3, gpus=args.gpus or 4,
                          cluster=args.cluster or "dev", dir=Path(args.dir) if args.dir else None)
@@ -153,7 +153,8 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _control(args: argparse.Namespace) -> int:
-    from hafo.local.dev import ControlRequest, DevUnavailable, GpuFault, call
+    from hafo.local.dev_client import call
+    from hafo.local.dev_protocol import ControlRequest, DevUnavailable, GpuFault
 
     prog = f"hafo dev {args.dev_action}"
     where = args.dev or os.environ.get("HAFO_DEV")
@@ -180,9 +181,7 @@ def _control(args: argparse.Namespace) -> int:
     if status is None:
         raise CliError(f"{prog}: the dev cluster sent no status", 1)
     if args.json:
-        from dataclasses import asdict
-
-        print(json.dumps(asdict(status), indent=2, sort_keys=True))
+        print(json.dumps(status.to_dict(), indent=2, sort_keys=True))
         return 0
     print(f"cluster {status.cluster} in {status.dir}; etcd {','.join(status.etcd)}")
     for c in status.controllers:

@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -24,8 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from hafo.commands.base import (
     EXIT_NOT_FOUND,
-    EXIT_REFUSED,
-    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     CliError,
     load_config,
@@ -33,10 +30,10 @@ from hafo.commands.base import (
     store_args,
     with_store,
 )
+from hafo.stopping import stop_on_signals
 
 if TYPE_CHECKING:
-    import aiohttp
-
+    from hafo.api.client import ApiClient, ApiResponse
     from hafo.model.cluster import ClusterSnapshot
     from hafo.model.output import OutputChunk, OutputRequest
     from hafo.model.output_view import Instance, OutputLog
@@ -100,14 +97,10 @@ def run(args: argparse.Namespace) -> int:
 # -- talking to agents ----------------------------------------------------------------------
 
 
-class Unreachable(Exception):
-    """An agent did not answer (the message says why)."""
-
-
 def _api_access(args: argparse.Namespace) -> tuple[str | None, Any]:
-    """The bearer token and the TLS context (None: plain http) for the agents' API."""
-    from hafo.api.auth import load_token
-    from hafo.model import ValidationError
+    """The bearer token and the TLS context (None: plain http) for the agents' API
+    (ApiSetupError naming the flag or the config field that cannot be loaded)."""
+    from hafo.api.client import load_access
 
     token_file, ca = args.api_token_file, args.api_ca
     field = "--api-token-file"
@@ -116,90 +109,57 @@ def _api_access(args: argparse.Namespace) -> tuple[str | None, Any]:
         if token_file is None and config.api.token_file:
             token_file, field = config.api.token_file, f"{args.config}: api.token_file"
         ca = ca or config.api.tls_ca
-    token = None
-    if token_file:
-        try:
-            token = load_token(token_file, field)
-        except ValidationError as exc:
-            raise CliError(str(exc), EXIT_USAGE) from None
-    context = None
-    if ca:
-        import ssl
-
-        try:
-            context = ssl.create_default_context(cafile=ca)
-        except (OSError, ssl.SSLError) as exc:
-            raise CliError(f"--api-ca: cannot load {ca}: {exc}", EXIT_USAGE) from None
-    return token, context
+    return load_access(token_file, field, ca, "--api-ca")
 
 
 @dataclass
 class Agents:
-    """Reads output from the agents of a cluster's nodes."""
+    """Reads output from the agents of a cluster's nodes, through one API client. A node
+    whose agent gives no usable answer raises ``ApiUnavailable``; one that refuses or
+    answers an error, ``ApiRefused`` or ``ApiStatusError`` (``hafo.api.client``)."""
 
-    session: aiohttp.ClientSession
-    token: str | None
-    tls: Any
+    client: ApiClient
     snapshot: ClusterSnapshot
 
     def url(self, node: str) -> str:
         """The base URL of ``node``'s agent API (from its node record)."""
+        from hafo.api.client import ApiUnavailable
+
         record = self.snapshot.nodes.get(node)
         if record is None or not record.api:
-            raise Unreachable(f"{node} has no API address in its node record")
+            raise ApiUnavailable(f"{node} has no API address in its node record",
+                                 f"{node}'s agent")
         host, _, port = record.api.rpartition(":")
         if host in ("", "0.0.0.0", "::", "[::]"):  # listening everywhere: its address
             host = record.address or node
             if ":" in host and not host.startswith("["):
                 host = f"[{host}]"
-        return f"{'https' if self.tls is not None else 'http'}://{host}:{port}"
+        return f"{self.client.scheme}://{host}:{port}"
 
     async def _get(self, node: str, path: str, params: dict[str, str],
-                   timeout: float) -> tuple[int, bytes, dict[str, str]]:
-        import aiohttp
-
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        try:
-            async with self.session.get(f"{self.url(node)}{path}", params=params,
-                                        headers=headers, ssl=self.tls,
-                                        timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                return resp.status, await resp.read(), dict(resp.headers)
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise Unreachable(f"{node}'s agent at {self.url(node)} does not answer "
-                              f"({type(exc).__name__}{': ' + str(exc) if str(exc) else ''})"
-                              ) from None
-
-    def _refused(self, node: str, status: int, body: bytes) -> CliError:
-        import json
-
-        try:
-            why = str(json.loads(body).get("error", ""))
-        except (ValueError, AttributeError):
-            why = body[:200].decode("utf-8", "replace")
-        if status == 401:
-            return CliError(f"{node}'s agent refused: {why} (give the token with "
-                            "--api-token-file)", EXIT_REFUSED)
-        return CliError(f"{node}'s agent answered {status}: {why}")
+                   timeout: float) -> ApiResponse:
+        return await self.client.get(self.url(node), path, params=params, timeout=timeout,
+                                     who=f"{node}'s agent")
 
     async def kept(self, node: str, wid: str, timeout: float = REQUEST_TIMEOUT
                    ) -> list[OutputLog]:
         """The epochs of ``wid`` whose output ``node`` keeps."""
-        import json
-
+        from hafo.api.client import ApiBadAnswer
         from hafo.model import ValidationError
         from hafo.model.output_view import OutputLog
 
-        status, body, _ = await self._get(node, f"/v1/workloads/{wid}/logs", {}, timeout)
-        if status != 200:
-            raise self._refused(node, status, body)
+        answer = (await self._get(node, f"/v1/workloads/{wid}/logs", {}, timeout)
+                  ).raise_for_status()
         try:
-            return [OutputLog.from_dict(item) for item in json.loads(body)["epochs"]]
+            return [OutputLog.from_dict(item)
+                    for item in answer.json("listing")["epochs"]]
         except (ValueError, KeyError, TypeError, ValidationError) as exc:
-            raise Unreachable(f"{node}'s agent sent an unreadable listing ({exc})") from None
+            raise ApiBadAnswer(answer.who, "listing", str(exc)) from None
 
     async def read(self, node: str, wid: str, epoch: int, request: OutputRequest,
                    timeout: float = REQUEST_TIMEOUT) -> OutputChunk | None:
         """Output of ``wid`` at ``epoch`` on ``node`` (None: that node keeps none)."""
+        from hafo.api.client import ApiBadAnswer
         from hafo.model.output import chunk_from
 
         params = {"limit": str(request.limit)}
@@ -207,16 +167,14 @@ class Agents:
             params["tail"] = str(request.tail)
         elif request.offset is not None:
             params["offset"] = str(request.offset)
-        status, body, headers = await self._get(node, f"/v1/workloads/{wid}/logs/{epoch}",
-                                                params, timeout)
-        if status == 404:
+        answer = await self._get(node, f"/v1/workloads/{wid}/logs/{epoch}", params, timeout)
+        if answer.status == 404:
             return None
-        if status != 200:
-            raise self._refused(node, status, body)
+        answer.raise_for_status()
         try:
-            return chunk_from(wid, headers, body)
+            return chunk_from(wid, answer.headers, answer.body)
         except ValueError as exc:
-            raise Unreachable(f"{node}'s agent sent an unreadable answer ({exc})") from None
+            raise ApiBadAnswer(answer.who, "answer", str(exc)) from None
 
 
 class _Stdout:
@@ -277,13 +235,15 @@ async def _print_instance(agents: Agents, node: str, wid: str, epoch: int,
 async def _kept_everywhere(agents: Agents, wid: str) -> tuple[list[OutputLog], list[str]]:
     """(every kept epoch of ``wid`` on any node, oldest first; why each node that did not
     answer did not)."""
+    from hafo.api.client import ApiUnavailable
+
     nodes = sorted(agents.snapshot.nodes)
     answers = await asyncio.gather(*(agents.kept(n, wid) for n in nodes),
                                    return_exceptions=True)
     found: list[OutputLog] = []
     problems: list[str] = []
     for node, answer in zip(nodes, answers, strict=True):
-        if isinstance(answer, Unreachable):
+        if isinstance(answer, ApiUnavailable):
             problems.append(f"{node}: {answer}")
         elif isinstance(answer, BaseException):
             raise answer
@@ -330,8 +290,18 @@ def _pick(snapshot: ClusterSnapshot, args: argparse.Namespace) -> str:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    import aiohttp
+    """Run the mode; a failed call to an agent that nothing handled becomes the CLI's one
+    error (``hafo.api.client.cli_error``: unavailable 3, refused 5, other answers 1)."""
+    from hafo.api.client import ApiError, cli_error
 
+    try:
+        return await _modes(args)
+    except ApiError as exc:
+        raise cli_error(exc) from None
+
+
+async def _modes(args: argparse.Namespace) -> int:
+    from hafo.api.client import ApiClient
     from hafo.store import read_snapshot
 
     token, tls = _api_access(args)
@@ -339,8 +309,8 @@ async def _main(args: argparse.Namespace) -> int:
     async def body(store: Any, keys: Any) -> int:
         snapshot = await read_snapshot(store, keys)
         wid = _pick(snapshot, args)
-        async with aiohttp.ClientSession() as session:
-            agents = Agents(session, token, tls, snapshot)
+        async with ApiClient(token, tls, timeout=REQUEST_TIMEOUT) as client:
+            agents = Agents(client, snapshot)
             if args.all:
                 return await _show_all(agents, wid, args.tail)
             if args.epoch is not None:
@@ -353,6 +323,8 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 async def _show_all(agents: Agents, wid: str, tail: int | None) -> int:
+    from hafo.api.client import ApiUnavailable
+
     found, problems = await _kept_everywhere(agents, wid)
     for problem in problems:
         _note(f"skipped {problem}")
@@ -360,7 +332,7 @@ async def _show_all(agents: Agents, wid: str, tail: int | None) -> int:
         _say(f"==> {log.node}, epoch {log.epoch}{' (running)' if log.running else ''} <==")
         try:
             await _print_instance(agents, log.node, wid, log.epoch, tail)
-        except Unreachable as exc:
+        except ApiUnavailable as exc:
             _note(str(exc))
     if not found:
         _note(f"no node keeps output of {wid}"
@@ -381,13 +353,13 @@ async def _show_epoch(agents: Agents, wid: str, epoch: int, tail: int | None,
                 _say(f"==> {log.node}, epoch {log.epoch} <==")
             await _print_instance(agents, log.node, wid, epoch, tail)
         return 0
-    stop = _stop_on_signals()
-    reader = _Reader(agents, wid, holders[0].node, epoch, tail)
-    while not stop.is_set():
-        chunk = await reader.step(quiet=False)
-        if chunk is not None and not chunk.running and not chunk.data:
-            return 0
-        await _pause(stop, POLL)
+    with stop_on_signals() as stop:
+        reader = _Reader(agents, wid, holders[0].node, epoch, tail)
+        while not stop.is_set():
+            chunk = await reader.step(quiet=False)
+            if chunk is not None and not chunk.running and not chunk.data:
+                return 0
+            await _pause(stop, POLL)
     return 0
 
 
@@ -395,12 +367,9 @@ async def _show_current(agents: Agents, wid: str, rank: int, tail: int | None) -
     from hafo.model.output_view import current_instance
 
     instance = current_instance(agents.snapshot, wid, rank)
-    if instance.node is not None:
-        try:
-            if await _print_instance(agents, instance.node, wid, instance.epoch, tail):
-                return 0
-        except Unreachable as exc:
-            raise CliError(str(exc), EXIT_UNAVAILABLE) from None
+    if instance.node is not None:  # no answer from its node: exit 3 (see _main)
+        if await _print_instance(agents, instance.node, wid, instance.epoch, tail):
+            return 0
         _note(f"{instance.node} has no output of {wid} epoch {instance.epoch} yet")
         return 0
     found, problems = await _kept_everywhere(agents, wid)
@@ -411,14 +380,6 @@ async def _show_current(agents: Agents, wid: str, rank: int, tail: int | None) -
     _note(f"{instance.why}; its last output: {last.node}, epoch {last.epoch}")
     await _print_instance(agents, last.node, wid, last.epoch, tail)
     return 0
-
-
-def _stop_on_signals() -> asyncio.Event:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    return stop
 
 
 async def _pause(stop: asyncio.Event, seconds: float) -> None:
@@ -438,13 +399,14 @@ class _Reader:
 
     async def step(self, quiet: bool, timeout: float = REQUEST_TIMEOUT) -> OutputChunk | None:
         """Print what is new; the answer (None: nothing kept yet, or no answer)."""
+        from hafo.api.client import ApiUnavailable
         from hafo.model.output import OutputRequest
 
         request = (OutputRequest(tail=self.tail) if self.offset is None and self.tail
                    else OutputRequest(offset=self.offset or 0))
         try:
             chunk = await self.agents.read(self.node, self.wid, self.epoch, request, timeout)
-        except Unreachable as exc:
+        except ApiUnavailable as exc:
             if not quiet and str(exc) != self.failing:
                 _note(f"{exc}; trying again")
             self.failing = str(exc)
@@ -469,10 +431,15 @@ class _Reader:
 
 async def _follow(store: Any, keys: Any, agents: Agents, wid: str, rank: int,
                   tail: int | None) -> int:
+    with stop_on_signals() as stop:
+        return await _follow_until(stop, store, keys, agents, wid, rank, tail)
+
+
+async def _follow_until(stop: asyncio.Event, store: Any, keys: Any, agents: Agents, wid: str,
+                        rank: int, tail: int | None) -> int:
     from hafo.model.output_view import current_instance
     from hafo.store import TRANSIENT, read_snapshot
 
-    stop = _stop_on_signals()
     reader: _Reader | None = None
     instance: Instance = current_instance(agents.snapshot, wid, rank)
     told = ""

@@ -152,9 +152,8 @@ async def test_the_cli_reads_through_the_route_with_its_token(state_dir: Path,
     refusal is one error with exit code 5."""
     import argparse
 
-    import aiohttp
-
-    from hafo.commands.base import EXIT_REFUSED, CliError
+    from hafo.api.client import ApiClient, ApiRefused, ApiSetupError, cli_error
+    from hafo.commands.base import EXIT_REFUSED
     from hafo.commands.logs import Agents, _api_access
     from hafo.model.cluster import ClusterSnapshot, NodeRecord
 
@@ -165,20 +164,24 @@ async def test_the_cli_reads_through_the_route_with_its_token(state_dir: Path,
     token, tls = _api_access(args)
     assert (token, tls) == (TOKEN, None)
     app = make_agent_app(StateDirAgent(state_dir), token=TOKEN)
-    async with TestServer(app, host="127.0.0.1") as server, aiohttp.ClientSession() as session:
+    async with TestServer(app, host="127.0.0.1") as server, \
+            ApiClient(token, tls) as client, ApiClient() as anonymous:
         record = NodeRecord(name="node-a", api=f"127.0.0.1:{server.port}")
         snapshot = ClusterSnapshot(1, {"node-a": record}, {}, frozenset(), {}, {}, {})
-        agents = Agents(session, token, tls, snapshot)
+        agents = Agents(client, snapshot)
         [log] = await agents.kept("node-a", WID)
         assert (log.epoch, log.running) == (7, True)
         chunk = await agents.read("node-a", WID, 7, OutputRequest(tail=1))
         assert chunk is not None and chunk.data == b"line 9\n"
         assert await agents.read("node-a", WID, 8, OutputRequest()) is None
-        with pytest.raises(CliError) as info:
-            await Agents(session, None, None, snapshot).kept("node-a", WID)
-        assert info.value.code == EXIT_REFUSED and "--api-token-file" in str(info.value)
+        with pytest.raises(ApiRefused) as refused:
+            await Agents(anonymous, snapshot).kept("node-a", WID)
+        error = cli_error(refused.value)
+        assert error.code == EXIT_REFUSED and "--api-token-file" in str(error)
+        assert str(error).startswith("node-a's agent refused: missing bearer token")
     bad = argparse.Namespace(api_token_file=str(tmp_path / "missing"), api_ca=None,
                              config=None)
-    with pytest.raises(CliError) as info:
+    with pytest.raises(ApiSetupError) as setup:
         _api_access(bad)
-    assert info.value.code == 2 and "--api-token-file" in str(info.value)
+    error = cli_error(setup.value)
+    assert error.code == 2 and "--api-token-file" in str(error)

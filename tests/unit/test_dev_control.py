@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hafo.local.dev import (
+from hafo.local.dev_client import call
+from hafo.local.dev_protocol import (
     ControllerState,
     ControlReply,
     ControlRequest,
@@ -17,11 +18,9 @@ from hafo.local.dev import (
     DevUnavailable,
     GpuFault,
     NodeState,
-    banner,
-    call,
     check_request,
-    export_line,
 )
+from hafo.local.dev_server import banner, export_line
 
 NODES = ["node-1", "node-2", "node-3"]
 
@@ -166,7 +165,7 @@ def test_power_on_of_a_powered_node_whose_agent_died_starts_the_agent_again(
     import subprocess
     import sys
 
-    from hafo.local.dev import DevCluster, DevOptions
+    from hafo.local.dev_server import DevCluster, DevOptions
     from hafo.local.procs import kill_pid, pid_alive, stop_process, wait_until
 
     dev = DevCluster(DevOptions(nodes=1, gpus=1), tmp_path, temporary=False)
