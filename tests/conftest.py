@@ -21,3 +21,17 @@ def capture() -> Iterator[LogCapture]:
         yield cap
     finally:
         structlog.configure(**saved)
+
+
+def _interrupt_on_sigterm(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM (a CI timeout, the lanes runner stopping) interrupts the run as Ctrl-C does, so
+    every fixture's teardown still stops what the test started, by pid."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt_on_sigterm)

@@ -95,11 +95,23 @@ async def local_cluster(tmp_path: Path) -> AsyncIterator[ClusterFactory]:
         await factory.close()
 
 
+# The modules whose assertions are about time (failover and detection figures, fencing before
+# a lease expires, an agent back within its lease, false positives under stalls and chaos):
+# the ``timing`` lane runs them one at a time, with their generous bounds (tests/README.md).
+# Every other integration test times nothing and runs on several workers.
+TIMING_MODULES = frozenset({
+    "test_chaos", "test_clock_step", "test_etcd_restart", "test_etcd_stall", "test_failover",
+    "test_guard", "test_metrics", "test_node_identity", "test_services",
+})
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Integration tests carry the 'slow' marker."""
+    """Integration tests carry the 'slow' marker, and the timing modules' the 'timing' one."""
     for item in items:
         if "integration" in str(item.fspath):
             item.add_marker(pytest.mark.slow)
+            if Path(str(item.fspath)).stem in TIMING_MODULES:
+                item.add_marker(pytest.mark.timing)
 
 
 os.environ.setdefault("PYTHONUNBUFFERED", "1")

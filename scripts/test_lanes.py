@@ -1,0 +1,252 @@
+"""Run hafo's test suite in lanes (``make test``), and tear down everything it started when
+it is stopped from outside (SIGTERM from a CI timeout, Ctrl-C).
+
+The lanes (tests/README.md):
+
+- ``unit``: the pure tests and the plugins', on 2 workers.
+- ``integration``: the integration tests that time nothing, on several workers (each test
+  has its own ports, directories and cluster name).
+- ``timing``: the tests whose assertions are about time (failover figures, false positives,
+  stalls, chaos; marker ``timing``), each alone with its generous bounds.
+- ``machines``: the systemd machines and the end-to-end tools (Ansible, Prometheus,
+  Chromium), one at a time; they start while the other lanes run, since most of their time
+  is spent waiting on machines.
+
+This runner is the parent of every test process: it makes itself their child subreaper
+(prctl PR_SET_CHILD_SUBREAPER), so whatever a test starts and orphans (an etcd, an agent,
+an HAProxy, a machine) is re-parented to it and not to init. On SIGTERM or SIGINT (or when
+its own parent, make, dies) it asks every lane to stop (SIGTERM: pytest runs the fixtures'
+teardown, which stops clusters by pid), waits a grace period, then kills its remaining
+children, and theirs as they are re-parented, until none is left. It only ever signals its
+own children: a child's pid cannot be reused before this process reaps it.
+
+``HAFO_TEST_LANES=unit,integration`` runs only the lanes named; ``HAFO_TEST_WORKERS`` sets
+the integration lane's workers (default 3). The lanes' output and JUnit reports are kept in
+``build/test-lanes/``; the slowest 25 tests of the whole run are printed at the end.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "build" / "test-lanes"
+PLUGINS = ["plugins/hafo-check-openai/tests", "plugins/hafo-check-training/tests"]
+GRACE_S = 45.0  # for pytest's teardown after SIGTERM, before anything is killed
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+@dataclass
+class Lane:
+    """One pytest run of the suite."""
+
+    name: str
+    args: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    wall: float = 0.0
+    log: Path = field(default_factory=Path)
+
+    def start(self) -> None:
+        """Start the lane in a session of its own (its workers share its process group)."""
+        self.log = OUT / f"{self.name}.log"
+        junit = OUT / f"{self.name}.xml"
+        junit.unlink(missing_ok=True)
+        argv = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider",
+                f"--junitxml={junit}", "-o", "junit_family=xunit1", *self.args]
+        print(f"[lanes] {self.name}: {' '.join(argv[2:])}", flush=True)
+        self.started = time.monotonic()
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         env={**os.environ, "HAFO_TEST_LANE": self.name})
+
+    def poll(self) -> int | None:
+        """The lane's exit code once it has ended (then its wall time is known)."""
+        assert self.proc is not None
+        code = self.proc.poll()
+        if code is not None and not self.wall:
+            self.wall = time.monotonic() - self.started
+        return code
+
+    def stop(self) -> None:
+        """Ask the lane (pytest and its workers) to stop and tear down."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def lanes(workers: int) -> dict[str, Lane]:
+    """Every lane, by name, in the order they start."""
+    return {
+        "machines": Lane("machines", ["--durations=0", "tests/hosts", "tests/e2e"]),
+        "unit": Lane("unit", ["-n", "2", "tests/unit", *PLUGINS]),
+        "integration": Lane("integration", ["-n", str(workers), "-m", "not timing",
+                                            "tests/integration"]),
+        "timing": Lane("timing", ["-m", "timing", "tests/integration"]),
+    }
+
+
+# Which lane waits for which: the unit lane first (its failures are the quickest answer),
+# then the integration lane, then the timing lane alone with the machines.
+AFTER = {"integration": "unit", "timing": "integration"}
+
+
+def become_subreaper() -> None:
+    """Orphans of our descendants become our children; we get SIGTERM when our parent dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        print("[lanes] warning: not a child subreaper; orphans go to init", flush=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def live_children() -> list[int]:
+    """Our direct children that have not exited (zombies excluded)."""
+    mine = str(os.getpid())
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        if fields.get("PPid", "").strip() == mine and not fields.get("State", "").startswith("Z"):
+            children.append(int(entry.name))
+    return children
+
+
+def reap() -> None:
+    """Collect every exited child (re-parented orphans included)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def kill_everything_left(deadline_s: float = 30.0) -> list[int]:
+    """SIGKILL our children until none is left (their own children are re-parented to us as
+    they die); the pids killed."""
+    killed: list[int] = []
+    until = time.monotonic() + deadline_s
+    while time.monotonic() < until:
+        reap()
+        children = live_children()
+        if not children:
+            break
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)  # our child: its pid is ours until we reap it
+                killed.append(pid)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+    reap()
+    return killed
+
+
+def slowest(names: list[str], count: int = 25) -> list[tuple[float, str]]:
+    """The slowest test cases of the lanes' JUnit reports."""
+    cases: list[tuple[float, str]] = []
+    for name in names:
+        path = OUT / f"{name}.xml"
+        if not path.exists():
+            continue
+        try:
+            tree = ET.parse(path)
+        except ET.ParseError:
+            continue
+        for case in tree.iter("testcase"):
+            label = f"{case.get('classname', '')}::{case.get('name', '')}"
+            cases.append((float(case.get("time", 0) or 0), f"[{name}] {label}"))
+    return sorted(cases, reverse=True)[:count]
+
+
+def main() -> int:
+    """Run the lanes named in HAFO_TEST_LANES (default all); exit non-zero if one failed."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    become_subreaper()
+    every = lanes(int(os.environ.get("HAFO_TEST_WORKERS", "3")))
+    chosen = [n.strip() for n in os.environ.get("HAFO_TEST_LANES", ",".join(every)).split(",")
+              if n.strip()]
+    unknown = [n for n in chosen if n not in every]
+    if unknown:
+        print(f"HAFO_TEST_LANES: unknown lane(s) {', '.join(unknown)}; the lanes are "
+              f"{', '.join(every)}", file=sys.stderr)
+        return 2
+    stopping: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stopping.append(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    began = time.monotonic()
+    pending = [every[n] for n in chosen]
+    running: list[Lane] = []
+    done: dict[str, int] = {}
+    while (pending or running) and not stopping:
+        for lane in list(pending):
+            before = AFTER.get(lane.name)
+            if before in done or before not in chosen or before is None:
+                pending.remove(lane)
+                lane.start()
+                running.append(lane)
+        for lane in list(running):
+            code = lane.poll()
+            if code is None:
+                continue
+            running.remove(lane)
+            done[lane.name] = code
+            print(f"\n[lanes] ===== {lane.name}: exit {code} in {lane.wall:.0f} s =====",
+                  flush=True)
+            sys.stdout.write(lane.log.read_text(errors="replace"))
+            sys.stdout.flush()
+        reap()
+        time.sleep(0.5)
+    if stopping:
+        print(f"\n[lanes] signal {stopping[0]}: stopping every lane "
+              f"(teardown for up to {GRACE_S:.0f} s)", flush=True)
+        for lane in running:
+            lane.stop()
+        until = time.monotonic() + GRACE_S
+        while any(lane.poll() is None for lane in running) and time.monotonic() < until:
+            reap()
+            time.sleep(0.2)
+        for lane in running:
+            tail = lane.log.read_text(errors="replace")[-3000:]
+            print(f"[lanes] {lane.name} (stopped):\n{tail}", flush=True)
+    killed = kill_everything_left()
+    if killed:
+        print(f"[lanes] killed {len(killed)} process(es) left running: {killed}", flush=True)
+    print(f"\n[lanes] slowest 25 tests:", flush=True)
+    for seconds, label in slowest(chosen):
+        print(f"  {seconds:8.2f}s  {label}")
+    total = time.monotonic() - began
+    print("\n[lanes] " + ", ".join(f"{n} exit {done.get(n, 'stopped')} "
+                                   f"({every[n].wall:.0f} s)" for n in chosen)
+          + f"; {total:.0f} s in all", flush=True)
+    if stopping:
+        return 128 + stopping[0]
+    if killed:
+        return 1  # a test left processes behind: a defect even if everything passed
+    return 0 if all(code == 0 for code in done.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
