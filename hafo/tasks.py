@@ -1,20 +1,22 @@
 """Run a daemon's concurrent loops as one unit: the first failure stops them all.
 
 ``restarting`` wraps one loop so that an unexpected exception is logged with the loop's
-name and the loop is started again after a jittered, capped backoff (``Backoff``), instead
-of ending the daemon: only cancellation and the exceptions it is told are fatal get through.
+name and the loop is started again after a jittered, capped backoff (``Backoff``: the one
+retry policy of ``hafo.retry``), instead of ending the daemon: only cancellation and the
+exceptions it is told are fatal get through.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 import structlog
+
+from hafo.retry import Retry, RetryPolicy
 
 log = structlog.get_logger("hafo.tasks")
 
@@ -61,19 +63,12 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
     return event.is_set()
 
 
-@dataclass(frozen=True)
-class Backoff:
-    """Exponential backoff: ``first`` seconds doubling up to ``cap``, each delay jittered
-    down by up to ``jitter`` of itself (restarted loops of several daemons spread out)."""
-
-    first: float = 0.1
-    cap: float = 5.0
-    jitter: float = 0.5
-
-    def delay(self, failures: int, rng: Callable[[], float] = random.random) -> float:
-        """The wait before the restart after ``failures`` consecutive failures (1 or more)."""
-        base = min(self.cap, self.first * 2.0 ** max(0, min(failures - 1, 30)))
-        return float(base * (1.0 - self.jitter * rng()))
+#: A restarted loop's backoff: ``first`` seconds doubling up to ``cap``, each delay jittered
+#: down by up to ``jitter`` of itself (restarted loops of several daemons spread out); the
+#: one ``hafo.retry.RetryPolicy``, under the name its callers know. Forever, always.
+Backoff = RetryPolicy
+#: ``restarting``'s default: 0.1 s doubling up to 5 s, jittered down by up to half.
+RESTART_BACKOFF = Backoff()
 
 
 class LoopFatal(Exception):
@@ -81,7 +76,7 @@ class LoopFatal(Exception):
 
 
 async def restarting(name: str, loop: Callable[[], Awaitable[Any]], *,
-                     backoff: Backoff = Backoff(),
+                     backoff: Backoff = RESTART_BACKOFF,
                      fatal: tuple[type[BaseException], ...] = (LoopFatal,),
                      logger: Any = None) -> None:
     """Run ``loop()`` forever: when it raises (or returns, which a daemon loop must not), log
@@ -90,9 +85,12 @@ async def restarting(name: str, loop: Callable[[], Awaitable[Any]], *,
     that are not ``Exception`` (SystemExit, KeyboardInterrupt) and those in ``fatal`` are
     re-raised; a fatal one is logged first as the reason the daemon stops."""
     logger = logger if logger is not None else log
-    failures = 0
+    # The first failure of a streak is logged with its traceback; the retry then warns while
+    # they keep coming (rate-limited), and counts each restart in hafo_retries_total.
+    retry = Retry(f"loop {name}", replace(backoff, attempts=None, deadline=None,
+                                          reset_after=backoff.cap, warn_after=2),
+                  logger=logger, loop=name)
     while True:
-        started = loop_time()
         try:
             await loop()
         except fatal as exc:
@@ -100,13 +98,13 @@ async def restarting(name: str, loop: Callable[[], Awaitable[Any]], *,
                             error=repr(exc))
             raise
         except Exception as exc:
-            failures = 1 if loop_time() - started > backoff.cap else failures + 1
-            delay = backoff.delay(failures)
-            logger.exception("loop failed: restarting it", loop=name, error=repr(exc),
-                             failures=failures, restart_in=round(delay, 3))
+            delay = retry.note(exc)
+            if retry.failures == 1:
+                logger.exception("loop failed: restarting it", loop=name, error=repr(exc),
+                                 failures=retry.failures, restart_in=round(delay, 3))
         else:
-            failures = 1 if loop_time() - started > backoff.cap else failures + 1
-            delay = backoff.delay(failures)
-            logger.error("loop ended unexpectedly: restarting it", loop=name,
-                         restart_in=round(delay, 3))
-        await asyncio.sleep(delay)
+            delay = retry.note("the loop returned")
+            if retry.failures == 1:
+                logger.error("loop ended unexpectedly: restarting it", loop=name,
+                             restart_in=round(delay, 3))
+        await retry.pause(delay)

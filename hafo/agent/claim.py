@@ -24,11 +24,21 @@ from hafo.agent.lease_record import (
 )
 from hafo.decisions.claim import ClaimView, decide_claim
 from hafo.model.cluster import Event, Liveness
+from hafo.retry import Retry, RetryPolicy
 from hafo.store import TRANSIENT, Compare, EventLog, Get, Keys, LeaseKeeper, Put, Store, codec
 
 log = structlog.get_logger("hafo.agent")
 
 WAIT_LOG_EVERY = 30.0
+
+
+def etcd_away_policy(heartbeat: float) -> RetryPolicy:
+    """How the agent retries holding its node (claiming, resuming, registering again) while
+    etcd is away: forever, from 0.1 s doubling up to ``min(0.5, heartbeat / 2)`` and jittered
+    down, so never slower than half a heartbeat (docs/safety.md: a node held again late is a
+    node whose work a controller may move); a warning from the third failure."""
+    wait = min(0.5, heartbeat / 2)
+    return RetryPolicy(first=min(0.1, wait), cap=wait, jitter=0.5, warn_after=3)
 
 
 class Displaced(Exception):
@@ -79,10 +89,13 @@ class NodeClaim:
         """Hold the node name; True when our own lease was adopted (hitless restart)."""
         last_said = -math.inf  # said at once: a monotonic clock may be young (a fresh boot)
         announced: int | None = None
+        retry = Retry("node claim", etcd_away_policy(self.heartbeat), logger=log,
+                      node=self.name)
         while True:
             try:
                 saved = read_record(self.state_dir)
                 view, revision = await self._view(saved)
+                retry.succeeded()
                 decision = decide_claim(view)
                 if decision.outcome == "adopt" and saved is not None:
                     if await self.keeper.adopt(saved.lease):
@@ -117,9 +130,7 @@ class NodeClaim:
                     self.waiting_for = None
                     return False
             except TRANSIENT as exc:
-                log.warning("node claim: etcd unavailable", node=self.name,
-                            error=type(exc).__name__)
-                await asyncio.sleep(min(0.5, self.heartbeat / 2))
+                await retry.failed(exc)
 
     async def _claim(self, seen_free: int, why: str) -> bool:
         """Fence whatever our records still run, take a fresh lease and create the liveness

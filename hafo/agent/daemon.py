@@ -19,7 +19,7 @@ from hafo.agent.address import node_address
 from hafo.agent.app_checks import AppChecks
 from hafo.agent.assignments import NodeAssignments
 from hafo.agent.cgroups import CgroupRoot
-from hafo.agent.claim import Displaced, NodeClaim
+from hafo.agent.claim import Displaced, NodeClaim, etcd_away_policy
 from hafo.agent.cluster_record import read_cluster_record, write_cluster_record
 from hafo.agent.environment import StateDirFaults, os_error_text
 from hafo.agent.failsafe import AgentFailsafe
@@ -54,6 +54,7 @@ from hafo.model.config import Config
 from hafo.model.errors import ValidationError
 from hafo.model.output import OutputChunk, OutputRequest
 from hafo.model.output_view import OutputLog
+from hafo.retry import Retry, RetryPolicy
 from hafo.store import (
     TRANSIENT,
     Compare,
@@ -78,6 +79,9 @@ REPORT_ERRORS: tuple[type[BaseException], ...] = (*RECOVERABLE, TimeoutError)
 SUPERVISE_PERIOD = 0.2
 TRUST_EVERY = 2.0  # how often the store's identity is read besides every lost lease
 START_HEADROOM = 0.5
+#: Resuming the node after its lease expired in an etcd stall: every 0.1 s (jittered down),
+#: until the published deadline (``Agent._resume``); a warning from the first failure.
+RESUME_POLICY = RetryPolicy(first=0.1, cap=0.1, jitter=0.5, warn_after=1)
 
 
 class Agent:
@@ -371,6 +375,8 @@ class Agent:
     async def _register_again(self, kind: str, message: str, acquire: bool) -> None:
         """Register again (``acquire``: hold the node name first), retrying while etcd is
         away, then say so with an event of ``kind``."""
+        retry = Retry("node registration", etcd_away_policy(self.config.timing.heartbeat),
+                      logger=log, node=self.name)
         while True:
             try:
                 if acquire:
@@ -378,8 +384,9 @@ class Agent:
                 await self.register()
                 await self.assignments.load()
                 break
-            except TRANSIENT:
-                await asyncio.sleep(min(0.5, self.config.timing.heartbeat / 2))
+            except TRANSIENT as exc:
+                await retry.failed(exc)
+        retry.succeeded()
         with contextlib.suppress(*TRANSIENT):
             await self.events.append(Event(ts=time.time(), kind=kind, node=self.name,
                                            message=message))
@@ -414,14 +421,15 @@ class Agent:
                     if state.state != "exited"}
             seen_at = self.assignments.revision
             resumed = False
+            # Tried until the published deadline (the loop's condition): every 0.1 s at most.
+            retry = Retry("node resume", RESUME_POLICY, logger=log, node=self.name)
             while self.keeper.clock() < self.published_deadline:
                 try:
                     resumed = await self.claim.resume(live, seen_at)
                     break
                 except TRANSIENT as exc:
-                    log.warning("resuming the node: etcd unavailable", node=self.name,
-                                error=type(exc).__name__)
-                    await asyncio.sleep(0.1)
+                    await retry.failed(exc)
+            retry.succeeded()
             if not resumed:
                 return False
             await self._register_again(
@@ -433,6 +441,10 @@ class Agent:
         """Notice at once when our liveness key or node record disappears while our lease
         lives (deleted by hand): put it back; if another lease holds the liveness key, fence
         and claim again (we cannot prove we still own the node's work)."""
+        # A watch that ran longer than the policy's cap before it failed starts a new streak.
+        retry = Retry("identity watch", dataclasses.replace(
+            etcd_away_policy(self.config.timing.heartbeat), warn_after=1,
+            reset_after=self.config.timing.heartbeat), logger=log, node=self.name)
         while True:
             await self.registered.wait()
             self._rewatch_identity.clear()
@@ -463,8 +475,7 @@ class Agent:
             except Displaced as exc:
                 await self._reclaim(f"was displaced ({exc})")
             except RECOVERABLE as exc:
-                log.warning("identity watch interrupted", node=self.name, error=repr(exc))
-                await asyncio.sleep(min(0.5, self.config.timing.heartbeat / 2))
+                await retry.failed(exc)
 
     async def _identity_events(self, start: int) -> AsyncIterator[tuple[str, str, int]]:
         """(key, put|delete, lease) for our liveness key and node record, merged; ends when
@@ -817,17 +828,17 @@ class Agent:
         """One start-up step, tried again (logged, with backoff) while etcd is unavailable or
         refuses it (an etcd restarting, a dropped raft proposal): the agent does not exit of
         it at start-up any more than later."""
-        backoff, failures = Backoff(), 0
+        # Forever, 0.1 s doubling up to 5 s, jittered down; every failure is a warning (the
+        # first at once), rate-limited.
+        retry = Retry(f"start-up: {what}", dataclasses.replace(Backoff(), warn_after=1),
+                      logger=log, node=self.name)
         while True:
             try:
                 await step()
+                retry.succeeded()
                 return
             except RECOVERABLE as exc:
-                failures += 1
-                delay = backoff.delay(failures)
-                log.warning(f"start-up: could not {what}; trying again", node=self.name,
-                            error=str(exc) or type(exc).__name__, retry_in=round(delay, 3))
-                await asyncio.sleep(delay)
+                await retry.failed(exc)
 
     async def _restarting(self, name: str, loop: Callable[[], Awaitable[Any]]) -> None:
         """Run one of the agent's loops, started again (logged, with backoff) after an

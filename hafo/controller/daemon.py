@@ -27,6 +27,7 @@ from hafo.decisions.reconcile import reconcile
 from hafo.model.clocks import SteadyClock
 from hafo.model.cluster import ClusterSnapshot, Event
 from hafo.model.config import Config
+from hafo.retry import Retry, RetryPolicy
 from hafo.store import (
     TRANSIENT,
     ClusterCache,
@@ -163,15 +164,24 @@ class Controller:
                 log.warning("controller lease lost", controller=self.name)
                 self.is_leader = False
                 self.election.token = None
+                retry = Retry("controller lease", self._etcd_away_policy(), logger=log,
+                              controller=self.name)
                 while True:
                     try:
                         await self.keeper.grant()
                         await self._announce()
                         break
                     except RECOVERABLE as exc:  # e.g. the new lease expired already
-                        log.warning("controller lease not renewed yet", controller=self.name,
-                                    error=repr(exc))
-                        await asyncio.sleep(self.config.timing.heartbeat / 2)
+                        await retry.failed(exc)
+                retry.succeeded()
+
+    def _etcd_away_policy(self) -> RetryPolicy:
+        """Granting a lease again, campaigning again: forever, from 0.1 s doubling up to
+        half a heartbeat, jittered down (never slower than half a heartbeat, as before the
+        one retry policy); a warning from the first failure, rate-limited."""
+        wait = self.config.timing.heartbeat / 2
+        return RetryPolicy(first=min(0.1, wait), cap=wait, jitter=0.5, warn_after=1,
+                           reset_after=self.config.timing.heartbeat)
 
     @property
     def api_url(self) -> str:
@@ -207,21 +217,21 @@ class Controller:
 
     async def _lead(self) -> None:
         """Campaign; while leader run reconcile cycles; on losing leadership, campaign again."""
+        retry = Retry("election", self._etcd_away_policy(), logger=log, controller=self.name)
         while True:
             try:
                 await self._until_eligible()
                 await self.election.campaign(lambda: self.keeper.lease_id
                                              if self.keeper.valid() else None)
                 self.is_leader = True
+                retry.succeeded()
                 await self.events.append(Event(ts=time.time(), kind="leader-elected",
                                                message=f"controller {self.name} is leader"))
                 await self._reconcile_loop()
             except NotLeader:
                 log.warning("leadership lost", controller=self.name)
             except RECOVERABLE as exc:
-                log.warning("election or reconcile interrupted", controller=self.name,
-                            error=repr(exc))
-                await asyncio.sleep(self.config.timing.heartbeat / 2)
+                await retry.failed(exc)
             finally:
                 self.is_leader = False
 

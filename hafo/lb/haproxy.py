@@ -11,7 +11,7 @@ hand converges.
 
 Errors, each logged in one line (again only when it changes), never a traceback:
 
-- HAProxy unreachable: retried with a backoff (0.1 s to 2 s);
+- HAProxy unreachable: retried with a jittered backoff (0.1 s to 2 s, ``hafo.retry``);
 - the workload does not exist (yet): every slot in ``maint``, waiting for it;
 - an operator's error (no such backend, a socket without ``level admin``, no port to
   balance): ``LbError`` if it happens before the first successful update, so that a typo
@@ -52,6 +52,7 @@ from hafo.lb.slots import (
 )
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.endpoints import Endpoint, Endpoints, endpoints_of, resolve
+from hafo.retry import Retry, RetryPolicy
 from hafo.store import TRANSIENT, ClusterCache, Keys, Store
 from hafo.tasks import loop_time, wait_event
 
@@ -66,6 +67,13 @@ RESYNC = 5.0
 BACKOFF_MIN, BACKOFF_MAX = 0.1, 2.0
 #: Seconds before retrying after HAProxy refused a command (or the workload has no port).
 HOLD = 5.0
+#: HAProxy unreachable, and etcd unreachable at start: forever, 0.1 s doubling up to 2 s,
+#: jittered down (``hafo.retry``); each problem is said once when it starts, and the retry
+#: warns again while it lasts.
+HAPROXY_POLICY = ETCD_POLICY = RetryPolicy(first=BACKOFF_MIN, cap=BACKOFF_MAX, jitter=0.5,
+                                           warn_after=3)
+#: HAProxy refused a command: retried every ``HOLD`` seconds (jittered down), forever.
+HOLD_POLICY = RetryPolicy(first=HOLD, cap=HOLD, jitter=0.5, warn_after=3)
 #: Seconds a host name's address is cached (node addresses are usually IP addresses).
 DNS_TTL = 30.0
 
@@ -98,19 +106,19 @@ async def run_haproxy_lb(store: Store, keys: Keys, ref: str, backend: str, socke
 
 async def _load(cache: ClusterCache, stop: asyncio.Event) -> bool:
     """Read the cluster state, retrying while etcd is unreachable; False if stopped first."""
-    delay, waiting = BACKOFF_MIN, False
+    retry = Retry("lb etcd load", ETCD_POLICY, logger=log,
+                  sleep=lambda delay: wait_event(stop, delay))
     while not stop.is_set():
         try:
             await cache.load()
         except TRANSIENT as exc:
-            if not waiting:
+            if not retry.failures:
                 log.warning("etcd unreachable; retrying", error=type(exc).__name__)
-                waiting = True
-            await wait_event(stop, delay)
-            delay = min(delay * 2, BACKOFF_MAX)
+            await retry.failed(exc)
             continue
-        if waiting:
+        if retry.failures:
             log.info("etcd reachable")
+        retry.succeeded()
         return True
     return False
 
@@ -153,7 +161,8 @@ class HaproxyDriver:
 
     async def run(self, cache: ClusterCache) -> None:
         """Forever: a pass at every change of the cache, and every ``resync`` seconds."""
-        delay = 0.0
+        unreachable = Retry("haproxy", HAPROXY_POLICY, logger=log, backend=self.backend)
+        refused = Retry("haproxy refused", HOLD_POLICY, logger=log, backend=self.backend)
         while True:
             snapshot = cache.snapshot()
             cache.changed.clear()
@@ -161,19 +170,19 @@ class HaproxyDriver:
                 await self.sync(snapshot)
             except HaproxyUnreachable as exc:
                 self.stale = True
-                delay = min(max(delay * 2, BACKOFF_MIN), BACKOFF_MAX)
                 self._say("haproxy", "warning", "haproxy unreachable; retrying",
                           error=str(exc))
-                await asyncio.sleep(delay)
+                await unreachable.failed(exc)
                 continue
             except LbError as exc:
                 if not self.passes:
                     raise
                 self.stale = True
                 self._say("refused", "error", "haproxy not updated; retrying", error=str(exc))
-                await asyncio.sleep(HOLD)
+                await refused.failed(exc)
                 continue
-            delay = 0.0
+            unreachable.succeeded()
+            refused.succeeded()
             self._clear("haproxy", "haproxy reachable")
             self._clear("refused", "haproxy updated again")
             await wait_event(cache.changed, max(0.0, self.read_at + self.resync - loop_time()))

@@ -25,6 +25,7 @@ from hafo.agent.assignments import for_node
 from hafo.decisions.instances import plan_instances
 from hafo.gpu.simulated import SimulatedGpus
 from hafo.model.cluster import Assignment, FailsafeSet, Gpu, InstanceStatus, Liveness, NodeRecord
+from hafo.retry import Retry, RetryPolicy
 from hafo.store import (
     TRANSIENT,
     Delete,
@@ -42,6 +43,11 @@ log = structlog.get_logger("hafo.sim")
 KEEPALIVE_CHUNK = 1000
 NODES_PER_TXN = 60  # node record + liveness key: 2 ops each, under etcd's 128
 REGISTER_CHUNK = 1000  # nodes granted and registered together
+#: A chunk's registration refused (a lease expired before its keys were written): granted
+#: again and retried at once (a wait would let the fresh leases expire too), 4 attempts.
+ENROL_POLICY = RetryPolicy(first=0.0, cap=0.0, jitter=0.0, attempts=4, warn_after=1)
+#: The simulated agents' reports not written: forever, 0.05 s doubling up to 0.2 s (jittered).
+REPORT_POLICY = RetryPolicy(first=0.05, cap=0.2, jitter=0.5, warn_after=3)
 RECOVERABLE: tuple[type[BaseException], ...] = (*TRANSIENT, StoreError)
 
 
@@ -135,15 +141,14 @@ class SimFleet:
         """Grant leases to ``nodes`` and register them; a lease that expired before its keys
         were written (etcd: "requested lease not found") is granted again."""
         await self._grant(nodes)
-        for attempt in range(3):
+        retry = Retry("sim registration", ENROL_POLICY, logger=log, nodes=len(nodes))
+        while True:
             try:
                 await self._register(nodes)
                 return
             except StoreError as exc:
-                log.warning("registration refused; granting the chunk's leases again",
-                            nodes=len(nodes), attempt=attempt + 1, error=str(exc))
+                await retry.failed(exc)  # the last refusal is raised
                 await self._grant(nodes)
-        await self._register(nodes)
 
     # -- loops -------------------------------------------------------------------------
 
@@ -175,18 +180,21 @@ class SimFleet:
         lost at once took longer than the TTL to register, each retry granted leases that
         expired before their keys were written, and every other node's lease expired
         meanwhile: the whole fleet never came back.)"""
+        # Forever, about a heartbeat apart (jittered down): the keepalive rounds go on meanwhile.
+        retry = Retry("sim re-registration", RetryPolicy(
+            first=self.heartbeat, cap=self.heartbeat, jitter=0.5, warn_after=1), logger=log)
         while self._lost:
             chunk = [n for n in self._lost[:REGISTER_CHUNK] if n.alive]
             del self._lost[:REGISTER_CHUNK]
             try:
                 await self._enrol(chunk)
             except RECOVERABLE as exc:
-                log.warning("re-registration refused; trying again", nodes=len(chunk),
-                            error=str(exc) or type(exc).__name__)
                 for node in chunk:
                     node.lease = 0
                 self._lost[:0] = chunk
-                await asyncio.sleep(self.heartbeat)
+                await retry.failed(exc)
+                continue
+            retry.succeeded()
 
     async def _keep_leases(self) -> None:
         while True:
@@ -250,6 +258,7 @@ class SimFleet:
         return ops
 
     async def _supervise(self) -> None:
+        retry = Retry("sim reports", REPORT_POLICY, logger=log)
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -261,10 +270,11 @@ class SimFleet:
             try:
                 await self._report(reports)
             except TRANSIENT as exc:
-                log.warning("reports not written; retrying", error=type(exc).__name__)
                 self._dirty |= dirty
                 self._wake.set()
-                await asyncio.sleep(0.2)
+                await retry.failed(exc)
+                continue
+            retry.succeeded()
 
     async def _report(self, reports: dict[str, list[Put | Delete]]) -> None:
         """Write the nodes' reports, batched into transactions. A node whose lease expired

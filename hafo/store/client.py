@@ -19,6 +19,7 @@ import aetcd
 import structlog
 from aetcd import exceptions as etcd_errors
 
+from hafo.retry import Retry, RetryPolicy
 from hafo.store import aetcd_adapter as adapter
 from hafo.store.records import (
     KV,
@@ -149,6 +150,11 @@ class EtcdStore:
         self._tls = tls
         self.observer = observer
         self.reconnect_backoff = reconnect_backoff
+        #: A watch's reconnects (``watch_prefix``): forever, from 0.04 s doubling up to the
+        #: reconnect backoff (half a heartbeat in the daemons), jittered down; a warning
+        #: from the third consecutive failure.
+        self.watch_policy = RetryPolicy(first=min(0.04, reconnect_backoff),
+                                        cap=reconnect_backoff, jitter=0.5, warn_after=3)
         self._index = 0
         self._client: aetcd.Client | None = None
         self._generation = 0
@@ -275,7 +281,7 @@ class EtcdStore:
     def _answered(self) -> None:
         """An endpoint answered: after an outage, say so once (``_log_failure``)."""
         if self._unreachable_since is not None:
-            log.info(f"etcd reachable again via {self.endpoint}", endpoint=self.endpoint,
+            log.info("etcd reachable again", endpoint=self.endpoint,
                      unreachable_for=round(time.monotonic() - self._unreachable_since, 3))
             self._unreachable_since = None
         self._failed.clear()
@@ -675,21 +681,19 @@ class EtcdStore:
         ``Resync`` with the full current state is yielded instead and the watch goes on.
         """
         next_revision = start_revision
-        failures = 0
+        retry = Retry("etcd watch", self.watch_policy, logger=log, prefix=prefix)
         while True:
             try:
                 client, generation = await self._current()
             except TRANSIENT as exc:
-                failures += 1
-                await asyncio.sleep(min(self.reconnect_backoff, 0.05 * 2 ** failures))
-                log.debug("watch reconnect failed", error=repr(exc))
+                await retry.failed(exc)
                 continue
             watch = None
             try:
                 watch = await client.watch_prefix(prefix.encode(), start_revision=next_revision)
                 log.debug("watch created", prefix=prefix, start_revision=next_revision)
                 self._answered()
-                failures = 0
+                retry.succeeded()
                 async for event in watch:
                     kv = adapter.to_kv(event.kv)
                     log.debug("watch event", key=kv.key, revision=kv.mod_revision)
@@ -703,9 +707,8 @@ class EtcdStore:
                 next_revision = revision + 1
                 yield Resync(revision, tuple(kvs))
             except (*TRANSIENT, etcd_errors.WatchTimeoutError, etcd_errors.ClientError) as exc:
-                failures += 1
                 await self._rotate(generation, exc)
-                await asyncio.sleep(min(self.reconnect_backoff, 0.02 * 2 ** failures))
+                await retry.failed(exc)
             else:
                 # The stream ended without error: the connection was closed under us.
                 await asyncio.sleep(0.02)

@@ -19,6 +19,7 @@ from typing import Generic, TypeVar
 
 import structlog
 
+from hafo.retry import Retry, RetryPolicy
 from hafo.store.client import KV, TRANSIENT, Resync, WatchEvent
 from hafo.store.protocol import Store
 
@@ -30,6 +31,11 @@ log = structlog.get_logger("hafo.watch")
 OnChange = Callable[[str, V | None, V | None], None]
 
 DECODE_ERRORS = (ValueError, KeyError, TypeError)
+
+#: ``follow`` starting its watch again after it failed (its full re-read after a compaction
+#: found etcd unavailable past the store's own retries): forever, 0.1 s doubling up to 1 s,
+#: jittered down; the first failure is a warning already (the store retried it first).
+FOLLOW_POLICY = RetryPolicy(first=0.1, cap=1.0, jitter=0.5, warn_after=1)
 
 
 class WatchedPrefix(Generic[V]):
@@ -49,7 +55,8 @@ class WatchedPrefix(Generic[V]):
         # Revision of the last full read: watch events up to it are already in ``values``
         # (a ``load`` made while ``follow`` runs must not be undone by older events).
         self._read_at = 0
-        self._pump: asyncio.Future[bool] | None = None  # the watch ``follow`` runs now
+        # the watch ``follow`` runs now
+        self._pump: asyncio.Future[BaseException | None] | None = None
         self._restart = False  # ``forget`` cancelled it: start it again
         self._delivered = False  # the watch under way applied an event
 
@@ -121,12 +128,13 @@ class WatchedPrefix(Generic[V]):
         """Apply watch events forever, from the revision reached + 1; ``on_event`` after each.
         The watch resumes across endpoint failures by itself; should even its full re-read
         after a compaction fail (etcd unavailable past the store's retry budget), it starts
-        again after a short backoff instead of ending; ``forget`` starts it again at once."""
-        failures = 0
+        again after a short backoff (``FOLLOW_POLICY``) instead of ending; ``forget`` starts
+        it again at once."""
+        retry = Retry("watched prefix", FOLLOW_POLICY, logger=log, prefix=self.prefix)
         while True:
             pump = self._pump = asyncio.ensure_future(self._follow_once(on_event))
             try:
-                ended = await pump
+                error = await pump
             except asyncio.CancelledError:
                 current = asyncio.current_task()
                 if not self._restart or (current is not None and current.cancelling()):
@@ -134,24 +142,25 @@ class WatchedPrefix(Generic[V]):
                     raise
                 self._restart = False
                 continue
-            if ended:
+            if error is None:
                 return
-            failures = 1 if self._delivered else failures + 1
-            await asyncio.sleep(min(1.0, 0.05 * 2 ** failures))
+            if self._delivered:
+                retry.succeeded()
+            await retry.failed(error)
 
-    async def _follow_once(self, on_event: Callable[[], Awaitable[None] | None] | None) -> bool:
-        """One watch, from the revision reached + 1, until it ends (True) or fails (False)."""
+    async def _follow_once(self, on_event: Callable[[], Awaitable[None] | None] | None,
+                           ) -> BaseException | None:
+        """One watch, from the revision reached + 1, until it ends (None) or fails (the
+        error)."""
         events = aiter(self.store.watch_prefix(self.prefix, self.revision + 1))
         self._delivered = False
         while True:
             try:
                 event = await anext(events)
             except StopAsyncIteration:
-                return True
+                return None
             except TRANSIENT as exc:
-                log.warning("watch failed; starting it again", prefix=self.prefix,
-                            error=type(exc).__name__)
-                return False
+                return exc
             self._delivered = True
             self.apply(event)
             if on_event is not None:

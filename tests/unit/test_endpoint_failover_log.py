@@ -136,7 +136,7 @@ async def test_outage_then_recovery_then_outage(capture: LogCapture) -> None:
     assert summary(lines) == [
         ("info", "etcd endpoint failover"),
         ("warning", "etcd unreachable: no endpoint answers"),
-        ("info", "etcd reachable again via 10.0.0.2:2379"),
+        ("info", "etcd reachable again"),
         ("info", "etcd endpoint failover"),
         ("warning", "etcd unreachable: no endpoint answers"),
     ]
@@ -158,7 +158,7 @@ async def test_keepalives_on_a_dead_endpoint_warn_once(capture: LogCapture) -> N
         await store.close()
     assert summary(endpoint_lines(capture)) == [
         ("warning", "etcd unreachable: no endpoint answers"),
-        ("info", "etcd reachable again via 10.0.0.1:2379"),
+        ("info", "etcd reachable again"),
     ]
 
 
