@@ -44,12 +44,13 @@ test-deps:
 e2e: $(STAMP) test-deps
 	$(BIN)/pytest -q tests/e2e
 
-# The unit tests (pure and fast, no shared ports or clocks) run on two workers; everything
-# that times real processes, etcd or machines runs alone, one test at a time.
+# The suite in lanes (scripts/test_lanes.py, tests/README.md): the unit tests on two workers,
+# the integration tests that time nothing on several, the timing tests one at a time, and the
+# machines and end-to-end tools beside them. Stopped (SIGTERM, Ctrl-C), it tears down what
+# it started.
 test: $(STAMP) test-deps
 	$(MAKE) lint
-	$(BIN)/pytest -q -rfEs -n 2 -p no:cacheprovider tests/unit $(addsuffix /tests,$(PLUGINS))
-	$(BIN)/pytest -q -rfEs --durations=25 -p no:cacheprovider tests/e2e tests/hosts tests/integration
+	$(BIN)/python scripts/test_lanes.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/failover.py

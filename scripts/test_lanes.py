@@ -20,13 +20,15 @@ teardown, which stops clusters by pid), waits a grace period, then kills its rem
 children, and theirs as they are re-parented, until none is left. It only ever signals its
 own children: a child's pid cannot be reused before this process reaps it.
 
-``HAFO_TEST_LANES=unit,integration`` runs only the lanes named; ``HAFO_TEST_WORKERS`` sets
+``HAFO_TEST_LANES=unit,integration`` runs only the lanes named (arguments go to every
+lane's pytest); ``HAFO_TEST_WORKERS`` sets
 the integration lane's workers (default 3). The lanes' output and JUnit reports are kept in
 ``build/test-lanes/``; the slowest 25 tests of the whole run are printed at the end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -81,10 +83,8 @@ class Lane:
     def stop(self) -> None:
         """Ask the lane (pytest and its workers) to stop and tear down."""
         if self.proc is not None and self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
 
 
 def lanes(workers: int) -> dict[str, Lane]:
@@ -172,6 +172,8 @@ def slowest(names: list[str], count: int = 25) -> list[tuple[float, str]]:
         except ET.ParseError:
             continue
         for case in tree.iter("testcase"):
+            if not case.get("name"):
+                continue  # an interrupted run's placeholder
             label = f"{case.get('classname', '')}::{case.get('name', '')}"
             cases.append((float(case.get("time", 0) or 0), f"[{name}] {label}"))
     return sorted(cases, reverse=True)[:count]
@@ -182,6 +184,8 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     become_subreaper()
     every = lanes(int(os.environ.get("HAFO_TEST_WORKERS", "3")))
+    for lane in every.values():
+        lane.args += sys.argv[1:]  # e.g. -k EXPR, -x: to every lane
     chosen = [n.strip() for n in os.environ.get("HAFO_TEST_LANES", ",".join(every)).split(",")
               if n.strip()]
     unknown = [n for n in chosen if n not in every]
@@ -234,7 +238,7 @@ def main() -> int:
     killed = kill_everything_left()
     if killed:
         print(f"[lanes] killed {len(killed)} process(es) left running: {killed}", flush=True)
-    print(f"\n[lanes] slowest 25 tests:", flush=True)
+    print("\n[lanes] slowest 25 tests:", flush=True)
     for seconds, label in slowest(chosen):
         print(f"  {seconds:8.2f}s  {label}")
     total = time.monotonic() - began
