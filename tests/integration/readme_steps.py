@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,23 +47,35 @@ def steps_between(text: str, start: str, end: str) -> list[Step]:
 
 def run_until_ctrl_c(command: str, argv: list[str], env: dict[str, str], cwd: Path,
                      seconds: float, before: Callable[[], None] | None = None) -> str:
-    """Run ``argv`` for ``seconds`` (after ``before`` returned, if given), then Ctrl-C it:
-    it must still run then, exit 0 and have printed something. Returns its output."""
+    """Run ``argv`` for ``seconds`` (after ``before`` returned, if given) and until it has
+    printed a first line, then Ctrl-C it: it must still run then, exit 0. Returns its output.
+
+    Waiting for a line is what a user does (a Ctrl-C before the command began is an ordinary
+    interrupt, exit 130); a Python start-up on a busy machine outlasts any fixed wait."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=cwd, start_new_session=True)
+    lines: list[str] = []
+    assert proc.stdout is not None
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")),
+                              daemon=True)
+    reader.start()
     try:
         started = time.monotonic()
         if before is not None:
             before()
-        while time.monotonic() - started < seconds:
+        while time.monotonic() - started < seconds or (
+                not lines and time.monotonic() - started < seconds + 60):
             assert proc.poll() is None, f"{command} ended before Ctrl-C: {proc.returncode}"
             time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=20)
+        proc.wait(20)
+        reader.join(10)
+        err = proc.stderr.read() if proc.stderr else ""
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+    out = "".join(lines)
     assert proc.returncode == 0, f"{command}: exit {proc.returncode}\n{err}"
     assert out.strip(), f"{command} printed nothing"
     return out
