@@ -43,7 +43,6 @@ import dataclasses
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -68,6 +67,7 @@ from hafo.model.cluster import ClusterSnapshot, Liveness, Submission
 from hafo.model.spec import WorkloadSpec, parse_spec
 from hafo.model.views import workload_state
 from hafo.sim import SimFleet
+from hafo.stopping import cancel_on_signals
 from hafo.store import EtcdStore, Keys, Put, StoreError, aetcd_adapter, codec
 from hafo.store.client import WatchEvent, channel_options
 from hafo.store.state import read_snapshot
@@ -526,15 +526,12 @@ async def main(p: Params, modes: list[str]) -> int:
     loop.set_exception_handler(_quiet)
     this = asyncio.current_task()
     assert this is not None
-    for sig in (signal.SIGINT, signal.SIGTERM):  # cancel: the finally blocks stop everything
-        loop.add_signal_handler(sig, this.cancel)
-    try:
-        return await _run(p, modes)
-    except asyncio.CancelledError:
-        raise KeyboardInterrupt from None
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+    # SIGINT, SIGTERM cancel: the finally blocks stop everything
+    with cancel_on_signals(this):
+        try:
+            return await _run(p, modes)
+        except asyncio.CancelledError:
+            raise KeyboardInterrupt from None
 
 
 async def _run(p: Params, modes: list[str]) -> int:

@@ -7,37 +7,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from hafo.exits import EXIT_USAGE, CliError
+from hafo.stopping import cancel_on_signals
 
 
 async def serve_until_signal(main: Coroutine[Any, Any, None], ready: asyncio.Event,
-                             what: str) -> None:
-    """Run a daemon until SIGTERM/SIGINT, telling systemd when it is ready, pinging the
-    watchdog from this event loop, and saying when it stops."""
+                             what: str, *, then: Callable[[], Awaitable[object]]) -> None:
+    """Run a daemon until SIGTERM/SIGINT (``hafo.stopping``), telling systemd when it is
+    ready, pinging the watchdog from this event loop, and saying when it stops; then ``then``
+    (the daemon's own clean-up: its API, its store), whatever happened. The handlers stay
+    until ``then`` is done: a second signal while the daemon cleans up changes nothing."""
     from hafo.notify import Notifier
 
-    notifier = Notifier()
+    notifier = Notifier()  # reads the environment only
     task = asyncio.ensure_future(main)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, task.cancel)
 
     async def tell_systemd() -> None:
         await ready.wait()
         notifier.ready(f"{what}: serving")
         await notifier.keep_watchdog()
 
-    helper = asyncio.ensure_future(tell_systemd())
-    try:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    finally:
-        helper.cancel()
-        notifier.stopping(f"{what}: stopping")
+    with cancel_on_signals(task):  # SIGTERM, SIGINT
+        try:
+            helper = asyncio.ensure_future(tell_systemd())
+            try:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            finally:
+                helper.cancel()
+                notifier.stopping(f"{what}: stopping")
+        finally:
+            await then()
 
 
 def api_settings(config: Any) -> tuple[str | None, Any]:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
 
@@ -48,7 +49,7 @@ def stop_on_signals(signals: Iterable[signal.Signals] = STOP_SIGNALS
 
 
 @contextlib.contextmanager
-def cancel_on_signals(task: asyncio.Future[object],
+def cancel_on_signals(task: asyncio.Future[Any],
                       signals: Iterable[signal.Signals] = STOP_SIGNALS) -> Iterator[None]:
     """Cancel ``task`` when one of ``signals`` (SIGTERM, SIGINT) arrives while the block runs
     (its ``finally`` blocks then tear down what it started)."""

@@ -70,9 +70,10 @@ async def run(config_path: str) -> int:
     runner = await listen(make_agent_app(agent, token), config, tls)
     announce("agent", config.node.name, config, runner, token)
     ready = asyncio.Event()
-    try:
-        await serve_until_signal(agent.run(ready), ready, f"agent {config.node.name}")
-    finally:
+
+    async def close() -> None:
         await runner.cleanup()
         await agent.close()
+
+    await serve_until_signal(agent.run(ready), ready, f"agent {config.node.name}", then=close)
     return 0

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from pathlib import Path
 
 from hafo.chaos.faults import FAULT_KINDS
 from hafo.chaos.runner import ChaosReport, run_chaos
 from hafo.logs import configure
+from hafo.stopping import cancel_on_signals
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,10 +39,8 @@ def main(argv: list[str] | None = None) -> int:
             args.seed, args.faults, nodes=args.nodes, workloads=args.workloads, gangs=args.gangs,
             services=args.services, only_kinds=only,
             base_dir=Path(args.keep) if args.keep else None, keep=bool(args.keep)))
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):  # tear the cluster down, by pid
-            loop.add_signal_handler(sig, task.cancel)
-        return await task
+        with cancel_on_signals(task):  # SIGTERM, SIGINT: tear the cluster down, by pid
+            return await task
 
     try:
         report = asyncio.run(run())

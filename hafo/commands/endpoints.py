@@ -7,10 +7,10 @@ import argparse
 import asyncio
 import contextlib
 import json
-import signal
 from typing import Any
 
 from hafo.commands.base import EXIT_NOT_FOUND, CliError, json_arg, store_args
+from hafo.stopping import STOP_SIGNALS, stop_on_signals
 
 
 def register(sub: Any) -> None:
@@ -40,39 +40,36 @@ async def _endpoints(args: argparse.Namespace) -> int:
         cache = ClusterCache(store, keys)
         await cache.load()
         follow = asyncio.ensure_future(cache.follow()) if args.watch else None
-        stop = asyncio.Event()
-        if args.watch:
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
-        last: Any = None
-        try:
-            while True:
-                cache.changed.clear()
-                snapshot = cache.snapshot()
-                wid, why = resolve(snapshot, args.workload)
-                if wid is None:
-                    raise CliError(why, EXIT_NOT_FOUND)
-                data = endpoints_of(snapshot, wid).to_dict()
-                if data != last:
-                    if args.json:
-                        print(json.dumps(data, sort_keys=True) if args.watch
-                              else json.dumps(data, indent=2, sort_keys=True), flush=True)
-                    else:
-                        print(render.render_endpoints(data) + ("\n" if args.watch else ""),
-                              flush=True)
-                    last = data
-                if not args.watch:
-                    return 0
-                waiter = asyncio.ensure_future(stop.wait())
-                await wait_event(cache.changed, 5.0)
-                waiter.cancel()
-                if stop.is_set():
-                    return 0
-        finally:
-            if follow is not None:
-                follow.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await follow
+        # --watch: until SIGINT or SIGTERM
+        with stop_on_signals(STOP_SIGNALS if args.watch else ()) as stop:
+            last: Any = None
+            try:
+                while True:
+                    cache.changed.clear()
+                    snapshot = cache.snapshot()
+                    wid, why = resolve(snapshot, args.workload)
+                    if wid is None:
+                        raise CliError(why, EXIT_NOT_FOUND)
+                    data = endpoints_of(snapshot, wid).to_dict()
+                    if data != last:
+                        if args.json:
+                            print(json.dumps(data, sort_keys=True) if args.watch
+                                  else json.dumps(data, indent=2, sort_keys=True), flush=True)
+                        else:
+                            print(render.render_endpoints(data) + ("\n" if args.watch else ""),
+                                  flush=True)
+                        last = data
+                    if not args.watch:
+                        return 0
+                    waiter = asyncio.ensure_future(stop.wait())
+                    await wait_event(cache.changed, 5.0)
+                    waiter.cancel()
+                    if stop.is_set():
+                        return 0
+            finally:
+                if follow is not None:
+                    follow.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await follow
 
     return await with_store(args, body)

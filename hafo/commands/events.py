@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hafo.commands.base import EXIT_USAGE, CliError, json_arg, store_args
+from hafo.stopping import stop_on_signals
 
 #: ``--since`` units, in seconds.
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -211,14 +212,7 @@ def _print_one(event: dict[str, Any], as_json: bool) -> None:
 async def _follow(store: Any, keys: Any, which: EventFilter, revision: int, seen: set[str],
                   as_json: bool) -> int:
     """Print every new event that ``which`` passes, once, until SIGINT or SIGTERM (exit 0)."""
-    import signal
-
     from hafo.store.records import Resync
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
 
     async def follow() -> None:
         async for change in store.watch_prefix(keys.events, revision + 1):
@@ -236,14 +230,15 @@ async def _follow(store: Any, keys: Any, which: EventFilter, revision: int, seen
                     if which.matches(event):
                         _print_one(event.to_dict(), as_json)
 
-    task = asyncio.ensure_future(follow())
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for pending in (task, stopped):
-            pending.cancel()
-        await asyncio.gather(task, stopped, return_exceptions=True)
+    with stop_on_signals() as stop:  # SIGINT, SIGTERM
+        task = asyncio.ensure_future(follow())
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pending in (task, stopped):
+                pending.cancel()
+            await asyncio.gather(task, stopped, return_exceptions=True)
     if task.done() and not task.cancelled() and task.exception() is not None:
         raise task.exception()  # type: ignore[misc]
     return 0

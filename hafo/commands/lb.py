@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 from typing import Any
 
 from hafo.commands.base import EXIT_USAGE, CliError, Parser, store_args
+from hafo.stopping import stop_on_signals
 
 
 def register(sub: Any) -> None:
@@ -36,14 +36,11 @@ async def _lb(args: argparse.Namespace) -> int:
     from hafo.lb.haproxy import LbError, run_haproxy_lb
 
     async def body(store: Any, keys: Any) -> int:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            return await run_haproxy_lb(store, keys, args.workload, args.backend, args.socket,
-                                        args.port_name, stop=stop)
-        except LbError as exc:
-            raise CliError(str(exc), EXIT_USAGE) from None
+        with stop_on_signals() as stop:  # SIGINT, SIGTERM
+            try:
+                return await run_haproxy_lb(store, keys, args.workload, args.backend,
+                                            args.socket, args.port_name, stop=stop)
+            except LbError as exc:
+                raise CliError(str(exc), EXIT_USAGE) from None
 
     return await with_store(args, body)

@@ -8,12 +8,12 @@ import argparse
 import asyncio
 import contextlib
 import json
-import signal
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from hafo.commands.base import json_arg, print_json, store_args, watch_arg
+from hafo.stopping import stop_on_signals
 
 #: A command's view of one snapshot: ``(store, keys, snapshot, width)`` to its JSON data and
 #: its text (``width``: the terminal's columns, None when stdout is not a terminal).
@@ -73,20 +73,17 @@ async def _watch(args: argparse.Namespace,
     terminal; ``--json`` prints one compact document per line (for ``jq`` and friends)."""
     import time
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     clear = sys.stdout.isatty() and not args.json
-    while not stop.is_set():
-        data, text = await read()
-        if args.json:
-            print(json.dumps(data, sort_keys=True), flush=True)
-        else:
-            stamp = time.strftime("%H:%M:%S")
-            prefix = "\x1b[H\x1b[2J" if clear else ""
-            print(f"{prefix}hafo {args.command} every {args.watch:g}s  {stamp}\n{text}\n",
-                  flush=True)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), args.watch)
+    with stop_on_signals() as stop:  # SIGINT, SIGTERM
+        while not stop.is_set():
+            data, text = await read()
+            if args.json:
+                print(json.dumps(data, sort_keys=True), flush=True)
+            else:
+                stamp = time.strftime("%H:%M:%S")
+                prefix = "\x1b[H\x1b[2J" if clear else ""
+                print(f"{prefix}hafo {args.command} every {args.watch:g}s  {stamp}\n{text}\n",
+                      flush=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), args.watch)
     return 0

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
 from hafo.commands.base import EXIT_TIMEOUT, EXIT_USAGE, CliError
+from hafo.stopping import on_signals
 
 if TYPE_CHECKING:
     from hafo.decisions.waiting import WaitGoal, WaitOutcome
@@ -197,40 +198,38 @@ async def wait_for(store: Store, keys: Keys, goal: WaitGoal, *, subject: str, ti
         stop.set()
         cache.changed.set()  # look once more now
 
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGINT, interrupt)
     follow: asyncio.Future[None] | None = None
     outcome: WaitOutcome | None = None
     held: Held | None = None
     result: Result = "timeout"
     try:
-        await cache.load()
-        follow = asyncio.ensure_future(cache.follow())
-        while True:
-            cache.changed.clear()
-            now = time.time()
-            outcome = wait_outcome(goal, cache.snapshot(), now)
-            if outcome.state == "failed":  # the controller's reason is in its event
-                events = [e for e in await read_events(store, keys, 100)
-                          if e.ts >= wall_started - 5]
-                outcome = wait_outcome(goal, cache.snapshot(), now, events)
-            outcome, held = settled(outcome, held, clock())
-            elapsed = clock() - started
-            if not outcome.final:  # the final line says it
-                render.update(outcome, elapsed)
-            if outcome.final:
-                result = "done" if outcome.state == "done" else "failed"
-                break
-            if stop.is_set():
-                result = "interrupted"
-                break
-            left = timeout - elapsed
-            if left <= 0:
-                result = "timeout"
-                break
-            await wait_event(cache.changed, min(TICK, left))
+        with on_signals(interrupt, (signal.SIGINT,)):  # Ctrl-C: "interrupted", exit 130
+            await cache.load()
+            follow = asyncio.ensure_future(cache.follow())
+            while True:
+                cache.changed.clear()
+                now = time.time()
+                outcome = wait_outcome(goal, cache.snapshot(), now)
+                if outcome.state == "failed":  # the controller's reason is in its event
+                    events = [e for e in await read_events(store, keys, 100)
+                              if e.ts >= wall_started - 5]
+                    outcome = wait_outcome(goal, cache.snapshot(), now, events)
+                outcome, held = settled(outcome, held, clock())
+                elapsed = clock() - started
+                if not outcome.final:  # the final line says it
+                    render.update(outcome, elapsed)
+                if outcome.final:
+                    result = "done" if outcome.state == "done" else "failed"
+                    break
+                if stop.is_set():
+                    result = "interrupted"
+                    break
+                left = timeout - elapsed
+                if left <= 0:
+                    result = "timeout"
+                    break
+                await wait_event(cache.changed, min(TICK, left))
     finally:
-        loop.remove_signal_handler(signal.SIGINT)
         if follow is not None:
             follow.cancel()
             await asyncio.gather(follow, return_exceptions=True)

@@ -31,10 +31,11 @@ async def run(config_path: str) -> int:
                                               controller.api_auth.refusal), config, tls)
     announce("controller", config.controller_name, config, runner, token)
     ready = asyncio.Event()
-    try:
-        await serve_until_signal(controller.run(ready), ready,
-                                 f"controller {config.controller_name}")
-    finally:
+
+    async def close() -> None:
         await runner.cleanup()
         await controller.close()
+
+    await serve_until_signal(controller.run(ready), ready,
+                             f"controller {config.controller_name}", then=close)
     return 0

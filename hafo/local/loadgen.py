@@ -35,6 +35,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from hafo.stopping import stop_on_signals
+
 __all__ = ["LoadResult", "NonLocalURLError", "Sample", "check_local_url", "main", "run_load"]
 
 #: The largest body parsed to find the replica that answered.
@@ -326,13 +328,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
 
     async def run() -> LoadResult:
-        stop = asyncio.Event()  # Ctrl-C ends the run early, with its summary
-        with contextlib.suppress(RuntimeError, NotImplementedError, ValueError):
-            # the main thread only
-            asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
-        return await run_load(args.url, concurrency=args.concurrency, duration=args.duration,
-                              max_requests=args.max_requests, timeout=args.timeout,
-                              rate=args.rate, stop=stop)
+        # Ctrl-C ends the run early, with its summary (the main thread only)
+        with stop_on_signals((signal.SIGINT,)) as stop:
+            return await run_load(args.url, concurrency=args.concurrency,
+                                  duration=args.duration, max_requests=args.max_requests,
+                                  timeout=args.timeout, rate=args.rate, stop=stop)
 
     result = asyncio.run(run())
     print(result.summary())

@@ -4,7 +4,8 @@ node and etcd, on one machine.
     python -m hafo.local.proxy LISTEN_PORT:TARGET_PORT [...]   (all on 127.0.0.1)
 
 SIGUSR1 cuts: every open connection is closed and new ones are refused (closed at once).
-SIGUSR2 heals. SIGTERM stops. Standard library only.
+SIGUSR2 heals. SIGTERM stops (``hafo.stopping``). Standard library only (and hafo.stopping,
+itself standard library only).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import contextlib
 import functools
 import signal
 import sys
+
+from hafo.stopping import stop_on_signals
 
 HOST = "127.0.0.1"
 
@@ -69,18 +72,17 @@ class Proxy:
     async def run(self) -> None:
         """Serve until SIGTERM."""
         loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
         loop.add_signal_handler(signal.SIGUSR1, self.set_cut, True)
         loop.add_signal_handler(signal.SIGUSR2, self.set_cut, False)
-        loop.add_signal_handler(signal.SIGTERM, stop.set)
-        servers = []
-        for listen, target in self.routes:
-            servers.append(await asyncio.start_server(functools.partial(self._handle, target),
-                                                      HOST, listen))
-        print("ready", flush=True)
-        await stop.wait()
-        for server in servers:
-            server.close()
+        with stop_on_signals((signal.SIGTERM,)) as stop:
+            servers = []
+            for listen, target in self.routes:
+                servers.append(await asyncio.start_server(
+                    functools.partial(self._handle, target), HOST, listen))
+            print("ready", flush=True)
+            await stop.wait()
+            for server in servers:
+                server.close()
 
 
 def main(argv: list[str]) -> int:

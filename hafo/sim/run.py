@@ -11,6 +11,7 @@ import time
 import structlog
 
 from hafo.sim.fleet import SimFleet
+from hafo.stopping import on_signals
 from hafo.store import EtcdStore, Keys
 
 log = structlog.get_logger("hafo.sim")
@@ -36,18 +37,17 @@ async def run_sim(store: EtcdStore, keys: Keys, nodes: int, gpus_per_node: int, 
         print(f"crashed {len(victims)} nodes ({', '.join(victims[:3])}"
               f"{', ...' if len(victims) > 3 else ''})", flush=True)
 
-    loop.add_signal_handler(signal.SIGUSR1, crash)
     if kill_after is not None:
         loop.call_later(kill_after, crash)
     runner = asyncio.create_task(fleet.run())
     try:
-        if duration is None:
-            await runner
-        else:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(runner), duration)
+        with on_signals(crash, (signal.SIGUSR1,)):
+            if duration is None:
+                await runner
+            else:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(runner), duration)
     finally:
-        loop.remove_signal_handler(signal.SIGUSR1)
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
         await fleet.revoke_all()
