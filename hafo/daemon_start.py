@@ -80,13 +80,14 @@ def announce(role: Any, name: str, config: Any, runner: Any, token: str | None) 
     import structlog
 
     from hafo import __version__
-    from hafo.model.exposure import TOKEN_FIELD, api_url, open_api_warning, serving_line
+    from hafo.model.exposure import api_url, open_api, serving_line
 
     port = config.api.port or next(
         (a[1] for a in runner.addresses if isinstance(a, tuple) and len(a) > 1), 0)
     line = serving_line(role, name, api_url(config.api.scheme, config.api.host, port))
     log = structlog.get_logger(f"hafo.{role}")
-    log.info(line.text, api=line.api, dashboard=line.dashboard, version=__version__)
-    warning = open_api_warning(role, config.api.listen, config.api.host, token is not None)
-    if warning:
-        log.warning(warning, field=TOKEN_FIELD, address=config.api.listen)
+    log.info("serving API", **line.fields(), version=__version__)
+    exposed = open_api(role, config.api.listen, config.api.host, token is not None)
+    if exposed is not None:
+        log.warning("API open without a token to anyone who can reach it: set "
+                    "api.token_file, or listen on 127.0.0.1", **exposed.fields())

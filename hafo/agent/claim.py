@@ -114,10 +114,10 @@ class NodeClaim:
                                        f"{decision.lease:x}")
                     if time.monotonic() - last_said >= WAIT_LOG_EVERY:
                         last_said = time.monotonic()
-                        log.warning(f"node name {self.name!r} is in use: {decision.why}; "
-                                    "waiting until it is free (another agent with this name, "
-                                    "or this node's previous agent whose records are gone)",
-                                    node=self.name, holder=f"{decision.lease:x}")
+                        log.warning("node name is in use: waiting until it is free (another "
+                                    "agent with this name, or this node's previous agent "
+                                    "whose records are gone)", node=self.name,
+                                    why=decision.why, holder=f"{decision.lease:x}")
                     if announced != decision.lease:
                         announced = decision.lease
                         await self.events.append(Event(

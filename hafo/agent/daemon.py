@@ -181,8 +181,8 @@ class Agent:
         self.registered.clear()
         timing = self.config.timing
         generation = self._generation()
-        log.error(f"{why}, and etcd is not the cluster this agent knew: keeping work under "
-                  "the failsafe rules until an operator decides", node=self.name,
+        log.error("etcd is not the cluster this agent knew: keeping work under the failsafe "
+                  "rules until an operator decides", node=self.name, why=why,
                   reason=self.trust.reason)
         # In the background: an event write may retry for seconds, the deadline may not.
         said = asyncio.ensure_future(self._say(Event(
@@ -222,8 +222,9 @@ class Agent:
         if content == self._report_sent:
             return
         if left_out != self._report_left_out and left_out:
-            log.warning(f"recovery report: {len(left_out)} instance(s) left out, over "
-                        f"{MAX_REPORT_BYTES >> 10} KiB", node=self.name, left_out=left_out)
+            log.warning("recovery report: instances left out, over its size limit",
+                        node=self.name, left_out=left_out, count=len(left_out),
+                        limit_kib=MAX_REPORT_BYTES >> 10)
         self._report_left_out = left_out
 
         async def put() -> None:
@@ -325,7 +326,7 @@ class Agent:
         detail = self.state_faults.failed(what, path, exc)
         if what not in self._logged_faults:  # once until the state directory works again
             self._logged_faults.add(what)
-            log.error(f"state directory: {what} not written", node=self.name, error=detail)
+            log.error("state directory not written", what=what, node=self.name, error=detail)
 
     async def acquire_lease(self) -> bool:
         """Hold the node name (``hafo.agent.claim``): adopt the lease of our own records if it
@@ -367,7 +368,7 @@ class Agent:
         async with self._reclaiming:
             self.registered.clear()
             self.supervisor.kill_all(why)
-            log.warning(f"{why}: all work fenced, registering again", node=self.name)
+            log.warning("all work fenced, registering again", node=self.name, why=why)
             await self._register_again(
                 "node-reregistered", f"{self.name} {why} and registered again; its work was "
                 "fenced", acquire=True)

@@ -55,7 +55,6 @@ async def hold_state_dir(state_dir: Path, poll: float = 0.1) -> int:
             return fd
         if time.monotonic() - said >= WAIT_LOG_EVERY:
             said = time.monotonic()
-            log.warning(f"state directory {state_dir} is in use by another agent "
-                        f"(pid {holder(state_dir)}); waiting until it exits",
-                        state_dir=str(state_dir))
+            log.warning("state directory is in use by another agent: waiting until it exits",
+                        state_dir=str(state_dir), pid=holder(state_dir))
         await asyncio.sleep(poll)

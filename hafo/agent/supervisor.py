@@ -270,7 +270,7 @@ class Supervisor:
         if self.write_failed is not None:
             self.write_failed(what, exc)
         else:
-            log.error(f"state directory: {what} not written", node=self.node, error=str(exc))
+            log.error("state directory not written", what=what, node=self.node, error=str(exc))
 
     # -- actions ------------------------------------------------------------------------
 

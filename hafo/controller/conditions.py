@@ -54,9 +54,12 @@ class ClusterConditions:
         outcome = assess_shared(self.state, snapshot, now)
         self.state, self.outcome = outcome.state, outcome
         for change in outcome.changes:
-            log.warning("cluster condition " + ("set" if change.set else "cleared"),
-                        kind=change.condition.kind, resource=change.condition.resource,
-                        nodes=len(change.condition.nodes), message=change.message)
+            fields = {"kind": change.condition.kind, "resource": change.condition.resource,
+                      "nodes": len(change.condition.nodes), "message": change.message}
+            if change.set:
+                log.warning("cluster condition set", **fields)
+            else:
+                log.warning("cluster condition cleared", **fields)
         self.unsaid.extend(outcome.changes)
         return with_node_faults(snapshot, outcome.node_faults)
 

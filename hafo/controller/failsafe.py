@@ -91,8 +91,8 @@ class ControllerFailsafe:
             self.contested = (f"agents know cluster {ident} (generation {generation}), this "
                               f"store holds {ours[0]}: restore a backup (hafo restore) or "
                               "accept the store (hafo restore --as-is)")
-            log.error(f"etcd is not the agents' cluster: {self.contested}",
-                      controller=self.name)
+            log.error("etcd is not the agents' cluster", controller=self.name,
+                      reason=self.contested)
 
     async def _etcd_answers(self) -> bool:
         """One read of our own from etcd, answered within ``PROBE_TIMEOUT`` (a read still
@@ -114,7 +114,7 @@ class ControllerFailsafe:
         until = self.clock() + self.hold
         if until > self.quiet_until:
             if self.quiet_until < self.clock():
-                log.warning(f"failsafe: {what}; failovers held", controller=self.name,
+                log.warning("failsafe: failovers held", controller=self.name, why=what,
                             hold=self.hold)
             self.quiet_until = until
 

@@ -246,8 +246,8 @@ class HaproxyDriver:
                      changes=[str(c.after) for c in plan.changes])
         if plan.unslotted:
             self._say("unslotted", "warning",
-                      f"{len(plan.unslotted)} endpoints have no slot: give the backend's "
-                      "server-template more servers", backend=self.backend,
+                      "endpoints have no slot: give the backend's server-template more "
+                      "servers", backend=self.backend, unslotted=len(plan.unslotted),
                       slots=len(plan.slots), replicas=list(plan.unslotted))
         else:
             self._clear("unslotted", "every endpoint has a slot", backend=self.backend)

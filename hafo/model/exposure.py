@@ -1,11 +1,11 @@
 """What a daemon says when it starts serving: its start-up line, and whether its API is open.
 
-Pure: the daemons (``hafo agent``, ``hafo controller``) log what these functions return once
-they listen. An API is *open* when it needs no bearer token (``api.token_file`` unset) and
-listens on an address other hosts may reach (anything but loopback: ``0.0.0.0``, ``::``, a
-host's own address or name). An open controller API accepts mutations (submit, delete,
-drain, cordon, migrate) from anyone who reaches it; an open agent API serves workload output,
-which may hold secrets.
+Pure: the daemons (``hafo agent``, ``hafo controller``) log the fields these functions return
+once they listen, under static events (``hafo.daemon_start.announce``). An API is *open* when
+it needs no bearer token (``api.token_file`` unset) and listens on an address other hosts may
+reach (anything but loopback: ``0.0.0.0``, ``::``, a host's own address or name). An open
+controller API accepts mutations (submit, delete, drain, cordon, migrate) from anyone who
+reaches it; an open agent API serves workload output, which may hold secrets.
 """
 
 from __future__ import annotations
@@ -19,9 +19,12 @@ Role = Literal["agent", "controller"]
 #: The config field whose absence makes an API open.
 TOKEN_FIELD = "api.token_file"
 
+#: The field that names a daemon on its lines (bound on each of them by ``hafo.logs``).
+NAME_FIELD: dict[Role, str] = {"agent": "node", "controller": "controller"}
+
 _WHAT_IS_OPEN: dict[Role, str] = {
-    "controller": "accepts mutations (submit, delete, drain, cordon, migrate)",
-    "agent": "serves workload output (which may hold secrets)",
+    "controller": "mutations (submit, delete, drain, cordon, migrate)",
+    "agent": "workload output (which may hold secrets)",
 }
 
 
@@ -49,28 +52,45 @@ def api_url(scheme: str, host: str, port: int) -> str:
 
 @dataclass(frozen=True)
 class ServingLine:
-    """A daemon's one start-up line: the text and its structured fields."""
+    """A daemon's one start-up line, the static event ``serving API`` (docs/contract.md,
+    "Daemon logs"): its structured fields."""
 
-    text: str
+    role: Role
+    name: str
     api: str
     dashboard: str | None
 
+    def fields(self) -> dict[str, str | None]:
+        """``role``, the daemon's name (``node`` on an agent, ``controller`` on a
+        controller), ``api`` (the API's URL), ``dashboard`` (the page's URL, or None)."""
+        return {"role": self.role, NAME_FIELD[self.role]: self.name, "api": self.api,
+                "dashboard": self.dashboard}
+
 
 def serving_line(role: Role, name: str, url: str) -> ServingLine:
-    """``agent node-1 serving API on http://127.0.0.1:8601 (dashboard: none)``, or
-    ``controller ctl-1 serving API and dashboard on http://127.0.0.1:8600/`` (every
-    controller serves the dashboard at ``/``)."""
-    if role == "controller":
-        page = url + "/"
-        return ServingLine(f"controller {name} serving API and dashboard on {page}", url, page)
-    return ServingLine(f"agent {name} serving API on {url} (dashboard: none)", url, None)
+    """What a daemon serving its API on ``url`` says: every controller also serves the
+    dashboard at ``/``; an agent serves none."""
+    return ServingLine(role, name, url, url + "/" if role == "controller" else None)
 
 
-def open_api_warning(role: Role, listen: str, host: str, token: bool) -> str | None:
-    """The warning for an API without a token on a non-loopback address, naming
-    ``api.token_file`` and the address; None when the API needs a token or only this machine
-    reaches it."""
+@dataclass(frozen=True)
+class OpenApi:
+    """An API without a token on an address other hosts may reach: the fields of the
+    warning ``API open without a token ...`` (docs/contract.md, "Daemon logs")."""
+
+    role: Role
+    address: str
+
+    def fields(self) -> dict[str, str]:
+        """``role``, ``address`` (``api.listen``), ``exposes`` (what anyone who reaches it
+        gets) and ``field`` (``api.token_file``, the setting that closes it)."""
+        return {"role": self.role, "address": self.address,
+                "exposes": _WHAT_IS_OPEN[self.role], "field": TOKEN_FIELD}
+
+
+def open_api(role: Role, listen: str, host: str, token: bool) -> OpenApi | None:
+    """The API at ``listen`` (``host`` its host) when it is open: without a token, on a
+    non-loopback address; None when it needs a token or only this machine reaches it."""
     if token or is_loopback(host):
         return None
-    return (f"{role} API on {listen} {_WHAT_IS_OPEN[role]} without a token to anyone who "
-            f"can reach it: set {TOKEN_FIELD}, or listen on 127.0.0.1")
+    return OpenApi(role, listen)

@@ -96,9 +96,12 @@ class ApiAuthAgreement:
             done = await self.store.txn([guard], [Put(self.keys.api_auth,
                                                       codec.encode(verdict.write.to_dict()))])
             if done.succeeded:
-                log.info("cluster's API auth record written" if mod == 0 else
-                         "cluster's API auth record replaced: every live controller has "
-                         "these settings", controller=self.name, auth=self.mine.describe())
+                if mod == 0:
+                    log.info("cluster's API auth record written", controller=self.name,
+                             auth=self.mine.describe())
+                else:
+                    log.info("cluster's API auth record replaced: every live controller has "
+                             "these settings", controller=self.name, auth=self.mine.describe())
                 verdict = judge(self.mine, verdict.write, live)
                 break
         else:
@@ -110,7 +113,8 @@ class ApiAuthAgreement:
     def _keep(self, refusal: str) -> None:
         if refusal != self.refusal:
             if refusal:
-                log.warning(refusal, controller=self.name)
+                log.warning("this controller's API auth differs from the cluster's: writes "
+                            "refused", controller=self.name, reason=refusal)
             elif self.checked:
                 log.info("this controller's API auth is the cluster's again; writes accepted",
                          controller=self.name)

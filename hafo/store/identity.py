@@ -121,6 +121,6 @@ class StoreTrust:
             if verdict.trusted:
                 log.warning("store trusted again", who=self.who)
             else:
-                log.error(f"etcd is not the cluster we knew: {verdict.reason}", who=self.who)
+                log.error("etcd is not the cluster we knew", who=self.who, reason=verdict.reason)
         self.trusted = verdict.trusted
         self.reason = verdict.reason

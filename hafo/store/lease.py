@@ -153,7 +153,7 @@ class LeaseKeeper:
         before = self.deadline
         self.deadline = max(self.deadline, target)
         if self.deadline > before:
-            log.debug(f"deadline extended: {why}",
+            log.debug("deadline extended", why=why,
                       fenced_in=round(self.deadline - self.clock(), 2))
             await self._notify()
 

@@ -29,6 +29,17 @@ from .helpers import (
 pytestmark = pytest.mark.timeout(120)
 
 
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """The JSON log lines of ``text`` (an agent's log: ``log.format: json``)."""
+    lines = []
+    for raw in text.splitlines():
+        with contextlib.suppress(ValueError):
+            line = json.loads(raw)
+            if isinstance(line, dict):
+                lines.append(line)
+    return lines
+
+
 def node_status(port: int) -> dict[str, Any]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/node", timeout=1.0) as resp:
         return dict(json.loads(resp.read()))
@@ -63,7 +74,8 @@ async def test_a_second_agent_with_the_same_name_waits_and_runs_nothing(
         events = await read_events(cluster.store, cluster.keys, 100)
         assert any(e.kind == "duplicate-node" and e.node == node for e in events)
         log = (cluster.base / "logs" / f"{node}-dup.log").read_text()
-        assert f"node name '{node}' is in use" in log
+        assert any(line.get("event", "").startswith("node name is in use")
+                   and line.get("node") == node for line in json_lines(log)), log
     finally:
         stop_process(dup, grace=3.0)
     await asyncio.sleep(2 * cluster.lease_ttl)  # the duplicate is gone: nothing changes

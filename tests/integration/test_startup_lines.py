@@ -74,7 +74,7 @@ log:
     assert not pid_alive(proc.pid)
     url = f"http://127.0.0.1:{port}"
     (line,) = [e for e in lines if "serving API" in str(e.get("event"))]
-    assert line["event"] == f"controller ctl-start serving API and dashboard on {url}/"
+    assert line["event"] == "serving API" and line["role"] == "controller"
     assert line["api"] == url and line["dashboard"] == f"{url}/"
     assert line["version"] == __version__ and line["level"] == "info"
     assert line["controller"] == "ctl-start"

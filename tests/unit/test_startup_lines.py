@@ -11,7 +11,7 @@ from structlog.testing import LogCapture
 from hafo import __version__
 from hafo.daemon_start import announce as _announce
 from hafo.model.config import ApiConfig
-from hafo.model.exposure import api_url, is_loopback, open_api_warning, serving_line
+from hafo.model.exposure import api_url, is_loopback, open_api, serving_line
 
 
 @pytest.mark.parametrize(("host", "loopback"), [
@@ -39,17 +39,18 @@ def test_loopback(host: str, loopback: bool) -> None:
     ("agent", "0.0.0.0:8601", True, False),
     ("agent", "127.0.0.1:8601", False, False),
 ])
-def test_open_api_warning(role: Any, listen: str, token: bool, warns: bool) -> None:
+def test_open_api(role: Any, listen: str, token: bool, warns: bool) -> None:
     api = ApiConfig(listen=listen)
-    warning = open_api_warning(role, api.listen, api.host, token)
+    exposed = open_api(role, api.listen, api.host, token)
     if not warns:
-        assert warning is None
+        assert exposed is None
         return
-    assert warning is not None
-    assert "api.token_file" in warning and listen in warning
-    assert warning.startswith(f"{role} API on {listen} ")
-    assert ("mutations" in warning) is (role == "controller")
-    assert ("workload output" in warning) is (role == "agent")
+    assert exposed is not None
+    fields = exposed.fields()
+    assert (fields["role"], fields["address"], fields["field"]) == (role, listen,
+                                                                   "api.token_file")
+    assert ("mutations" in fields["exposes"]) is (role == "controller")
+    assert ("workload output" in fields["exposes"]) is (role == "agent")
 
 
 @pytest.mark.parametrize(("scheme", "host", "port", "url"), [
@@ -65,11 +66,11 @@ def test_api_url(scheme: str, host: str, port: int, url: str) -> None:
 
 def test_serving_lines() -> None:
     agent = serving_line("agent", "node-1", "http://127.0.0.1:8601")
-    assert agent.text == "agent node-1 serving API on http://127.0.0.1:8601 (dashboard: none)"
-    assert (agent.api, agent.dashboard) == ("http://127.0.0.1:8601", None)
+    assert agent.fields() == {"role": "agent", "node": "node-1",
+                              "api": "http://127.0.0.1:8601", "dashboard": None}
     ctl = serving_line("controller", "ctl-1", "http://10.0.0.1:8600")
-    assert ctl.text == "controller ctl-1 serving API and dashboard on http://10.0.0.1:8600/"
-    assert (ctl.api, ctl.dashboard) == ("http://10.0.0.1:8600", "http://10.0.0.1:8600/")
+    assert ctl.fields() == {"role": "controller", "controller": "ctl-1",
+                            "api": "http://10.0.0.1:8600", "dashboard": "http://10.0.0.1:8600/"}
 
 
 def daemon_config(listen: str, **api: str) -> Any:
@@ -81,12 +82,15 @@ def test_announce_uses_the_port_it_got_and_warns_once(capture: LogCapture) -> No
     runner = SimpleNamespace(addresses=[("0.0.0.0", 40123)])
     _announce("controller", "ctl-1", daemon_config("0.0.0.0:0"), runner, None)
     line, warning = capture.entries
-    assert line["event"] == "controller ctl-1 serving API and dashboard on http://0.0.0.0:40123/"
+    assert line["event"] == "serving API" and line["controller"] == "ctl-1"
     assert line["log_level"] == "info" and line["version"] == __version__
     assert line["api"] == "http://0.0.0.0:40123"
     assert line["dashboard"] == "http://0.0.0.0:40123/"
     assert warning["log_level"] == "warning" and "api.token_file" in warning["event"]
     assert warning["field"] == "api.token_file" and warning["address"] == "0.0.0.0:0"
+    assert warning["event"] == ("API open without a token to anyone who can reach it: set "
+                                "api.token_file, or listen on 127.0.0.1")
+    assert warning["role"] == "controller" and "mutations" in warning["exposes"]
 
 
 @pytest.mark.parametrize(("listen", "token", "lines"), [
@@ -98,9 +102,9 @@ def test_announce_agent(capture: LogCapture, listen: str, token: str | None,
                         lines: int) -> None:
     _announce("agent", "node-1", daemon_config(listen), SimpleNamespace(addresses=[]), token)
     assert len(capture.entries) == lines
-    assert capture.entries[0]["event"] == \
-        f"agent node-1 serving API on http://{listen} (dashboard: none)"
-    assert capture.entries[0]["dashboard"] is None
+    assert capture.entries[0]["event"] == "serving API"
+    assert capture.entries[0]["api"] == f"http://{listen}"
+    assert capture.entries[0]["node"] == "node-1" and capture.entries[0]["dashboard"] is None
 
 
 def test_announce_tls_scheme(capture: LogCapture) -> None:
