@@ -13,35 +13,14 @@ from __future__ import annotations
 
 import ctypes
 import io
-import sys
 from collections.abc import Callable
 from typing import Any
+
+from hafo.checkpoint.tensors import check_keys, imported_torch, optional_numpy
 
 Blob = bytes | memoryview
 
 BLOB_KINDS = ("b", "np", "pt", "tensor", "torch")
-
-
-def _np() -> Any:
-    try:
-        import numpy
-    except ImportError:  # pragma: no cover - numpy optional
-        return None
-    return numpy
-
-
-def _torch() -> Any:
-    return sys.modules.get("torch")  # only if the workload already imported it
-
-
-def check_keys(state: dict[Any, Any]) -> None:
-    """TypeError unless the dict's keys are all strings or all integers."""
-    keys = list(state)
-    if all(isinstance(k, str) for k in keys) or all(
-            isinstance(k, int) and not isinstance(k, bool) for k in keys):
-        return
-    bad = next(k for k in keys if not isinstance(k, str))
-    raise TypeError(f"checkpoint state keys must be all strings or all integers, got {bad!r}")
 
 
 def tensor_bytes(tensor: Any) -> memoryview:
@@ -59,7 +38,7 @@ def tensor_bytes(tensor: Any) -> memoryview:
 
 def array_bytes(array: Any) -> memoryview:
     """A byte view of a C-contiguous NumPy array's memory (writable if the array is)."""
-    numpy = _np()
+    numpy = optional_numpy()
     if not array.flags.c_contiguous:
         raise ValueError("array_bytes needs a C-contiguous array")
     return memoryview(array.reshape(-1).view(numpy.uint8))
@@ -83,7 +62,7 @@ def torch_dtype(name: str) -> Any:
 def host_tensor(tensor: Any) -> Any:
     """The tensor's values as a contiguous CPU tensor with plain bits (conjugate and negative
     views resolved); the tensor itself when it already is one."""
-    torch = _torch()
+    torch = imported_torch()
     if tensor.layout != torch.strided or tensor.is_quantized:
         raise TypeError(f"cannot checkpoint a {tensor.layout} tensor"
                         f"{' (quantized)' if tensor.is_quantized else ''}")
@@ -116,12 +95,12 @@ def flatten(state: Any, blobs: list[Any], sources: list[Any] | None = None) -> A
         return {"v": state}
     if isinstance(state, bytes | bytearray | memoryview):
         return {"b": add(bytes(state) if not isinstance(state, bytes) else state, state)}
-    torch = _torch()
+    torch = imported_torch()
     if torch is not None and isinstance(state, torch.Tensor):
         tensor = host_tensor(state)
         return {"pt": add(tensor_bytes(tensor), state), "dtype": torch_dtype_name(tensor.dtype),
                 "shape": list(tensor.shape), "device": str(state.device)}
-    numpy = _np()
+    numpy = optional_numpy()
     if numpy is not None and isinstance(state, numpy.ndarray):
         if state.dtype.hasobject:
             raise TypeError("cannot checkpoint a NumPy array of Python objects")
@@ -157,7 +136,7 @@ def blob_index(node: Any) -> int:
 def node_nbytes(node: Any) -> int | None:
     """The byte size a tensor or array node's dtype and shape imply (None: not such a node)."""
     if "np" in node or "tensor" in node:
-        numpy = _np()
+        numpy = optional_numpy()
         if numpy is None:  # pragma: no cover
             raise RuntimeError("numpy is needed to restore this checkpoint")
         count = 1
@@ -173,7 +152,7 @@ def node_nbytes(node: Any) -> int | None:
 
 
 def _array(node: Any, data: Any) -> Any:
-    numpy = _np()
+    numpy = optional_numpy()
     if numpy is None:  # pragma: no cover
         raise RuntimeError("numpy is needed to restore this checkpoint")
     array = numpy.frombuffer(data, dtype=numpy.dtype(node["dtype"])).reshape(node["shape"])

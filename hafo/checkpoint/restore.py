@@ -10,8 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 from hafo.checkpoint.codec import (
-    _np,
-    _torch,
     array_bytes,
     blob_index,
     decode,
@@ -22,6 +20,7 @@ from hafo.checkpoint.codec import (
     torch_dtype_name,
 )
 from hafo.checkpoint.errors import CheckpointMismatch, CorruptCheckpoint
+from hafo.checkpoint.tensors import imported_torch, optional_numpy
 
 Plan = tuple[list[memoryview], Callable[[], Any]]
 """Where to read each blob, and what to call once they all verified (it returns the state)."""
@@ -42,7 +41,7 @@ def _allocate(node: Any, size: int) -> tuple[memoryview, Callable[[], Any]]:
 
         tensor = torch.empty([int(d) for d in node["shape"]], dtype=torch_dtype(node["dtype"]))
         return tensor_bytes(tensor), lambda: tensor
-    numpy = _np()
+    numpy = optional_numpy()
     if ("np" in node or "tensor" in node) and numpy is not None:
         array = numpy.empty([int(d) for d in node["shape"]], dtype=numpy.dtype(node["dtype"]))
         if "np" in node:
@@ -77,7 +76,7 @@ def _where(path: tuple[Any, ...]) -> str:
 
 
 def _kind(value: Any) -> str:
-    torch, numpy = _torch(), _np()
+    torch, numpy = imported_torch(), optional_numpy()
     if torch is not None and isinstance(value, torch.Tensor):
         return "a tensor"
     if numpy is not None and isinstance(value, numpy.ndarray):
@@ -178,7 +177,7 @@ class _Into:
         raise CorruptCheckpoint(f"unknown checkpoint tree node {sorted(node)}")
 
     def array(self, node: Any, value: Any, path: tuple[Any, ...]) -> Any:
-        numpy = _np()
+        numpy = optional_numpy()
         if numpy is None or not isinstance(value, numpy.ndarray):
             raise self.mismatch(path, f"a NumPy array in the checkpoint, {_kind(value)} here")
         dtype, shape = numpy.dtype(node["dtype"]), tuple(int(d) for d in node["shape"])
@@ -197,7 +196,7 @@ class _Into:
         return value
 
     def tensor(self, node: Any, value: Any, path: tuple[Any, ...]) -> Any:
-        torch = _torch()
+        torch = imported_torch()
         if torch is None or not isinstance(value, torch.Tensor):
             raise self.mismatch(path, f"a tensor in the checkpoint, {_kind(value)} here")
         size = self.sizes[blob_index(node)]
@@ -216,7 +215,7 @@ class _Into:
         if "pt" in node:
             dtype = torch_dtype(node["dtype"])
         else:  # format 3: a NumPy dtype
-            numpy = _np()
+            numpy = optional_numpy()
             dtype = torch.from_numpy(numpy.empty(0, dtype=numpy.dtype(node["dtype"]))).dtype
         self.check_tensor(path, dtype, tuple(int(d) for d in node["shape"]), value)
         _check_size(node, size)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hafo.checkpoint.blobio import CHUNK, Ready
-from hafo.checkpoint.codec import _np, _torch, check_keys
+from hafo.checkpoint.tensors import check_keys, imported_torch, optional_numpy
 
 Path = tuple[Any, ...]
 
@@ -193,10 +193,10 @@ class Stager:
             return value
         if isinstance(value, bytearray | memoryview):
             return bytes(value)
-        torch = _torch()
+        torch = imported_torch()
         if torch is not None and isinstance(value, torch.Tensor):
             return self._tensor(value, path, previous, staged, copy_host)
-        numpy = _np()
+        numpy = optional_numpy()
         if numpy is not None and isinstance(value, numpy.ndarray):
             if value.dtype.hasobject:
                 raise TypeError("cannot checkpoint a NumPy array of Python objects")
@@ -236,7 +236,7 @@ class Stager:
 
     def _tensor(self, value: Any, path: Path, previous: dict[Path, Any], staged: Staged,
                 copy_host: bool) -> Any:
-        torch = _torch()
+        torch = imported_torch()
         if value.layout != torch.strided or value.is_quantized:
             raise TypeError(f"cannot checkpoint a {value.layout} tensor"
                             f"{' (quantized)' if value.is_quantized else ''}")
