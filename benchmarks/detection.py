@@ -29,12 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_main import run_main
 
-from hafo.chaos.invariants import percentile
 from hafo.local.cluster import LocalCluster, demo_workload_spec
 from hafo.local.procs import free_port
 from hafo.logs import configure
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.views import workload_view
+from hafo.stats import percentile
 
 CHECK_INTERVAL, CHECK_THRESHOLD, HEALTH_INTERVAL = 0.5, 2, 0.5
 HTTP_APP = """
@@ -131,14 +131,14 @@ async def main(trials: int) -> int:
         print(f"\nfault -> replacement running, {trials} trials (health interval "
               f"{HEALTH_INTERVAL}s; check every {CHECK_INTERVAL}s, threshold "
               f"{CHECK_THRESHOLD})")
-        cold = percentile(results["cold"], .5)
+        cold = percentile(results["cold"], 50)
         print(f"baseline: cold start (submit -> running) p50 {cold:.2f}s, "
               f"max {max(results['cold']):.2f}s")
         print(f"{'':7s} {'p50':>7s} {'max':>7s}  {'p50/cold':>8s}  {'floor':>6s} "
               f"{'p50 - floor':>11s} {'(p50-floor)/cold':>16s}")
         for fault in ids:
             values = results[fault]
-            p50, worst, floor = percentile(values, .5), max(values), floors[fault]
+            p50, worst, floor = percentile(values, 50), max(values), floors[fault]
             print(f"{fault:7s} {p50:6.2f}s {worst:6.2f}s  {p50 / cold:8.2f}  {floor:5.2f}s "
                   f"{p50 - floor:10.2f}s {(p50 - floor) / cold:16.2f}")
         await cluster.close_store()

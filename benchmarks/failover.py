@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_main import run_main
 
-from hafo.chaos.invariants import percentile
 from hafo.local.cluster import LocalCluster, demo_workload_spec
 from hafo.logs import configure
 from hafo.model.views import workload_view
+from hafo.stats import percentile
 from hafo.store import read_events
 
 
@@ -74,14 +74,14 @@ async def main(trials: int) -> int:
         print(f"{'':10s} {'p50':>7s} {'p95':>7s} {'max':>7s}   {'p50/TTL':>7s} {'max/TTL':>7s}")
         for key in ("expiry", "detected", "running"):
             values = [r[key] for r in results]
-            p50, p95, worst = percentile(values, .5), percentile(values, .95), max(values)
+            p50, p95, worst = percentile(values, 50), percentile(values, 95), max(values)
             print(f"{key:10s} {p50:6.2f}s {p95:6.2f}s {worst:6.2f}s   {p50 / ttl:7.2f} "
                   f"{worst / ttl:7.2f}")
         overhead = [r["running"] - r["expiry"] for r in results]
         ratio = [r["running"] / r["expiry"] for r in results]
-        print(f"\nrunning again after etcd's own expiry: p50 +{percentile(overhead, .5):.2f}s, "
+        print(f"\nrunning again after etcd's own expiry: p50 +{percentile(overhead, 50):.2f}s, "
               f"max +{max(overhead):.2f}s (recovery / expiry floor: p50 "
-              f"{percentile(ratio, .5):.2f}x)")
+              f"{percentile(ratio, 50):.2f}x)")
         bound = ttl + 2
         worst = max(r["running"] for r in results)
         print(f"goal TTL + 2 s = {bound}s: {'met' if worst <= bound else 'MISSED'} "

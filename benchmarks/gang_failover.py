@@ -34,11 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_main import run_main
 from gang_baseline import BaselineResult, run_torchrun_baseline
 
-from hafo.chaos.invariants import percentile
 from hafo.local.cluster import LocalCluster
 from hafo.local.progress import overlaps
 from hafo.logs import configure
 from hafo.model.views import workload_view
+from hafo.stats import percentile
 from hafo.store import read_events
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,7 +122,7 @@ async def run_hafo(trials: int, ttl: int, keep: str | None = None) -> list[dict[
 
 
 def _p50(results: list[dict[str, float]], key: str) -> float:
-    return percentile([r[key] for r in results], 0.5)
+    return percentile([r[key] for r in results], 50)
 
 
 def report(results: list[dict[str, float]], ttl: int,

@@ -55,7 +55,6 @@ from benchmarks.haproxy_setup import (
     polling_section,
     service_spec,
 )
-from hafo.chaos.invariants import percentile
 from hafo.lb.haproxy import run_haproxy_lb
 from hafo.local.cluster import LocalCluster
 from hafo.local.loadgen import LoadResult, run_load
@@ -63,6 +62,7 @@ from hafo.local.procs import free_port
 from hafo.logs import configure
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.endpoints import Endpoint, endpoints_of
+from hafo.stats import percentile
 from hafo.store import EtcdStore
 
 NAME = "web"
@@ -187,18 +187,18 @@ async def main(trials: int, keep: bool) -> int:
             secs = [r.in_rotation[key] for r in results]
             known = [s if s is not None else POLL_TIMEOUT for s in secs]
             worst[key] = max(known)
-            p50 = percentile(known, .5)
+            p50 = percentile(known, 50)
             print(f"{key:10s} {fmt(p50 if None not in secs else None):>16s} "
                   f"{fmt(worst[key]):>8s} {sum(r.failed[key] for r in results):8d} "
                   f"{sum(r.total[key] for r in results):9d}  {p50 / ttl:5.2f}")
         expiry = [r.expiry for r in results]
         ready = [r.ready for r in results]
-        print(f"etcd expiry p50 {percentile(expiry, .5):.2f}s, 3 replicas ready again p50 "
-              f"{percentile(ready, .5):.2f}s (hafo; (b) never sees the moved replica)")
+        print(f"etcd expiry p50 {percentile(expiry, 50):.2f}s, 3 replicas ready again p50 "
+              f"{percentile(ready, 50):.2f}s (hafo; (b) never sees the moved replica)")
         a = [r.in_rotation["hafo lb"] or POLL_TIMEOUT for r in results]
         b = [r.in_rotation["polling"] or POLL_TIMEOUT for r in results]
         ratios = [y / x for x, y in zip(a, b, strict=True) if x > 0]
-        print(f"seconds in rotation, polling / hafo lb: p50 {percentile(ratios, .5):.2f}x, "
+        print(f"seconds in rotation, polling / hafo lb: p50 {percentile(ratios, 50):.2f}x, "
               f"min {min(ratios):.2f}x")
         await cluster.close_store()
         return 0

@@ -21,12 +21,12 @@ from hafo.chaos.faults import (
     inject,
     running_instances,
 )
-from hafo.chaos.invariants import percentile
 from hafo.local.cluster import LocalCluster, demo_workload_spec
 from hafo.local.procs import children_map, pid_alive
 from hafo.local.progress import Overlap, history, overlaps
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.views import workload_view
+from hafo.stats import percentile
 from hafo.store import read_events
 
 
@@ -69,7 +69,7 @@ class ChaosReport:
                 continue
             times = [r.recovery for r in mine if r.recovery is not None]
             bad = sum(len(r.violations) + (r.recovery is None) for r in mine)
-            rows.append(f"{kind:28s} {len(mine):5d} {percentile(times, .5):11.2f}s "
+            rows.append(f"{kind:28s} {len(mine):5d} {percentile(times, 50):11.2f}s "
                         f"{max(times, default=0):6.2f}s {bad:10d}")
         rows.append(f"{len(self.results)} faults in {self.duration:.0f}s, seed {self.seed}: "
                     f"{len(self.overlaps)} logged overlaps, {len(self.concurrent)} "

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
 async def _drain(args: argparse.Namespace) -> int:
     from hafo.commands.base import with_store
     from hafo.commands.wait import check_wait_args, wait_and_report
-    from hafo.decisions.waiting import drain_goal
+    from hafo.decisions.wait_goals import drain_goal
     from hafo.store import intents, read_snapshot
 
     check_wait_args(args)

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 async def _migrate(args: argparse.Namespace) -> int:
     from hafo.commands.base import with_store
     from hafo.commands.wait import check_wait_args, wait_and_report
-    from hafo.decisions.waiting import migrate_goal
+    from hafo.decisions.wait_goals import migrate_goal
     from hafo.model.endpoints import move_target
     from hafo.store import intents, read_snapshot
 

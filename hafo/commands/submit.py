@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 async def _submit(args: argparse.Namespace) -> int:
     from hafo.commands.base import load_yaml, resolve_workdir, with_store
     from hafo.commands.wait import check_wait_args, wait_and_report
-    from hafo.decisions.waiting import submit_goal
+    from hafo.decisions.wait_goals import submit_goal
     from hafo.model import ValidationError, parse_spec
     from hafo.store import intents, read_snapshot
 

@@ -1,5 +1,5 @@
 """``--wait`` and ``--timeout`` of ``hafo submit``, ``hafo drain`` and ``hafo migrate``: follow
-the cluster through etcd until the outcome (``hafo.decisions.waiting``), showing progress on
+the cluster through etcd until the outcome (``hafo.decisions.wait_goals``), showing progress on
 stderr: a live spinner with the current step on a terminal, one plain line per change
 otherwise; the final line says the outcome. Exit codes: 0 done, 1 failed, 6 timed out, 130
 interrupted (the request stays)."""
@@ -20,7 +20,7 @@ from hafo.commands.base import EXIT_TIMEOUT, EXIT_USAGE, CliError
 from hafo.stopping import on_signals
 
 if TYPE_CHECKING:
-    from hafo.decisions.waiting import WaitGoal, WaitOutcome
+    from hafo.decisions.wait_goals import WaitGoal, WaitOutcome
     from hafo.store import Keys, Store
 
 #: Seconds ``--wait`` waits when no ``--timeout`` is given.
@@ -184,7 +184,7 @@ async def wait_for(store: Store, keys: Keys, goal: WaitGoal, *, subject: str, ti
     most ``timeout`` seconds, or until SIGINT; progress goes to ``out`` (stderr).
     ``keeps``: what stays after a timeout or an interrupt (e.g. "the workload stays
     submitted")."""
-    from hafo.decisions.waiting import Held, settled, wait_outcome
+    from hafo.decisions.wait_goals import Held, settled, wait_outcome
     from hafo.store import ClusterCache, read_events
     from hafo.tasks import wait_event
 

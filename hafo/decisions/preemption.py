@@ -24,19 +24,19 @@ from hafo.decisions.placement_rules import NodeCapacity, PlacementRequest, gpu_m
 from hafo.decisions.victims import Preemption, Victim, VictimIndex
 from hafo.model.cluster import ClusterSnapshot
 
-__all__ = ["Preemption", "Victim", "VictimIndex", "Waiting", "choose_victims", "reserve",
+__all__ = ["Preemption", "Victim", "VictimIndex", "WaitingPreemptor", "choose_victims", "reserve",
            "victims_by_node", "waiting_preemptors"]
 
 
 @dataclass(frozen=True)
-class Waiting:
+class WaitingPreemptor:
     """A preemptor whose victims are still being stopped on ``node``."""
 
     node: str
     victims: tuple[str, ...]
 
 
-def waiting_preemptors(snapshot: ClusterSnapshot) -> dict[str, Waiting]:
+def waiting_preemptors(snapshot: ClusterSnapshot) -> dict[str, WaitingPreemptor]:
     """preemptor -> the node and victims (phase ``moving`` for it) it waits for."""
     found: dict[str, tuple[str, list[str]]] = {}
     for wid, assignment in snapshot.assignments.items():
@@ -46,7 +46,7 @@ def waiting_preemptors(snapshot: ClusterSnapshot) -> dict[str, Waiting]:
         node, victims = found.setdefault(owner, (assignment.node, []))
         if node == assignment.node:
             victims.append(wid)
-    return {owner: Waiting(node, tuple(sorted(victims)))
+    return {owner: WaitingPreemptor(node, tuple(sorted(victims)))
             for owner, (node, victims) in found.items()}
 
 

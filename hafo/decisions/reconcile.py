@@ -42,7 +42,7 @@ from hafo.decisions.placement_index import SignatureKey, signature
 from hafo.decisions.plan import FAILED_NODE_COOLDOWN, Action, Cause, Need, Plan
 from hafo.decisions.preemption import (
     Preemption,
-    Waiting,
+    WaitingPreemptor,
     choose_victims,
     reserve,
     victims_by_node,
@@ -214,7 +214,7 @@ def _strategy(name: str) -> Strategy:
     raise ValueError(f"unknown placement strategy {name!r} (spread or binpack)")
 
 
-def _requests(needs: list[Need], waiting: Mapping[str, Waiting],
+def _requests(needs: list[Need], waiting: Mapping[str, WaitingPreemptor],
               capacity: Mapping[str, NodeCapacity]) -> list[PlacementRequest]:
     """The needs' requests; a preemptor waiting for its victims gets the room held for it
     (in priority order, so several on one node share it deterministically)."""
@@ -231,7 +231,7 @@ class _Preempting:
     room it makes before lower-priority work is placed."""
 
     def __init__(self, snapshot: ClusterSnapshot, settled: list[str],
-                 capacity: Mapping[str, NodeCapacity], waiting: Mapping[str, Waiting],
+                 capacity: Mapping[str, NodeCapacity], waiting: Mapping[str, WaitingPreemptor],
                  now: float) -> None:
         self.waiting = waiting
         self.now = now
@@ -271,7 +271,7 @@ def _victim_actions(snapshot: ClusterSnapshot,
 
 
 def _waiting_reason(wid: str, preemptions: Mapping[str, Preemption],
-                    waiting: Mapping[str, Waiting], releasing: set[str]) -> str | None:
+                    waiting: Mapping[str, WaitingPreemptor], releasing: set[str]) -> str | None:
     if wid in preemptions:
         node, count = preemptions[wid].node, len(preemptions[wid].victims)
     elif wid in waiting:

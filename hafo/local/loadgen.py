@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from hafo.stats import percentile
 from hafo.stopping import stop_on_signals
 
 __all__ = ["LoadResult", "NonLocalURLError", "Sample", "check_local_url", "main", "run_load"]
@@ -90,16 +91,6 @@ class Sample:
     def latency(self) -> float:
         """Seconds from sending to the end of the answer (or the error)."""
         return self.end - self.start
-
-
-def _percentile(ordered: Sequence[float], p: float) -> float:
-    """The ``p``-th percentile (0-100) of sorted values, by linear interpolation."""
-    if not ordered:
-        return math.nan
-    rank = (len(ordered) - 1) * min(max(p, 0.0), 100.0) / 100.0
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 @dataclass
@@ -161,13 +152,13 @@ class LoadResult:
     def latency(self, p: float, *, ok_only: bool = True) -> float:
         """The ``p``-th percentile (0-100) of the latency in seconds, of the successful
         requests (of all with ``ok_only=False``); NaN when there are none."""
-        values = sorted(s.latency for s in self.samples if s.ok or not ok_only)
-        return _percentile(values, p)
+        values = [s.latency for s in self.samples if s.ok or not ok_only]
+        return percentile(values, p, method="linear", empty=math.nan)
 
     def latencies(self, ps: Sequence[float] = (50, 90, 99)) -> dict[float, float]:
         """Latency percentiles (seconds) of the successful requests, by percentile."""
-        values = sorted(s.latency for s in self.samples if s.ok)
-        return {p: _percentile(values, p) for p in ps}
+        values = [s.latency for s in self.samples if s.ok]
+        return {p: percentile(values, p, method="linear", empty=math.nan) for p in ps}
 
     def summary(self) -> str:
         """A few lines for people."""

@@ -1,4 +1,4 @@
-"""The overlap check on progress logs and the chaos report's statistics (pure)."""
+"""The overlap check on progress logs (pure)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from hafo.chaos.invariants import percentile
 from hafo.local.progress import Overlap, history, overlaps
 
 
@@ -27,16 +26,6 @@ def line(workload: str, epoch: int, t: float) -> dict[str, Any]:
 def test_overlaps(lines: list[dict[str, Any]], expected: list[Overlap]) -> None:
     assert overlaps(lines) == expected
 
-
-@pytest.mark.parametrize(("values", "q", "expected"), [
-    ([], 0.5, 0.0),
-    ([3.0], 0.5, 3.0),
-    ([1.0, 2.0, 3.0, 4.0], 0.5, 2.0),
-    ([1.0, 2.0, 3.0, 4.0], 0.95, 4.0),
-    ([4.0, 1.0, 3.0, 2.0], 1.0, 4.0),
-])
-def test_percentile(values: list[float], q: float, expected: float) -> None:
-    assert percentile(values, q) == expected
 
 
 def logged(workload: str, epoch: int, t: float, pid: int) -> dict[str, Any]:

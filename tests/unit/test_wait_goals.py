@@ -1,4 +1,4 @@
-"""What ``--wait`` waits for (``hafo.decisions.waiting``), and how its lines look
+"""What ``--wait`` waits for (``hafo.decisions.wait_goals``), and how its lines look
 (``hafo.commands.wait``): table-driven over snapshots built in code."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from hafo.commands.wait import (
     final_line,
     renderer_for,
 )
-from hafo.decisions.waiting import (
+from hafo.decisions.wait_goals import (
     DrainGoal,
     MigrateGoal,
     SubmitGoal,
