@@ -1,10 +1,12 @@
 """What the agent, the controller, the API and the CLI need from a store: the boundary.
 
-``hafo.store.client.EtcdStore`` is the implementation over etcd; ``hafo.store.memory.
-MemoryStore`` keeps everything in one process, with leases that expire on an injected clock,
-for fast tests of the daemons' loops (``tests/unit/test_loops_in_memory.py``). Code above the
-store layer types its store as ``Store``; the records it exchanges (``KV``, ``WatchEvent``,
-``Resync``, ``Compare``, ``Put``, ``Delete``, ``Get``, ``TxnResult``) are plain data.
+``hafo.store.client.EtcdStore`` is the implementation over etcd (tested against a real etcd:
+``tests/integration/test_store.py``); ``hafo.store.memory.MemoryStore`` keeps everything in
+one process, with leases that expire on an injected clock, for fast tests of the daemons'
+loops (``tests/unit/test_agent_loop_virtual.py``, ``tests/unit/test_controller_loop_virtual.py``,
+``tests/unit/test_lease_keeper_virtual.py``). Code above the store layer types its store as
+``Store``; the records it exchanges (``KV``, ``WatchEvent``, ``Resync``, ``Compare``, ``Put``,
+``Delete``, ``Get``, ``TxnResult``: ``hafo.store.records``) are plain data.
 
 Semantics both implementations keep (etcd's): every write gets the next revision; a key's
 ``create_revision`` is 0 while it does not exist; a lease's keys are deleted when it expires
@@ -18,7 +20,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
-from hafo.store.client import KV, Compare, Delete, Get, Put, Resync, TxnResult, WatchEvent
+from hafo.store.records import KV, Compare, Delete, Get, Put, Resync, TxnResult, WatchEvent
 
 Observer = Callable[[float, BaseException | None], None]
 
