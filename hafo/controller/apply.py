@@ -80,12 +80,12 @@ async def _txn_parts(keys: Keys, events: EventLog, action: Action,
 
 def _log_applied(action: Action, revision: int) -> None:
     """The controller's one line per decision (docs/design.md, "Rules of the house"): what
-    (``kind``), the cause it was taken for (``cause``, as in the data: ``Cause``), why in words
+    (``action``), the cause it was taken for (``cause``, as in the data: ``Cause``), why in words
     (``why``), and where."""
     node = action.assignment.node if action.assignment else None
     base = action.assignment.epoch_base if action.assignment else 0
     epoch = revision + base if action.kind == "place" else None
-    log.info("decision", kind=action.kind, cause=str(action.cause), why=action.why,
+    log.info("decision", action=action.kind, cause=str(action.cause), why=action.why,
              workload=action.workload, node=node, epoch=epoch)
 
 
@@ -97,7 +97,7 @@ async def apply_action(election: Election, keys: Keys, events: EventLog, action:
     guards, ops = await _txn_parts(keys, events, action, previous_nodes, down)
     result = await election.fenced(guards, ops)
     if not result.succeeded:
-        log.info("decision skipped: state moved on", kind=action.kind,
+        log.info("decision skipped: state moved on", action=action.kind,
                  cause=str(action.cause), workload=action.workload)
         return None
     _log_applied(action, result.revision)
@@ -214,10 +214,10 @@ async def apply_replica_changes(election: Election, keys: Keys, events: EventLog
                       workload=change.replica, message=change.why)
         result = await election.fenced(compares, [await events.put_op(event), *ops])
         if result.succeeded:
-            log.info("replica change", kind=change.kind, why=change.why,
+            log.info("replica change", action=f"replica-{change.kind}", why=change.why,
                      workload=change.replica, service=change.service)
             highest = max(highest, result.revision)
         else:
-            log.info("replica change skipped: state moved on", kind=change.kind,
+            log.info("replica change skipped: state moved on", action=f"replica-{change.kind}",
                      workload=change.replica, service=change.service)
     return highest
