@@ -14,9 +14,9 @@ Each exception is in ``ALLOWED``, with why.
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-HAFO = Path(__file__).resolve().parents[2] / "hafo"
+from tests.unit.house_rules import name_of, scan_hafo, unexplained
+
 HELPER = "retry.py"  # hafo/retry.py: the helper itself
 
 SLEEPS = {"sleep", "wait_event"}
@@ -40,20 +40,13 @@ ALLOWED: dict[tuple[str, str, str], str] = {
 }
 
 
-def _name(node: ast.AST) -> str:
-    if isinstance(node, ast.Attribute):
-        return node.attr
-    if isinstance(node, ast.Name):
-        return node.id
-    return ""
-
 
 def _is_sleep(node: ast.AST) -> bool:
-    return isinstance(node, ast.Call) and _name(node.func) in SLEEPS
+    return isinstance(node, ast.Call) and name_of(node.func) in SLEEPS
 
 
-def _delay_name(node: ast.AST) -> bool:
-    name = _name(node).lower()
+def _delayname_of(node: ast.AST) -> bool:
+    name = name_of(node).lower()
     return any(word in name for word in DELAY_WORDS)
 
 
@@ -66,10 +59,10 @@ def _grows(node: ast.AST) -> bool:
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
         return _is_two(node.left) and not isinstance(node.right, ast.Constant)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
-        return ((_is_two(node.right) and _delay_name(node.left))
-                or (_is_two(node.left) and _delay_name(node.right)))
+        return ((_is_two(node.right) and _delayname_of(node.left))
+                or (_is_two(node.left) and _delayname_of(node.right)))
     return (isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Mult)
-            and _delay_name(node.target))
+            and _delayname_of(node.target))
 
 
 def _walk_here(node: ast.AST) -> list[ast.AST]:
@@ -103,35 +96,23 @@ def scan(source: str) -> list[tuple[str, int, str]]:
             elif _grows(node):
                 found.append((where, node.lineno, "growth"))
             elif (isinstance(node, ast.For) and isinstance(node.iter, ast.Call)
-                    and _name(node.iter.func) == "range"
-                    and any(w in _name(node.target).lower() for w in ATTEMPT_WORDS)
+                    and name_of(node.iter.func) == "range"
+                    and any(w in name_of(node.target).lower() for w in ATTEMPT_WORDS)
                     and any(isinstance(n, ast.Try) for n in _walk_here(node))):
                 found.append((where, node.lineno, "attempts"))
     return sorted(set(found), key=lambda f: (f[1], f[2]))
 
 
-def hand_written() -> dict[tuple[str, str, str], list[int]]:
-    found: dict[tuple[str, str, str], list[int]] = {}
-    for path in sorted(HAFO.rglob("*.py")):
-        relative = path.relative_to(HAFO).as_posix()
-        if relative == HELPER:
-            continue
-        for where, line, rule in scan(path.read_text()):
-            found.setdefault((relative, where, rule), []).append(line)
-    return found
-
 
 def test_no_retry_loop_is_written_by_hand_outside_hafo_retry() -> None:
-    found = hand_written()
-    unexplained = {f"hafo/{p}:{lines[0]} in {f}(): {rule}" for (p, f, rule), lines
-                   in found.items() if (p, f, rule) not in ALLOWED}
-    assert not unexplained, (
+    by_hand = unexplained(scan_hafo(scan, HELPER), ALLOWED)
+    assert not by_hand, (
         "retry loops written by hand: use hafo.retry.Retry (or retry_call) with an explicit "
-        "RetryPolicy, or add the place to ALLOWED with why: " + "; ".join(sorted(unexplained)))
+        "RetryPolicy, or add the place to ALLOWED with why: " + "; ".join(by_hand))
 
 
 def test_every_allowed_exception_still_exists() -> None:
-    found = hand_written()
+    found = scan_hafo(scan, HELPER)
     assert [key for key in ALLOWED if key not in found] == []
 
 

@@ -14,9 +14,9 @@ cuts a proxy's links, ...) are not stop signals and are not checked.
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-HAFO = Path(__file__).resolve().parents[2] / "hafo"
+from tests.unit.house_rules import name_of, scan_hafo, unexplained
+
 HELPER = "stopping.py"  # hafo/stopping.py: the helper itself
 STOP = {"SIGTERM", "SIGINT"}
 
@@ -38,17 +38,10 @@ ALLOWED: dict[tuple[str, str, str], str] = {
 }
 
 
-def _name(node: ast.AST) -> str:
-    if isinstance(node, ast.Attribute):
-        return node.attr
-    if isinstance(node, ast.Name):
-        return node.id
-    return ""
-
 
 def _may_stop(node: ast.AST) -> bool:
     """Whether the signal argument is SIGTERM, SIGINT or not a named signal (a variable)."""
-    name = _name(node)
+    name = name_of(node)
     return name in STOP or not (name.startswith("SIG") and name.isupper())
 
 
@@ -59,7 +52,7 @@ def _rule(call: ast.Call) -> str | None:
     if isinstance(func, ast.Attribute) and func.attr == "add_signal_handler":
         return "async"
     if (isinstance(func, ast.Attribute) and func.attr == "signal"
-            and _name(func.value) == "signal"):
+            and name_of(func.value) == "signal"):
         return "sync"
     return None
 
@@ -82,28 +75,16 @@ def scan(source: str) -> list[tuple[str, int, str]]:
     return sorted(found, key=lambda f: f[1])
 
 
-def by_hand() -> dict[tuple[str, str, str], list[int]]:
-    found: dict[tuple[str, str, str], list[int]] = {}
-    for path in sorted(HAFO.rglob("*.py")):
-        relative = path.relative_to(HAFO).as_posix()
-        if relative == HELPER:
-            continue
-        for where, line, rule in scan(path.read_text()):
-            found.setdefault((relative, where, rule), []).append(line)
-    return found
-
-
 def test_no_stop_signal_is_handled_by_hand_outside_hafo_stopping() -> None:
-    unexplained = {f"hafo/{p}:{lines[0]} in {f}(): {rule}" for (p, f, rule), lines
-                   in by_hand().items() if (p, f, rule) not in ALLOWED}
-    assert not unexplained, (
+    by_hand = unexplained(scan_hafo(scan, HELPER), ALLOWED)
+    assert not by_hand, (
         "SIGTERM/SIGINT handled by hand: use hafo.stopping (stop_on_signals, "
         "cancel_on_signals, on_signals), or add the place to ALLOWED with why: "
-        + "; ".join(sorted(unexplained)))
+        + "; ".join(by_hand))
 
 
 def test_every_allowed_exception_still_exists() -> None:
-    found = by_hand()
+    found = scan_hafo(scan, HELPER)
     assert [key for key in ALLOWED if key not in found] == []
 
 

@@ -243,12 +243,18 @@ def test_drain_goal_remembers_the_epochs_on_the_node() -> None:
     assert drain_goal(before, "a", ["x", "y"]) == DrainGoal("a", {"x": 5, "y": 0})
 
 
-def test_a_drained_replica_is_replaced() -> None:
+def replaced_replica() -> tuple[Submission, Submission, Submission]:
+    """A one-replica service ``s``, its replica ``s.0`` and the replica ``s.1`` replacing it."""
     spec = make_spec("s", replicas=1)
     service = Submission(id="s", spec=spec, submitted_at=0.0)
     old = Submission(id="s.0", spec=spec.template, submitted_at=0.0, service="s")
     new = Submission(id="s.1", spec=spec.template, submitted_at=1.0, service="s",
                      replaces="s.0")
+    return service, old, new
+
+
+def test_a_drained_replica_is_replaced() -> None:
+    service, old, new = replaced_replica()
     goal = DrainGoal("a", {"s.0": 5})
     starting = snap([service, old, new], [placed("s.0", "a", epoch=5), placed("s.1", "b",
                                                                                 epoch=8)],
@@ -315,11 +321,7 @@ def test_a_gang_member_moves_off_its_node() -> None:
 
 
 def test_a_replica_is_done_when_its_replacement_is_ready() -> None:
-    spec = make_spec("s", replicas=1)
-    service = Submission(id="s", spec=spec, submitted_at=0.0)
-    old = Submission(id="s.0", spec=spec.template, submitted_at=0.0, service="s")
-    new = Submission(id="s.1", spec=spec.template, submitted_at=1.0, service="s",
-                     replaces="s.0")
+    service, old, new = replaced_replica()
     goal = MigrateGoal("s.0", "a", 5)
     base = [placed("s.0", "a", epoch=5)]
     assert outcome(goal, snap([service, old], base, moves=[MoveRequest("s.0")])) == (
