@@ -105,13 +105,31 @@ TIMING_MODULES = frozenset({
 })
 
 
+def shares_a_module_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses a fixture of module scope defined in its own module (a cluster
+    its module's tests share)."""
+    info = getattr(item, "_fixtureinfo", None)
+    module = getattr(getattr(item, "module", None), "__name__", None)
+    for definitions in (info.name2fixturedefs.values() if info is not None else ()):
+        for definition in definitions:
+            if (definition.scope == "module"
+                    and getattr(definition.func, "__module__", None) == module):
+                return True
+    return False
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Integration tests carry the 'slow' marker, and the timing modules' the 'timing' one."""
+    """Integration tests carry the 'slow' marker, and the timing modules' the 'timing' one.
+    The tests of a module that share a module-scoped fixture (a cluster) form one xdist group:
+    with ``--dist loadgroup`` they run on one worker, which starts that cluster once."""
     for item in items:
         if "integration" in str(item.fspath):
             item.add_marker(pytest.mark.slow)
-            if Path(str(item.fspath)).stem in TIMING_MODULES:
+            stem = Path(str(item.fspath)).stem
+            if stem in TIMING_MODULES:
                 item.add_marker(pytest.mark.timing)
+            if shares_a_module_fixture(item):
+                item.add_marker(pytest.mark.xdist_group(stem))
 
 
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
