@@ -61,7 +61,12 @@ ETCD_ELECTION = 0.5
 def _spread(cluster: DeployedCluster, prefix: str) -> dict[str, Instance]:
     """One 2-GPU workload per machine (each machine has 2 GPUs): machine -> its instance."""
     ids = [cluster.submit(f"{prefix}{n}", gpus=2) for n in range(len(cluster.lab.machines))]
-    found = {wid: cluster.watcher.one_live(wid) for wid in ids}
+    try:
+        found = {wid: cluster.watcher.one_live(wid) for wid in ids}
+    except AssertionError as exc:  # say what the controller thinks of them, and of the nodes
+        views = [cluster.request("GET", f"/v1/workloads/{wid}") for wid in ids]
+        raise AssertionError(f"{exc}\nworkloads: {views}\nnodes: "
+                             f"{cluster.request('GET', '/v1/nodes')}") from None
     return {i.machine: i for i in found.values()}
 
 

@@ -70,6 +70,9 @@ class Watcher:
     interval: float = 0.05
     instances: dict[tuple[str, str, int], Instance] = field(default_factory=dict)
     overlaps: list[str] = field(default_factory=list)
+    #: Scans that raised (the last few): a scan that fails is retried at the next interval,
+    #: and a wait that times out says so (the thread never dies silently).
+    errors: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -87,7 +90,11 @@ class Watcher:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.scan()
+            try:
+                self.scan()
+            except Exception as exc:  # any failure of one scan: say it, scan again
+                with self._lock:
+                    self.errors = [*self.errors[-4:], f"{type(exc).__name__}: {exc}"]
             self._stop.wait(self.interval)
 
     def scan(self) -> None:
@@ -167,7 +174,12 @@ class Watcher:
         deadline = time.monotonic() + timeout
         while not predicate():
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+                alive = self._thread is not None and self._thread.is_alive()
+                with self._lock:
+                    errors = list(self.errors)
+                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}"
+                                     + ("" if alive else " (the watcher thread is not running)")
+                                     + (f"; scans failed: {errors}" if errors else ""))
             time.sleep(0.05)
 
     def one_live(self, workload: str, timeout: float = 60,

@@ -105,6 +105,12 @@ TIMING_MODULES = frozenset({
 })
 
 
+# The modules that run torch gangs (several torch processes each, CPU-bound): one worker runs
+# them one after the other (xdist group ``torch-gangs``), so that on 2 cores two gangs do not
+# starve each other (their steps then took seconds; measured: three gang tests timed out).
+TORCH_GANG_MODULES = frozenset({"test_ddp_example", "test_gangs", "test_gang_sharded"})
+
+
 def shares_a_module_fixture(item: pytest.Item) -> bool:
     """Whether the test uses a fixture of module scope defined in its own module (a cluster
     its module's tests share)."""
@@ -128,7 +134,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             stem = Path(str(item.fspath)).stem
             if stem in TIMING_MODULES:
                 item.add_marker(pytest.mark.timing)
-            if shares_a_module_fixture(item):
+            if stem in TORCH_GANG_MODULES:
+                item.add_marker(pytest.mark.xdist_group("torch-gangs"))
+            elif shares_a_module_fixture(item):
                 item.add_marker(pytest.mark.xdist_group(stem))
 
 

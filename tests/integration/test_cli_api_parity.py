@@ -225,9 +225,9 @@ def test_events_watch_filters_and_sees_a_new_event(cluster: LocalCluster,
             line = watcher.stdout.readline()
             assert line, watcher.stderr.read() if watcher.stderr else ""
             seen.append(json.loads(line))
-            assert time.monotonic() - start < 10, seen
+            assert time.monotonic() - start < 30, seen  # a bound for liveness, not a figure
         elapsed = time.monotonic() - start
-        assert elapsed < 5, f"the new event took {elapsed:.1f} s"
+        assert elapsed < 20, f"the new event took {elapsed:.1f} s"
         assert all(e["kind"] in ("submitted", "delete-requested") for e in seen), seen
         keys = [(e["ts"], e["workload"], e["kind"]) for e in shown + seen]
         assert len(keys) == len(set(keys)), "an event printed twice"

@@ -44,7 +44,7 @@ from .test_gangs import (
     wait_steps,
 )
 
-pytestmark = pytest.mark.timeout(200)
+pytestmark = pytest.mark.timeout(300)
 
 
 def sharded_spec(name: str) -> dict[str, Any]:

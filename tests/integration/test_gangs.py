@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from hafo.local.cluster import LocalCluster
 from hafo.local.procs import descendants
 from hafo.model.cluster import ClusterSnapshot
@@ -28,6 +30,7 @@ from .helpers import assert_never_two_copies
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 SPARE = "spare-1"
+pytestmark = pytest.mark.timeout(300)  # a bound for liveness: torch gangs on 2 busy cores
 
 
 def ddp_spec(name: str, nodes: int, **extra: Any) -> dict[str, Any]:
@@ -65,8 +68,9 @@ def steps(cluster: LocalCluster, wid: str, epoch: int | None = None) -> list[dic
 
 
 async def wait_steps(cluster: LocalCluster, wid: str, epoch: int, count: int,
-                     timeout: float = 60) -> list[dict[str, Any]]:
-    """Until rank 0 of ``epoch`` logged ``count`` steps."""
+                     timeout: float = 150) -> list[dict[str, Any]]:
+    """Until rank 0 of ``epoch`` logged ``count`` steps (a bound for liveness, not a figure:
+    beside other workers on 2 cores a torch gang's step can take seconds)."""
     await cluster.wait_for(lambda s: len([x for x in steps(cluster, wid, epoch)
                                           if x["rank"] == 0]) >= count,
                            timeout, what=f"{count} steps of epoch {epoch}")
