@@ -136,7 +136,7 @@ def test_every_example_runs_as_shipped_on_hafo_dev(dev_processes: list[DevProces
         _, err = proc.communicate(timeout=SUBMIT_TIMEOUT + 30)
         assert proc.returncode == 0, f"hafo submit examples/{name}: {proc.returncode}\n{err}"
     waiting = dict(SHIPPED)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120  # a bound for liveness: torch jobs on 2 busy cores
     while waiting:
         now = views(env)
         for name, (workload, shows, _) in list(waiting.items()):
@@ -146,6 +146,8 @@ def test_every_example_runs_as_shipped_on_hafo_dev(dev_processes: list[DevProces
                 f"{view['reason']}\n{view['stderr_tail']}"
             if shows(view):
                 del waiting[name]
+        if not waiting:
+            break  # the last one showed progress in this round, however late it came
         assert time.monotonic() < deadline, "no progress: " + ", ".join(
             f"examples/{n} ({what})" for n, (_, _, what) in waiting.items())
         time.sleep(0.5)
