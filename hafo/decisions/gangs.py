@@ -19,6 +19,7 @@ are stopped, a member's node is down, the restart is not counted.
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections.abc import Mapping
 
 from hafo.decisions.failures import AfterFailure, after_failure, uncounted_backoff
@@ -260,13 +261,16 @@ def gang_ports(snapshot: ClusterSnapshot) -> dict[str, set[int]]:
     return used
 
 
-def master_port(revision: int, rank0: str, previous: int, used: Mapping[str, set[int]]) -> int:
+def master_port(revision: int, rank0: str, previous: int, used: Mapping[str, set[int]],
+                workload: str = "") -> int:
     """A rendezvous port for a new gang epoch whose rank 0 runs on ``rank0``: never the gang's
     previous one (``previous``), nor one another gang uses with rank 0 on that node (``used``:
     ``gang_ports`` plus those given this cycle). Scans from a point that moves with the store
-    ``revision``."""
+    ``revision`` and depends on the ``workload``, so that two gangs placed at the same
+    revision (by two clusters whose nodes share one host's ports, as the local harness's do)
+    do not start from the same port; every controller still decides alike."""
     taken = used.get(rank0, set()) | {previous}
-    start = revision % GANG_PORT_COUNT
+    start = (revision + zlib.crc32(workload.encode())) % GANG_PORT_COUNT
     for offset in range(GANG_PORT_COUNT):
         port = GANG_PORT_FIRST + (start + offset) % GANG_PORT_COUNT
         if port not in taken:

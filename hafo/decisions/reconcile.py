@@ -345,7 +345,7 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
             port = 0
             if result.members:
                 previous_port = need.previous.master_port if need.previous else 0
-                port = master_port(snapshot.revision, result.node, previous_port, ports)
+                port = master_port(snapshot.revision, result.node, previous_port, ports, wid)
                 ports.setdefault(result.node, set()).add(port)
             new = Assignment(workload=wid, phase="placed", node=result.node, gpus=result.gpus,
                              restarts=need.restarts, restart_times=need.restart_times,

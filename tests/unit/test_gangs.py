@@ -11,7 +11,7 @@ import pytest
 
 from hafo.agent.rendezvous import gang_env
 from hafo.decisions.drain import workloads_to_drain
-from hafo.decisions.gangs import GANG_PORT_COUNT, GANG_PORT_FIRST
+from hafo.decisions.gangs import GANG_PORT_COUNT, GANG_PORT_FIRST, master_port
 from hafo.decisions.moves import move_refusal
 from hafo.decisions.observed import Observations
 from hafo.decisions.plan import Cause
@@ -493,3 +493,15 @@ def test_a_gang_waiting_to_be_placed_again_keeps_its_survivors_ranks() -> None:
     assert (again.kind, nodes_of(again)) == ("place", ["a", "s", "c"])
     assert again.assignment is not None
     assert again.assignment.master_port != moving.master_port
+
+
+def test_two_gangs_placed_at_one_revision_start_from_different_ports() -> None:
+    """Two clusters whose nodes share one host's ports (the local harness) place gangs at the
+    same revision: their rendezvous ports differ (they collided: EADDRINUSE, a counted
+    restart). The choice stays a function of the snapshot: every controller decides alike."""
+    first = master_port(17, "node-1", 0, {}, "ddp-drain-1bd38f")
+    second = master_port(17, "node-1", 0, {}, "sharded-power-a81c02")
+    assert first != second
+    assert first == master_port(17, "node-1", 0, {}, "ddp-drain-1bd38f")
+    assert all(GANG_PORT_FIRST <= p < GANG_PORT_FIRST + GANG_PORT_COUNT for p in (first, second))
+    assert master_port(17, "node-1", first, {}, "ddp-drain-1bd38f") != first  # never the last one
