@@ -38,6 +38,7 @@ async def test_put_get_txn_roundtrip(store: EtcdStore, keys: Keys) -> None:
     assert [k.key for k in kvs] == [key] and revision >= result.revision
 
 
+@pytest.mark.timing  # its bounds are the fencing slack's (1 s): alone, in the timing lane
 async def test_after_a_warm_up_a_frozen_member_costs_no_new_connection(
         etcd3: EtcdCluster) -> None:
     """The spare connections to the other members are made before they are needed
