@@ -207,7 +207,6 @@ def main() -> int:
     """Run the lanes named in HAFO_TEST_LANES (default all); exit non-zero if one failed."""
     OUT.mkdir(parents=True, exist_ok=True)
     become_subreaper()
-    compile_sources()
     every = lanes(int(os.environ.get("HAFO_TEST_WORKERS", "3")))
     for lane in every.values():
         lane.args += sys.argv[1:]  # e.g. -k EXPR, -x: to every lane
@@ -218,6 +217,7 @@ def main() -> int:
         print(f"HAFO_TEST_LANES: unknown lane(s) {', '.join(unknown)}; the lanes are "
               f"{', '.join(every)}", file=sys.stderr)
         return 2
+    compile_sources()
     stopping: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -262,7 +262,7 @@ def gang_ports(snapshot: ClusterSnapshot) -> dict[str, set[int]]:
 
 
 def master_port(revision: int, rank0: str, previous: int, used: Mapping[str, set[int]],
-                workload: str = "") -> int:
+                workload: str) -> int:
     """A rendezvous port for a new gang epoch whose rank 0 runs on ``rank0``: never the gang's
     previous one (``previous``), nor one another gang uses with rank 0 on that node (``used``:
     ``gang_ports`` plus those given this cycle). Scans from a point that moves with the store
