@@ -24,7 +24,8 @@ own children: a child's pid cannot be reused before this process reaps it.
 ``HAFO_TEST_LANES=unit,integration`` runs only the lanes named (arguments go to every
 lane's pytest); ``HAFO_TEST_WORKERS`` sets
 the integration lane's workers (default 3). The lanes' output and JUnit reports are kept in
-``build/test-lanes/``; the slowest 25 tests of the whole run are printed at the end.
+``build/test-lanes/``; the slowest 25 tests of the whole run, then each failed test with its
+message's head and tail, are printed at the end.
 """
 
 from __future__ import annotations
@@ -203,6 +204,33 @@ def slowest(names: list[str], count: int = 25) -> list[tuple[float, str]]:
     return sorted(cases, reverse=True)[:count]
 
 
+def failures(names: list[str], head: int = 900, tail: int = 600) -> list[str]:
+    """Each failed or errored test case of the lanes' JUnit reports, with the head and the
+    tail of its message: the run's last lines then say what failed and why, where a log
+    viewer shows only the end of a long output (CI)."""
+    found: list[str] = []
+    for name in names:
+        path = OUT / f"{name}.xml"
+        try:
+            tree = ET.parse(path)
+        except (OSError, ET.ParseError):
+            continue
+        for case in tree.iter("testcase"):
+            for outcome in [*case.iter("failure"), *case.iter("error")]:
+                label = f"{case.get('classname', '')}::{case.get('name', '')}"
+                # The report's text is the whole traceback; its "E" lines say what failed
+                # (the message attribute is cut short by pytest).
+                full = outcome.text or outcome.get("message") or ""
+                said = [line[1:].strip() for line in full.splitlines() if line.startswith("E ")]
+                text = ("\n".join(said) if said else full).strip()
+                if len(text) > head + tail + 20:
+                    text = f"{text[:head]}\n  [... {len(text) - head - tail} characters ...]\n" \
+                           f"{text[-tail:]}"
+                found.append(f"[{name}] {label} ({outcome.tag}):\n" + "\n".join(
+                    f"    {line}" for line in text.splitlines()))
+    return found
+
+
 def main() -> int:
     """Run the lanes named in HAFO_TEST_LANES (default all); exit non-zero if one failed."""
     OUT.mkdir(parents=True, exist_ok=True)
@@ -266,6 +294,11 @@ def main() -> int:
     print("\n[lanes] slowest 25 tests:", flush=True)
     for seconds, label in slowest(chosen):
         print(f"  {seconds:8.2f}s  {label}")
+    failed = failures(chosen)
+    if failed:
+        print(f"\n[lanes] {len(failed)} failed test(s):", flush=True)
+        for text in failed:
+            print(text, flush=True)
     total = time.monotonic() - began
     print("\n[lanes] " + ", ".join(f"{n} exit {done.get(n, 'stopped')} "
                                    f"({every[n].wall:.0f} s)" for n in chosen)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 import structlog
@@ -25,7 +25,7 @@ from hafo.agent.lease_record import (
 from hafo.decisions.claim import ClaimView, decide_claim
 from hafo.model.cluster import Event, Liveness
 from hafo.retry import Retry, RetryPolicy
-from hafo.store import TRANSIENT, Compare, EventLog, Get, Keys, LeaseKeeper, Put, Store, codec
+from hafo.store import KV, TRANSIENT, Compare, EventLog, Get, Keys, LeaseKeeper, Put, Store, codec
 
 log = structlog.get_logger("hafo.agent")
 
@@ -189,8 +189,8 @@ class NodeClaim:
         liveness = Liveness(node=self.name, lease=lease, since=time.time(),
                             claimed=self.claimed)
         result = await self.store.txn(
-            compares, [Put(alive, codec.encode(liveness.to_dict()), lease=lease)])
-        if not result.succeeded:
+            compares, [Put(alive, codec.encode(liveness.to_dict()), lease=lease)], [Get(alive)])
+        if not result.succeeded and not self._held_by(result.reads, lease):
             return False
         self._save_record(lease, self.claimed)
         await self.keeper.publish()
@@ -198,6 +198,15 @@ class NodeClaim:
                     "guards kept", node=self.name, lease=f"{lease:x}", claimed=self.claimed,
                     instances=len(workloads))
         return True
+
+    def _held_by(self, reads: Sequence[KV | None], lease: int) -> bool:
+        """The liveness key read in a failed resume is held by ``lease``, the one that resume
+        put it with: an earlier try of the same resume committed although its answer was lost
+        (a timeout as etcd came back from a stall), and retrying it found its own key. Nobody
+        else puts a key with our lease, and no controller moved our work since: its move
+        requires the name unheld, which our committed try made it not."""
+        current = reads[0] if reads else None
+        return current is not None and current.lease == lease
 
     async def ensure_alive_key(self) -> int:
         """Put our liveness key back if it is missing (deleted by hand while our lease lives);

@@ -423,13 +423,19 @@ class Agent:
             seen_at = self.assignments.revision
             resumed = False
             # Tried until the published deadline (the loop's condition): every 0.1 s at most.
+            # Meanwhile the controllers' promises still move that deadline on (rule 2).
             retry = Retry("node resume", RESUME_POLICY, logger=log, node=self.name)
-            while self.keeper.clock() < self.published_deadline:
-                try:
-                    resumed = await self.claim.resume(live, seen_at)
-                    break
-                except TRANSIENT as exc:
-                    await retry.failed(exc)
+            covering = asyncio.ensure_future(self._cover_while_resuming())
+            try:
+                while self.keeper.clock() < self.published_deadline:
+                    try:
+                        resumed = await self.claim.resume(live, seen_at)
+                        break
+                    except TRANSIENT as exc:
+                        await retry.failed(exc)
+            finally:
+                covering.cancel()
+                await asyncio.gather(covering, return_exceptions=True)
             retry.succeeded()
             if not resumed:
                 return False
@@ -437,6 +443,27 @@ class Agent:
                 "node-resumed", f"{self.name} {why} and holds the node again with a new lease; "
                 f"its {len(live)} instance(s) kept their processes and epochs", acquire=False)
             return True
+
+    async def _cover_while_resuming(self) -> None:
+        """While a resume retries on an etcd that has just come back (busy with a backlog, a
+        raft election, every daemon reconnecting at once), go on asking the controllers: each
+        that answers "recovering" (or "unavailable") holds its failovers for its hold from
+        that answer (rule 5), so the guards' deadline may move on with it, exactly as it did
+        through the stall. Without this, a resume had only the last promise's hold (about a
+        lease TTL) after the stall to commit, and a slow one fenced work the stall was meant
+        to leave alone. Cancelled when the resume ends."""
+        heartbeat = self.config.timing.heartbeat
+        while True:
+            started = self.keeper.clock()
+            try:
+                left = await self.failsafe.confirm(heartbeat)
+            except Exception as exc:  # a bug in a round must not end the resume's cover
+                log.error("failsafe round failed", node=self.name, error=repr(exc))
+                left = None
+            if left is not None and self.keeper.clock() + left > self.published_deadline:
+                self._publish_deadline(self.keeper.clock() + left)
+            await asyncio.sleep(max(0.0, min(0.5, heartbeat / 2)
+                                    - (self.keeper.clock() - started)))
 
     async def _watch_identity(self) -> None:
         """Notice at once when our liveness key or node record disappears while our lease

@@ -136,6 +136,62 @@ def test_a_lost_lease_that_cannot_resume_fences_and_registers_again(tmp_path: Pa
     _lost_lease_scenario(tmp_path, resumable=False)
 
 
+def _slow_resume_scenario(tmp_path: Path, promised: bool) -> tuple[bool, bool]:
+    """The lease lost; etcd, just back from a stall, leaves the resume unanswered for three
+    TTLs. Returns (resumed with the same registration, the guards' deadline ever passed
+    before the resume)."""
+    outcome: list[bool] = []
+
+    async def main() -> None:
+        store, agent, task = await registered_agent(tmp_path)
+        old, claimed = agent.keeper.lease_id, agent.claim.claimed
+        assert old is not None
+        loop = asyncio.get_running_loop()
+        real_resume, slow_until = agent.claim.resume, loop.time() + 3 * TTL
+
+        async def answered_late(workloads: Any, seen_at: int) -> bool:
+            if loop.time() < slow_until:
+                await asyncio.sleep(0.5)
+                raise TimeoutError("etcd is busy")
+            return await real_resume(workloads, seen_at)
+
+        async def every_controller(timeout: float) -> float | None:
+            return 2.0 if promised else None  # each answered "recovering", or not
+
+        agent.claim.resume = answered_late  # type: ignore[method-assign]
+        agent.failsafe.confirm = every_controller  # type: ignore[method-assign]
+        passed = False
+
+        async def new_or_deadline_passed() -> int | None:
+            nonlocal passed
+            passed = passed or loop.time() >= read_deadline(agent.state_dir / FENCE_FILE)
+            return await new_holder(store, agent, old)
+
+        await store.revoke_lease(old)
+        await wait_for(new_or_deadline_passed, 6 * TTL)
+        saved = read_record(agent.state_dir)
+        assert saved is not None
+        outcome.extend([saved.claimed == claimed, passed])
+        await stop(task)
+        await agent.close()
+
+    run(main)
+    return outcome[0], outcome[1]
+
+
+def test_a_slow_resume_is_covered_by_the_controllers_promises(tmp_path: Path) -> None:
+    """Each controller answers "recovering" after a stall and holds its failovers meanwhile:
+    the guards' deadline moves on with those promises while the resume retries, so a resume
+    slower than a TTL still keeps the work (it fenced the node's work in CI's 60 s stall)."""
+    assert _slow_resume_scenario(tmp_path, promised=True) == (True, False)
+
+
+def test_a_slow_resume_without_promises_fences_at_the_deadline(tmp_path: Path) -> None:
+    """No controller promises anything: the deadline is not moved, the guards' deadline
+    passes, and the agent claims the node afresh (a new registration)."""
+    assert _slow_resume_scenario(tmp_path, promised=False) == (False, True)
+
+
 def test_a_lease_revoked_under_the_agent_resumes_at_once_not_at_the_next_keepalive(
         tmp_path: Path) -> None:
     """etcd before 3.5.11: a raft leader that stalled revokes, as it resumes, the leases it

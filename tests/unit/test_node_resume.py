@@ -119,3 +119,37 @@ def test_a_put_back_answered_after_a_resume_is_not_a_displacement(tmp_path: Path
         assert alive is not None and alive.lease == claim.keeper.lease_id != old
 
     asyncio.run(scenario())
+
+
+def test_a_resume_whose_answer_was_lost_is_found_committed_when_retried(tmp_path: Path) -> None:
+    """As etcd comes back from a stall, the resume's transaction commits but its answer times
+    out; the agent tries again and finds the name held, by the lease it put it with: that is
+    its own committed resume, not someone else's hold (fencing the node's work then would
+    restart what the stall was meant to leave alone)."""
+    async def scenario() -> None:
+        store = MemoryStore()
+        claim, published, seen = await _node(store, tmp_path)
+        txn = store.txn
+
+        async def committed_then_timed_out(*args: object, **kwargs: object) -> object:
+            store.txn = txn  # type: ignore[method-assign]
+            await txn(*args, **kwargs)  # type: ignore[arg-type]
+            raise TimeoutError("the answer was lost")
+
+        store.txn = committed_then_timed_out  # type: ignore[method-assign]
+        try:
+            await claim.resume({"w"}, seen)
+        except TimeoutError:
+            pass
+        assert await claim.resume({"w"}, seen)  # the retry
+        alive = await store.get(KEYS.alive("n1"))
+        assert alive is not None and alive.lease == claim.keeper.lease_id
+        assert published
+        # a key held by a lease that is not ours is still refused
+        store2 = MemoryStore()
+        claim2, _published2, seen2 = await _node(store2, tmp_path / "b")
+        other, _ = await store2.grant_lease(3)
+        await store2.put(KEYS.alive("n1"), b"{}", lease=other)
+        assert not await claim2.resume({"w"}, seen2)
+
+    asyncio.run(scenario())
