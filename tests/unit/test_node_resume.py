@@ -6,6 +6,7 @@ and moved. On the in-memory store, no sleeps."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 from hafo.agent.claim import NodeClaim
@@ -137,10 +138,8 @@ def test_a_resume_whose_answer_was_lost_is_found_committed_when_retried(tmp_path
             raise TimeoutError("the answer was lost")
 
         store.txn = committed_then_timed_out  # type: ignore[method-assign]
-        try:
+        with contextlib.suppress(TimeoutError):
             await claim.resume({"w"}, seen)
-        except TimeoutError:
-            pass
         assert await claim.resume({"w"}, seen)  # the retry
         alive = await store.get(KEYS.alive("n1"))
         assert alive is not None and alive.lease == claim.keeper.lease_id
