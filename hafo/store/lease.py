@@ -27,6 +27,37 @@ Clock = Callable[[], float]
 WARM_SPARES_EVERY = 30.0
 
 
+#: How long past its own timeout a keepalive may take before the keeper stops waiting for it.
+#: A call's timeout bounds it only if its cancellation ends it at once: as etcd comes back
+#: from a stall, keepalives were seen answered 3 to 4 s after they were sent, their 1 s
+#: timeout notwithstanding, and while the keeper waited no failsafe question went out, so
+#: the guards' deadline lapsed with every controller still promising (chaos seed 11).
+HUNG_GRACE = 0.25
+
+
+async def bounded(call: Awaitable[int], limit: float) -> int:
+    """``call``'s result if it ends within ``limit`` seconds, else TimeoutError at once: a
+    call still running is cancelled and left to end in the background (its outcome is
+    retrieved and dropped), never waited for."""
+    task = asyncio.ensure_future(call)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=limit)
+    except BaseException:  # we are cancelled: so is the call, not waited for either
+        task.cancel()
+        task.add_done_callback(_drop_outcome)
+        raise
+    if task in done:
+        return task.result()
+    task.cancel()
+    task.add_done_callback(_drop_outcome)
+    raise TimeoutError(f"no answer in {limit:.2f} s")
+
+
+def _drop_outcome(task: asyncio.Future[int]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: an abandoned call's error is not worth a warning
+
+
 class LeaseLost(Exception):
     """etcd says the lease no longer exists (it expired or was revoked)."""
 
@@ -117,8 +148,9 @@ class LeaseKeeper:
         assert self.lease_id is not None, "grant() or adopt() first"
         sent = self.clock()
         send = self.store.keepalive_any if everywhere else self.store.keepalive
+        limit = timeout or self.heartbeat
         try:
-            ttl = await send(self.lease_id, timeout=timeout or self.heartbeat)
+            ttl = await bounded(send(self.lease_id, timeout=limit), limit + HUNG_GRACE)
         except TRANSIENT as exc:
             log.warning("keepalive failed", error=type(exc).__name__,
                         fenced_in=round(self.deadline - self.clock(), 2))

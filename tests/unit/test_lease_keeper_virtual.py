@@ -159,3 +159,38 @@ def test_failsafe_confirmation_carries_the_lease_through_a_total_outage(
             await task
 
     run(main)
+
+
+def test_a_keepalive_that_outlasts_its_timeout_does_not_hold_back_the_failsafe() -> None:
+    """As etcd comes back from a stall, keepalives were answered 3 to 4 s after they were
+    sent although their timeout was 1 s. The keeper stops waiting at the timeout, so its
+    failsafe questions go on and the controllers' promises keep the lease valid."""
+    async def main() -> None:
+        store = MemoryStore()
+        lease = keeper(store, failsafe=True)
+        await lease.grant()
+        real = store.keepalive
+
+        async def unheeding(lease_id: int, timeout: float) -> int:
+            try:
+                return await real(lease_id, timeout)
+            except BaseException:  # a cancellation or timeout that takes 4 s to end
+                await asyncio.shield(asyncio.sleep(4.0))
+                raise
+
+        store.keepalive = unheeding  # type: ignore[method-assign]
+        store.keepalive_any = unheeding  # type: ignore[method-assign]
+        task = asyncio.create_task(lease.run())
+        await asyncio.sleep(3.0)
+        store.outage()
+        began = asyncio.get_running_loop().time()
+        invalid = await watch_validity(lease, began + 20.0)
+        store.restore()
+        invalid += await watch_validity(lease, began + 25.0)
+        assert invalid == []
+        assert not task.done()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    run(main)
