@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import structlog
 
@@ -20,6 +21,7 @@ from hafo.tasks import loop_time
 log = structlog.get_logger("hafo.lease")
 
 Clock = Callable[[], float]
+T = TypeVar("T")
 
 #: How often a lease holder proves its spare connections to the other etcd members (one
 #: keepalive through each): they are ready when the member in use dies, and an auth token
@@ -27,7 +29,8 @@ Clock = Callable[[], float]
 WARM_SPARES_EVERY = 30.0
 
 
-#: How long past its own timeout a keepalive may take before the keeper stops waiting for it.
+#: How long past its own timeout a keepalive (or a question to the members) may take before
+#: the keeper stops waiting for it.
 #: A call's timeout bounds it only if its cancellation ends it at once: as etcd comes back
 #: from a stall, keepalives were seen answered 3 to 4 s after they were sent, their 1 s
 #: timeout notwithstanding, and while the keeper waited no failsafe question went out, so
@@ -35,7 +38,7 @@ WARM_SPARES_EVERY = 30.0
 HUNG_GRACE = 0.25
 
 
-async def bounded(call: Awaitable[int], limit: float) -> int:
+async def bounded(call: Awaitable[T], limit: float) -> T:
     """``call``'s result if it ends within ``limit`` seconds, else TimeoutError at once: a
     call still running is cancelled and left to end in the background (its outcome is
     retrieved and dropped), never waited for."""
@@ -53,7 +56,7 @@ async def bounded(call: Awaitable[int], limit: float) -> int:
     raise TimeoutError(f"no answer in {limit:.2f} s")
 
 
-def _drop_outcome(task: asyncio.Future[int]) -> None:
+def _drop_outcome(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()  # retrieved: an abandoned call's error is not worth a warning
 
@@ -171,7 +174,11 @@ class LeaseKeeper:
         expiry) for TTL from before the check, move the deadline to (send time of the check
         + TTL - margin)."""
         sent = self.clock()
-        if await confirm(timeout):
+        try:  # the members' answers may come late too: the keeper's turn does not wait
+            proven = await bounded(confirm(timeout), timeout + HUNG_GRACE)
+        except TimeoutError:
+            return
+        if proven:
             await self._extend_from(sent, why)
 
     async def _extend_from(self, sent: float, why: str) -> None:
