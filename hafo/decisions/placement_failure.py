@@ -54,9 +54,8 @@ class NodesFiltered:
     @classmethod
     def tally(cls, counts: Mapping[NodeReason, int]) -> NodesFiltered:
         """From node counts per ``(rule, why)``; counts of zero or below are left out."""
-        return cls(tuple(Filtered(rule, why, n)
-                         for (rule, why), n in sorted(counts.items(), key=lambda kv: (kv[0][1], kv[0][0]))
-                         if n > 0))
+        ordered = sorted(counts.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+        return cls(tuple(Filtered(rule, why, n) for (rule, why), n in ordered if n > 0))
 
     def render(self) -> str:
         """``no node fits (3 node(s): label ..., 1 node(s): not enough ...)``."""

@@ -33,7 +33,7 @@ from hafo.decisions.preemption_policy import PRIORITY_ONLY, PreemptionPolicy
 from hafo.decisions.victims import Preemption, Victim, VictimIndex
 from hafo.model.cluster import ClusterSnapshot
 
-__all__ = ["Preemption", "Preempting", "Victim", "VictimIndex", "WaitingPreemptor",
+__all__ = ["Preempting", "Preemption", "Victim", "VictimIndex", "WaitingPreemptor",
            "choose_victims", "reserve", "victims_by_node", "waiting_preemptors"]
 
 

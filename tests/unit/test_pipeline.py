@@ -91,7 +91,8 @@ def gang_moving(**kwargs: Any) -> Assignment:
     pytest.param(one(status("w", "a")), {}, Settled(SettledReason.RUNNING), id="running"),
     pytest.param(one(status("w", "a", state="stopping", failing="check x")), {},
                  Settled(SettledReason.STOPPING), id="stopping"),
-    pytest.param(one(status("w", "a", state="exited", exit_code=3)),
+    pytest.param(one(status("w", "a", state="exited", exit_code=3),
+                     assignment=placed("w", "a", restarts=1, restart_times=(NOW - 30,))),
                  {"seen": Observations(ended={("w", "a", 10): NOW})},
                  Settled(SettledReason.BACKING_OFF, "exited with code 3"), id="backing-off"),
     pytest.param(one(status("w", "a", 10, "running"),
@@ -171,7 +172,7 @@ def test_priority_only(preempt: bool, priority: int, victim: int, preempts: bool
     policy = PriorityOnly()
     assert policy.preempts(request) is preempts
     assert policy.may_stop(request, Victim("v", victim, (0,))) is may_stop
-    assert PRIORITY_ONLY == policy
+    assert policy == PRIORITY_ONLY
 
 
 def full_cluster() -> ClusterSnapshot:
