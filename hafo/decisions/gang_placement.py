@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from hafo.decisions.placement_failure import GangShortage
 from hafo.decisions.placement_index import PlacementIndex, SignatureKey, signature
 from hafo.decisions.placement_rules import (
     NodeCapacity,
@@ -205,15 +206,14 @@ class GangPlacer:
                 picks.append(name)
         return picks
 
-    def _shortage(self, request: PlacementRequest, found: int, key: str | None) -> str:
+    def _shortage(self, request: PlacementRequest, found: int,
+                  key: str | None) -> GangShortage:
         spec = request.spec
-        what = (f"with {spec.gpus} free healthy {_qualified(spec, spec.gpus != 1)}"
-                if spec.gpus else "ready")
-        where = f" in one {key}" if key is not None else ""
-        held = f"; {len(self.index.held)} node(s) held for {self.holder}" \
-            if self.index.held and self.holder != request.workload else ""
-        return (f"gang of {spec.nodes}: only {found} of {spec.nodes} nodes {what}{where}"
-                f"{held}")
+        held = len(self.index.held) if self.index.held and self.holder != request.workload \
+            else 0
+        return GangShortage(members=spec.nodes, found=found, gpus=spec.gpus,
+                            kind=_qualified(spec, spec.gpus != 1), topology=key, held=held,
+                            holder=self.holder)
 
     def commit(self, placed: Placed) -> None:
         """Take every member's GPUs out of its node."""

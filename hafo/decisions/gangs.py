@@ -26,7 +26,7 @@ from hafo.decisions.failures import AfterFailure, after_failure, uncounted_backo
 from hafo.decisions.hardware import hardware_fault
 from hafo.decisions.observed import Observations
 from hafo.decisions.placement import PlacementRequest, Unplaceable, node_capacity, place_one
-from hafo.decisions.plan import Action, Cause, Need, move_cause
+from hafo.decisions.plan import Action, Cause, Need, Settled, SettledReason, move_cause
 from hafo.model.cluster import (
     PLANNED_CAUSES,
     Assignment,
@@ -85,17 +85,18 @@ def _uncounted(current: Assignment, member: Member, why: str, seen: Observations
 
 
 def assess_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
-                allow_failover: bool, seen: Observations | None = None) -> Action | None:
+                allow_failover: bool, seen: Observations | None = None) -> Action | Settled:
     """Decide for a placed gang: stop it (a member lost, failing, exited non-zero, on a bad
-    node or GPU), finish it (every member exited 0), or leave it. ``seen``: when this
-    controller saw each member's end (None: now)."""
+    node or GPU), finish it (every member exited 0), or leave it (``Settled``: why). ``seen``:
+    when this controller saw each member's end (None: now)."""
     seen = seen if seen is not None else Observations()
     wid = current.workload
     spec = snapshot.workloads[wid].spec
     down = [m.node for m in current.members if snapshot.node_state(m.node) == "down"]
     if down:
         if not allow_failover:
-            return None  # failsafe: an agent may still run a member on our word
+            # failsafe: an agent may still run a member on our word
+            return Settled(SettledReason.FAILSAFE, f"gang member's node {down[0]} is down")
         return stop_gang(current, f"gang member on {down[0]} lost (node down)",
                          Cause.MEMBER_LOST, urgent=False)
     for member in current.members:
@@ -141,7 +142,7 @@ def assess_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
         return Action(kind="finish", workload=wid, cause=Cause.COMPLETED,
                       why=f"every member of gang instance {current.epoch} exited 0",
                       expected_revision=current.revision, assignment=done)
-    return None
+    return Settled(SettledReason.RUNNING)
 
 
 def _hardware(snapshot: ClusterSnapshot, current: Assignment) -> Action | None:
@@ -169,14 +170,17 @@ def all_stopped(snapshot: ClusterSnapshot, current: Assignment) -> bool:
 
 
 def moved_off_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
-                   cooldown: float, resumes: str) -> Need | None:
+                   cooldown: float, resumes: str) -> Need | Settled:
     """Place a stopping gang again once every member is stopped (and its backoff passed):
     members whose node is down, or that leave their node, go elsewhere; the others keep their
-    node and rank."""
-    if not all_stopped(snapshot, current) or now < current.not_before:
-        return None
+    node and rank. ``Settled``: not yet, and why."""
+    if not all_stopped(snapshot, current):
+        return Settled(SettledReason.STOPPING, f"gang instance {current.stopping}")
+    if now < current.not_before:
+        return Settled(SettledReason.BACKING_OFF)
     if any(m.node in snapshot.expiring for m in current.members):
-        return None  # a member's node is about to be confirmed down: replace it, not keep it
+        # a member's node is about to be confirmed down: replace it, not keep it
+        return Settled(SettledReason.NODE_EXPIRING)
     wid = current.workload
     submission = snapshot.workloads[wid]
     down = tuple(m.node for m in current.members if snapshot.node_state(m.node) == "down")

@@ -23,7 +23,7 @@ from hafo.decisions.placement import (
     node_capacity,
     place_one,
 )
-from hafo.decisions.plan import Action, Cause, Need, move_cause
+from hafo.decisions.plan import Action, Cause, Need, Settled, SettledReason, move_cause
 from hafo.model.cluster import (
     PLANNED_CAUSES,
     Assignment,
@@ -151,16 +151,18 @@ def stop_then_place(current: Assignment, why: str, cause: Cause, *, urgent: bool
 
 
 def moved_off(snapshot: ClusterSnapshot, current: Assignment, now: float, cooldown: float,
-              checkpoints: Mapping[str, CheckpointInfo] | None = None) -> Need | None:
+              checkpoints: Mapping[str, CheckpointInfo] | None = None) -> Need | Settled:
     """Step 2 for a workload in phase ``moving``: place it once its instance has stopped
-    (and, after a failure, its backoff has passed)."""
+    (and, after a failure, its backoff has passed; ``Settled``: not yet, and why)."""
     node = current.node
     assert node is not None
     status = snapshot.statuses.get((current.workload, node))
     stopped = (snapshot.node_state(node) == "down" or status is None
                or status.epoch != current.stopping or status.state == "exited")
-    if not stopped or now < current.not_before:
-        return None
+    if not stopped:
+        return Settled(SettledReason.STOPPING, f"instance {current.stopping} on {node}")
+    if now < current.not_before:
+        return Settled(SettledReason.BACKING_OFF)
     submission = snapshot.workloads[current.workload]
     avoid = {n: t for n, t in current.avoid.items() if t > now}
     if current.after_stop == "restart":

@@ -4,13 +4,19 @@ The rules (filter, reasons, ``spread`` and ``binpack`` scores) are in
 ``hafo.decisions.placement_rules``; ``hafo.decisions.placement_index`` answers them in
 O(log nodes) per request, so a batch of 10,000 requests over 10,000 nodes takes well under a
 second. A workload being restarted in place prefers its own node.
+
+This is stage 3 of the reconcile pipeline, **place**: ``place_in_order`` tries the requests
+in the order stage 2 admitted them (``hafo.decisions.admission``), with a fallback for those
+that do not fit (preemption: ``hafo.decisions.preemption``, under its policy).
+``place_batch`` is the same for a plain collection of requests: admitted first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
+from hafo.decisions.admission import admit, batch_order
 from hafo.decisions.gang_placement import GangPlacer
 from hafo.decisions.placement_index import PlacementIndex
 from hafo.decisions.placement_rules import (
@@ -27,7 +33,7 @@ from hafo.model.cluster import ClusterSnapshot, NodeRecord
 
 __all__ = ["Fallback", "NodeCapacity", "Placed", "PlacementRequest", "Strategy", "Unplaceable",
            "batch_order", "capacity_from", "commit", "filter_reason", "gpu_matches",
-           "node_capacity", "place_batch", "place_one", "strategy_of"]
+           "node_capacity", "place_batch", "place_in_order", "place_one", "strategy_of"]
 
 
 def _empty(name: str, record: NodeRecord) -> NodeCapacity:
@@ -98,11 +104,6 @@ def commit(placed: Placed, capacity: Mapping[str, NodeCapacity]) -> None:
     _hold(capacity[placed.node], placed.gpus)
 
 
-def batch_order(requests: Iterable[PlacementRequest]) -> list[PlacementRequest]:
-    """Global order: higher priority first, then older submissions, then id."""
-    return sorted(requests, key=lambda r: (-r.spec.priority, r.submitted_at, r.workload))
-
-
 Fallback = Callable[[PlacementRequest, Unplaceable], Iterable[str]]
 
 
@@ -111,17 +112,30 @@ def place_batch(requests: Iterable[PlacementRequest], capacity: Mapping[str, Nod
                 unplaceable: Fallback | None = None,
                 spares: Mapping[str, NodeCapacity] | None = None,
                 ) -> dict[str, Placed | Unplaceable]:
-    """Place a batch in one global pass; the result does not depend on the input order.
-    ``strategy`` applies to requests whose spec does not choose one. Commits to
-    ``capacity``. ``unplaceable``, called in turn for each request that cannot be placed,
-    may take room out of ``capacity`` (preemption holds it for the request) and returns the
-    nodes it changed. Gangs are placed whole or not at all, ``spares`` (out of ``capacity``)
-    replacing their failed members first (``hafo.decisions.gang_placement``)."""
+    """Place a batch in one global pass; the result does not depend on the input order (the
+    requests are admitted first, ``hafo.decisions.admission.admit``, then placed in that
+    order: ``place_in_order``, which says what the other arguments mean)."""
+    return place_in_order(admit(requests).requests, capacity, now, strategy, unplaceable,
+                          spares)
+
+
+def place_in_order(requests: Sequence[PlacementRequest],
+                   capacity: Mapping[str, NodeCapacity], now: float,
+                   strategy: Strategy = "spread", unplaceable: Fallback | None = None,
+                   spares: Mapping[str, NodeCapacity] | None = None,
+                   ) -> dict[str, Placed | Unplaceable]:
+    """Place ``requests`` in one pass, in the order given (stage 2's,
+    ``hafo.decisions.admission``: earlier requests get the room first). ``strategy`` applies
+    to requests whose spec does not choose one. Commits to ``capacity``. ``unplaceable``,
+    called in turn for each request that cannot be placed, may take room out of
+    ``capacity`` (preemption holds it for the request) and returns the nodes it changed.
+    Gangs are placed whole or not at all, ``spares`` (out of ``capacity``) replacing their
+    failed members first (``hafo.decisions.gang_placement``)."""
     index = PlacementIndex(capacity, now, strategy)
     gangs = GangPlacer(index, dict(spares or {}))
     results: dict[str, Placed | Unplaceable] = {}
     groups: dict[str, set[str]] = {}  # service -> nodes its replicas got in this pass
-    for request in batch_order(requests):
+    for request in requests:
         if request.group is not None and groups.get(request.group):
             request = replace(request, apart=request.apart | groups[request.group])
         if request.spec.is_gang:

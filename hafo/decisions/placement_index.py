@@ -11,7 +11,8 @@ a request must skip (``exclude``, and ``avoid`` while cooling down) are popped p
 pushed back. The preferred node and ``only`` are checked directly.
 
 The reason an unplaceable request gets is counted from per-signature tallies (labels and the
-kinds of GPU a node has do not change during a pass), not by a scan. The answers are exactly
+kinds of GPU a node has do not change during a pass), not by a scan, and kept as counts
+(``hafo.decisions.placement_failure.NodesFiltered``) until it is rendered. The answers are exactly
 those of filtering and scoring every node with ``placement_rules``: tests check it.
 """
 
@@ -22,6 +23,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+from hafo.decisions.placement_failure import NodeReason, NodesFiltered, NoReadyNodes, Rule
 from hafo.decisions.placement_rules import (
     COOLING,
     EXCLUDED,
@@ -32,6 +34,7 @@ from hafo.decisions.placement_rules import (
     Unplaceable,
     count_matching,
     filter_reason,
+    filter_rule,
     label_reason,
     missing_kind,
     not_enough,
@@ -113,7 +116,7 @@ class PlacementIndex:
     def place(self, request: PlacementRequest) -> Placed | Unplaceable:
         """The node (and GPUs) for one request, without changing anything."""
         if not self.capacity:
-            return Unplaceable("no ready nodes")
+            return Unplaceable(NoReadyNodes())
         if request.only is not None:
             return self._place_only(request)
         strategy = strategy_of(request.spec, self.strategy)
@@ -207,53 +210,57 @@ class PlacementIndex:
         assert request.only is not None
         cap = self.capacity.get(request.only)
         others = len(self.capacity) - (cap is not None)
-        reasons: Counter[str] = Counter()
+        reasons: Counter[NodeReason] = Counter()
         if others:
-            reasons[f"not the requested node {request.only}"] = others
+            reasons[Rule.NOT_REQUESTED, f"not the requested node {request.only}"] = others
         if cap is None:
-            return Unplaceable(_summary(reasons))
+            return Unplaceable(NodesFiltered.tally(reasons))
         view = self._with_reserved(cap, request)
-        why = filter_reason(request, view, self.now)
+        why = filter_rule(request, view, self.now)
         if why is None or filter_reason(request, view, self.now, False) is None:
             return Placed(view.name, take_gpus(request.spec, view.free))
         reasons[why] += 1
         exhausted = bool(request.exclude) and filter_reason(request, view, self.now, False,
                                                             False) is None
-        return Unplaceable(_summary(reasons), exhausted)
+        return Unplaceable(NodesFiltered.tally(reasons), exhausted)
 
     def _unplaceable(self, request: PlacementRequest) -> Unplaceable:
         """Why nothing fits: every node's first failing rule, counted. Each node neither
         excluded nor cooling down fails on its labels or, if they match, on its GPUs."""
         now, capacity = self.now, self.capacity
-        special: dict[str, str] = {n: EXCLUDED for n, until in request.exclude.items()
-                                   if until > now and n in capacity}
+        special: dict[str, NodeReason] = {n: (Rule.EXCLUDED, EXCLUDED)
+                                          for n, until in request.exclude.items()
+                                          if until > now and n in capacity}
         for name, until in request.avoid.items():
             if until > now and name in capacity and name not in special:
-                special[name] = COOLING
+                special[name] = (Rule.COOLING, COOLING)
         for name in self.held:
             if name not in special:
-                special[name] = f"held for waiting gang {self.held_by}"
+                special[name] = (Rule.HELD, f"held for waiting gang {self.held_by}")
         for name in request.apart:
             if name in capacity and name not in special:
-                special[name] = f"runs another replica of {request.group or 'its service'}"
+                special[name] = (Rule.APART,
+                                 f"runs another replica of {request.group or 'its service'}")
         sig = self._signature(request.spec)
         label_reasons = sig.label_reasons()
-        reasons: Counter[str] = Counter(special.values())
-        reasons.update(sig.label_tally)
-        reasons.update(sig.missing_tally)
+        reasons: Counter[NodeReason] = Counter(special.values())
+        for why, n in sig.label_tally.items():
+            reasons[Rule.LABEL, why] += n
+        for why, n in sig.missing_tally.items():
+            reasons[Rule.NO_KIND, why] += n
         short = len(sig.count) - sum(sig.missing_tally.values())
         for name in special:
             if name in label_reasons:
-                reasons[label_reasons[name]] -= 1
+                reasons[Rule.LABEL, label_reasons[name]] -= 1
             elif name in sig.missing:
-                reasons[sig.missing[name]] -= 1
+                reasons[Rule.NO_KIND, sig.missing[name]] -= 1
             else:
                 short -= 1
-        reasons[not_enough(request.spec)] += short
+        reasons[Rule.NOT_ENOUGH, not_enough(request.spec)] += short
         exhausted = any(name in capacity and filter_reason(request, capacity[name], now,
                                                            False, False) is None
                         for name in request.exclude)
-        return Unplaceable(_summary(reasons), exhausted)
+        return Unplaceable(NodesFiltered.tally(reasons), exhausted)
 
     # -- the index -------------------------------------------------------------------------
 
@@ -316,8 +323,3 @@ class PlacementIndex:
             count = sig.count[name] = count_matching(sig.spec, cap.free)
             for strategy, heaps in sig.heaps.items():
                 heapq.heappush(heaps.setdefault(count, []), _entry(cap, strategy, version))
-
-
-def _summary(reasons: Counter[str]) -> str:
-    parts = ", ".join(f"{n} node(s): {why}" for why, n in sorted(reasons.items()) if n > 0)
-    return f"no node fits ({parts})"

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Literal
 
+from hafo.decisions.placement_failure import NodeReason, PlacementFailure, Rule
 from hafo.model.cluster import Gpu, Member
 from hafo.model.spec import WorkloadSpec
 
@@ -78,13 +79,29 @@ class Placed:
     members: tuple[Member, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Unplaceable:
-    """Why a workload could not be placed now. ``exhausted``: only nodes it failed on (see
-    ``PlacementRequest.exclude``) could take it."""
+    """Why a workload could not be placed now: ``failure``, as data
+    (``hafo.decisions.placement_failure``; or already as text), rendered by ``reason``.
+    ``exhausted``: only nodes it failed on (see ``PlacementRequest.exclude``) could take it.
+    Two are equal when they say the same (``reason`` and ``exhausted``)."""
 
-    reason: str
+    failure: PlacementFailure | str
     exhausted: bool = False
+
+    @property
+    def reason(self) -> str:
+        """The sentence a pending workload shows."""
+        failure = self.failure
+        return failure if isinstance(failure, str) else failure.render()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Unplaceable):
+            return NotImplemented
+        return (self.reason, self.exhausted) == (other.reason, other.exhausted)
+
+    def __hash__(self) -> int:
+        return hash((self.reason, self.exhausted))
 
 
 def strategy_of(spec: WorkloadSpec, default: Strategy) -> Strategy:
@@ -162,18 +179,28 @@ def label_reason(selector: Mapping[str, str], labels: Mapping[str, str]) -> str 
     return None
 
 
+def filter_rule(request: PlacementRequest, cap: NodeCapacity, now: float,
+                honour_cooldown: bool = True, honour_exclude: bool = True) -> NodeReason | None:
+    """None if the node fits, else the first failing rule and its reason."""
+    if request.only is not None and cap.name != request.only:
+        return Rule.NOT_REQUESTED, f"not the requested node {request.only}"
+    if honour_exclude and request.exclude.get(cap.name, 0.0) > now:
+        return Rule.EXCLUDED, EXCLUDED
+    if honour_cooldown and request.avoid.get(cap.name, 0.0) > now:
+        return Rule.COOLING, COOLING
+    why = label_reason(request.spec.node_selector, cap.labels)
+    if why is not None:
+        return Rule.LABEL, why
+    if count_matching(request.spec, cap.free) < request.spec.gpus:
+        kind = missing_kind(request.spec, cap.inventory)
+        if kind is not None:
+            return Rule.NO_KIND, kind
+        return Rule.NOT_ENOUGH, not_enough(request.spec)
+    return None
+
+
 def filter_reason(request: PlacementRequest, cap: NodeCapacity, now: float,
                   honour_cooldown: bool = True, honour_exclude: bool = True) -> str | None:
     """None if the node fits, else the reason it does not (the first failing rule)."""
-    if request.only is not None and cap.name != request.only:
-        return f"not the requested node {request.only}"
-    if honour_exclude and request.exclude.get(cap.name, 0.0) > now:
-        return EXCLUDED
-    if honour_cooldown and request.avoid.get(cap.name, 0.0) > now:
-        return COOLING
-    why = label_reason(request.spec.node_selector, cap.labels)
-    if why is not None:
-        return why
-    if count_matching(request.spec, cap.free) < request.spec.gpus:
-        return missing_kind(request.spec, cap.inventory) or not_enough(request.spec)
-    return None
+    found = filter_rule(request, cap, now, honour_cooldown, honour_exclude)
+    return found[1] if found is not None else None

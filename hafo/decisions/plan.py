@@ -1,4 +1,6 @@
-"""The output of a reconcile cycle: actions on assignments, and the needs behind them."""
+"""The output of a reconcile cycle: actions on assignments, and the needs behind them; and
+what assessing one workload comes to (``Assessment``: an action, a need for a placement, or
+``Settled``, with the reason nothing is to be done for it this cycle)."""
 
 from __future__ import annotations
 
@@ -124,3 +126,31 @@ class Need:
     avoid: Mapping[str, float] | None = None
     known_since: float | None = None
     quick_restarts: int = 0  # the new assignment's (``Assignment.quick_restarts``)
+
+
+class SettledReason(StrEnum):
+    """Why nothing is decided for a workload this cycle (``Settled.reason``)."""
+
+    RETIRING = "retiring"              # a replica out of rotation, deleted soon (services)
+    SERVICE = "service"                # a service is its replicas (hafo.decisions.services)
+    ENDED = "ended"                    # completed or failed (or placed nowhere)
+    FAILSAFE = "failsafe"              # its node is down but failover is off: decide later
+    NO_REPORT = "no-report"            # its instance has not reported yet
+    RUNNING = "running"                # it runs and is not failing
+    STOPPING = "stopping"              # its instance is being stopped (a move or restart)
+    BACKING_OFF = "backing-off"        # waiting out a restart backoff: a later cycle acts
+    NODE_EXPIRING = "node-expiring"    # a gang member's node is about to be confirmed down
+
+
+@dataclass(frozen=True)
+class Settled:
+    """Nothing to decide for a workload this cycle, and why (``reason``; ``detail``: more
+    for people, "" if the reason says it all). Rendered nowhere yet: for tests and for
+    "why does my job wait"."""
+
+    reason: SettledReason
+    detail: str = ""
+
+
+#: What assessing one workload comes to (``hafo.decisions.assessment.assess``).
+Assessment = Action | Need | Settled

@@ -1,8 +1,10 @@
 """Preemption: make room for a workload that cannot be placed by stopping lower-priority
 work on one node, checkpoint first. Pure.
 
-A workload whose spec says ``preempt: true`` and that no node can take now may stop placed
-workloads of strictly lower priority. It picks ONE ready node that it could use apart from
+Who may preempt whom is a ``PreemptionPolicy`` (``hafo.decisions.preemption_policy``); the
+default, ``PriorityOnly``, is the rule below. A workload whose spec says ``preempt: true``
+and that no node can take now may stop placed workloads of strictly lower priority. It
+picks ONE ready node that it could use apart from
 free room (``only``, ``exclude``, cool-down, labels) where stopping the fewest such workloads
 frees enough free usable GPUs of its kind (ties: the lowest total priority stopped, then the
 node name). Each victim is moved (phase ``moving``, checkpoint first, ``preempted_for`` the
@@ -20,12 +22,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from hafo.decisions.placement_rules import NodeCapacity, PlacementRequest, gpu_matches
+from hafo.decisions.placement_index import SignatureKey, signature
+from hafo.decisions.placement_rules import (
+    NodeCapacity,
+    PlacementRequest,
+    Unplaceable,
+    gpu_matches,
+)
+from hafo.decisions.preemption_policy import PRIORITY_ONLY, PreemptionPolicy
 from hafo.decisions.victims import Preemption, Victim, VictimIndex
 from hafo.model.cluster import ClusterSnapshot
 
-__all__ = ["Preemption", "Victim", "VictimIndex", "WaitingPreemptor", "choose_victims", "reserve",
-           "victims_by_node", "waiting_preemptors"]
+__all__ = ["Preempting", "Preemption", "Victim", "VictimIndex", "WaitingPreemptor",
+           "choose_victims", "reserve", "victims_by_node", "waiting_preemptors"]
 
 
 @dataclass(frozen=True)
@@ -67,9 +76,11 @@ def reserve(request: PlacementRequest, node: str,
 
 
 def victims_by_node(snapshot: ClusterSnapshot, settled: Iterable[str],
-                    capacity: Mapping[str, NodeCapacity]) -> VictimIndex:
+                    capacity: Mapping[str, NodeCapacity],
+                    policy: PreemptionPolicy = PRIORITY_ONLY) -> VictimIndex:
     """The ``settled`` workloads (nothing else decided for them this cycle) placed with GPUs
-    on a ready node, indexed: the only ones preemption may stop."""
+    on a ready node, indexed: the only ones preemption may stop (those of them ``policy``
+    lets a request stop)."""
     out: dict[str, list[Victim]] = {}
     for wid in sorted(settled):
         assignment = snapshot.assignments.get(wid)
@@ -81,12 +92,49 @@ def victims_by_node(snapshot: ClusterSnapshot, settled: Iterable[str],
         if node is None or node not in capacity or not assignment.gpus:
             continue
         out.setdefault(node, []).append(Victim(wid, submission.spec.priority, assignment.gpus))
-    return VictimIndex(out, capacity)
+    return VictimIndex(out, capacity, policy)
 
 
 def choose_victims(request: PlacementRequest, victims: VictimIndex,
                    now: float) -> Preemption | None:
-    """The node and the fewest lower-priority workloads to stop there for ``request`` (see
+    """The node and the fewest workloads the index's policy lets ``request`` stop there (see
     ``hafo.decisions.victims``). The chosen workloads are no longer available to others this
     cycle, and the node's free GPUs of the request's kind are held for the preemptor."""
     return victims.choose(request, now)
+
+
+class Preempting:
+    """The ``place_in_order`` fallback that picks victims for each unplaceable request that
+    ``policy`` lets preempt and that is not already waiting, in the order of the pass (stage
+    2's), so a preemptor gets the room it makes before work after it is placed. ``chosen``:
+    preemptor -> its preemption, for this pass."""
+
+    def __init__(self, snapshot: ClusterSnapshot, settled: Iterable[str],
+                 capacity: Mapping[str, NodeCapacity], waiting: Mapping[str, WaitingPreemptor],
+                 now: float, policy: PreemptionPolicy = PRIORITY_ONLY) -> None:
+        self.waiting = waiting
+        self.now = now
+        self.policy = policy
+        self.victims = victims_by_node(snapshot, settled, capacity, policy)
+        self.chosen: dict[str, Preemption] = {}
+        self.hopeless: set[tuple[SignatureKey, int, int]] = set()
+
+    def __call__(self, request: PlacementRequest, result: Unplaceable) -> tuple[str, ...]:
+        """Choose victims for ``request``; the nodes whose room changed."""
+        if result.exhausted or request.workload in self.waiting \
+                or not self.policy.preempts(request):
+            return ()
+        # Room only shrinks during a pass: a request like one that found no victims (and
+        # no more restricted than it was) finds none either.
+        plain = request.only is None and not any(
+            t > self.now for t in (*request.avoid.values(), *request.exclude.values()))
+        key = (signature(request.spec), request.spec.gpus, request.spec.priority)
+        if key in self.hopeless:
+            return ()
+        preemption = choose_victims(request, self.victims, self.now)
+        if preemption is None:
+            if plain:
+                self.hopeless.add(key)
+            return ()
+        self.chosen[request.workload] = preemption
+        return (preemption.node,)

@@ -1,5 +1,6 @@
 """Choosing whom to preempt, fast: an index of the nodes by a lower bound of what stopping
-work there costs. Pure. (The policy is in ``hafo.decisions.preemption``.)
+work there costs. Pure. (Who may preempt whom is the ``PreemptionPolicy``'s:
+``hafo.decisions.preemption_policy``; how it is applied, ``hafo.decisions.preemption``.)
 
 The cost of making room for a request on a node is ``(workloads stopped, their total
 priority, node name)``, lowest wins. For a request of k GPUs, a node with f free GPUs whose
@@ -8,7 +9,7 @@ with f + s1 + ... + sc >= k, and their priorities add up to at least the sum of 
 ones (p1 + ... + pc). Nodes are filed by class ``(f, (s1, s2, ...))``; per class and c, a heap
 orders them by that sum, then name. A request merges the classes' heaps in the order of
 ``(c, p1 + ... + pc, name)``, evaluates nodes exactly (labels, cool-down, the GPU kind, the
-priorities it may preempt) in that order, and stops once the next bound is above the best
+workloads the policy lets it stop) in that order, and stops once the next bound is above the best
 cost found: usually after one node. A node is re-filed when workloads on it are chosen.
 """
 
@@ -25,20 +26,14 @@ from hafo.decisions.placement_rules import (
     filter_reason,
     gpu_matches,
 )
+from hafo.decisions.preemption_policy import PRIORITY_ONLY, PreemptionPolicy, Victim
 from hafo.model.cluster import Gpu
+
+__all__ = ["Preemption", "Victim", "VictimIndex", "fewest"]
 
 Class = tuple[int, tuple[int, ...]]   # free GPUs, GPUs of each stoppable workload (desc)
 Entry = tuple[int, str, int]          # sum of the c lowest priorities, node, node version
 Cost = tuple[int, int, str]           # workloads stopped, their total priority, node
-
-
-@dataclass(frozen=True)
-class Victim:
-    """A placed workload that could be stopped: its priority and GPUs."""
-
-    workload: str
-    priority: int
-    gpus: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -81,12 +76,15 @@ def _least(cls: Class, gpus: int) -> int | None:
 
 
 class VictimIndex:
-    """The stoppable workloads by ready node (``by_node``), for one reconcile pass."""
+    """The stoppable workloads by ready node (``by_node``), for one reconcile pass; which of
+    them a request may stop is ``policy``'s."""
 
     def __init__(self, by_node: Mapping[str, list[Victim]],
-                 capacity: Mapping[str, NodeCapacity]) -> None:
+                 capacity: Mapping[str, NodeCapacity],
+                 policy: PreemptionPolicy = PRIORITY_ONLY) -> None:
         self.by_node = by_node
         self.capacity = capacity
+        self.policy = policy
         self.taken: set[str] = set()
         self._version: dict[str, int] = {}
         self._class: dict[str, Class] = {}
@@ -139,7 +137,7 @@ class VictimIndex:
         inventory: dict[int, Gpu] = {g.index: g for g in cap.inventory}
         options: list[tuple[str, int, int]] = []
         for victim in self.by_node[name]:
-            if victim.priority >= spec.priority or victim.workload in self.taken:
+            if victim.workload in self.taken or not self.policy.may_stop(request, victim):
                 continue
             gain = sum(1 for i in victim.gpus if (gpu := inventory.get(i)) is not None
                        and gpu.usable and gpu_matches(spec, gpu))
@@ -153,7 +151,7 @@ class VictimIndex:
         return (pick[0], pick[1], name), pick[2]
 
     def choose(self, request: PlacementRequest, now: float) -> Preemption | None:
-        """The node and the fewest lower-priority workloads to stop there for ``request``.
+        """The node and the fewest workloads the policy lets ``request`` stop there.
         The chosen workloads are taken, and the node's free GPUs of the request's kind leave
         its capacity (they are the preemptor's)."""
         spec = request.spec

@@ -1,0 +1,100 @@
+"""Why a request could not be placed, as data until it is rendered (as Nomad's
+``AllocMetric`` keeps its counts). Pure.
+
+The placer (``hafo.decisions.placement_index``, ``hafo.decisions.gang_placement``) records
+what it found: how many nodes each filter rule turned away (``NodesFiltered``), that there
+was no ready node at all (``NoReadyNodes``), or how many members of a gang had room
+(``GangShortage``). ``render`` makes the one sentence a pending workload shows, and only
+``render``: so a later "why does my job wait" reads the counts, not the text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = ["Filtered", "GangShortage", "NoReadyNodes", "NodeReason", "NodesFiltered",
+           "PlacementFailure", "Rule"]
+
+
+class Rule(StrEnum):
+    """The filter rule that turned a node away (``hafo.decisions.placement_rules``)."""
+
+    NOT_REQUESTED = "not-requested"  # not the node the request may use (``only``)
+    EXCLUDED = "excluded"            # the workload failed there too often
+    COOLING = "cooling"              # cooling down after a failure
+    HELD = "held"                    # held for a waiting gang
+    APART = "apart"                  # runs another replica of the same service
+    LABEL = "label"                  # a node-selector label not matched
+    NO_KIND = "no-kind"              # no GPU of the requested kind at all
+    NOT_ENOUGH = "not-enough"        # such GPUs, not enough of them free and healthy
+
+
+#: A node's reason: the rule, and the reason as people read it.
+NodeReason = tuple[Rule, str]
+
+
+@dataclass(frozen=True)
+class Filtered:
+    """``nodes`` nodes turned away by ``rule``, for the reason ``why`` (as people read it)."""
+
+    rule: Rule
+    why: str
+    nodes: int
+
+
+@dataclass(frozen=True)
+class NodesFiltered:
+    """No node fits: per reason, how many nodes it filtered (sorted by the reason's text; none
+    with zero nodes)."""
+
+    filtered: tuple[Filtered, ...]
+
+    @classmethod
+    def tally(cls, counts: Mapping[NodeReason, int]) -> NodesFiltered:
+        """From node counts per ``(rule, why)``; counts of zero or below are left out."""
+        ordered = sorted(counts.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+        return cls(tuple(Filtered(rule, why, n) for (rule, why), n in ordered if n > 0))
+
+    def render(self) -> str:
+        """``no node fits (3 node(s): label ..., 1 node(s): not enough ...)``."""
+        parts = ", ".join(f"{f.nodes} node(s): {f.why}" for f in self.filtered)
+        return f"no node fits ({parts})"
+
+
+@dataclass(frozen=True)
+class NoReadyNodes:
+    """There is no ready node to place on."""
+
+    def render(self) -> str:
+        """``no ready nodes``."""
+        return "no ready nodes"
+
+
+@dataclass(frozen=True)
+class GangShortage:
+    """A gang of ``members`` found room for only ``found`` of them: nodes with ``gpus`` free
+    healthy GPUs of its ``kind`` (``gpus`` 0: ready nodes), in one value of the ``topology``
+    label where that is required; ``held`` nodes held for the waiting gang ``holder`` (0:
+    none, or held for this gang)."""
+
+    members: int
+    found: int
+    gpus: int
+    kind: str
+    topology: str | None = None
+    held: int = 0
+    holder: str | None = None
+
+    def render(self) -> str:
+        """``gang of 4: only 2 of 4 nodes with 8 free healthy GPUs in one rack; ...``."""
+        what = f"with {self.gpus} free healthy {self.kind}" if self.gpus else "ready"
+        where = f" in one {self.topology}" if self.topology is not None else ""
+        held = f"; {self.held} node(s) held for {self.holder}" if self.held else ""
+        return (f"gang of {self.members}: only {self.found} of {self.members} nodes "
+                f"{what}{where}{held}")
+
+
+#: Why a request could not be placed, as data.
+PlacementFailure = NodesFiltered | NoReadyNodes | GangShortage

@@ -1,0 +1,61 @@
+"""Who may preempt whom: the policy that stage 3 (place) applies when a request does not fit.
+Pure.
+
+The placer and the victim index (``hafo.decisions.victims``) ask a ``PreemptionPolicy``
+two questions: may this request preempt at all, and may it stop this placed workload. How
+victims are then chosen among those it may stop (one node, the fewest, then the lowest total
+priority) is the index's. ``PriorityOnly``, the default, is hafo's rule: a spec with
+``preempt: true`` may stop work of strictly lower priority. A fair-share policy (issue 30)
+would replace it without touching the placer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from hafo.decisions.placement_rules import PlacementRequest
+
+__all__ = ["PRIORITY_ONLY", "PreemptionPolicy", "PriorityOnly", "Victim"]
+
+
+@dataclass(frozen=True)
+class Victim:
+    """A placed workload that could be stopped: its priority and GPUs."""
+
+    workload: str
+    priority: int
+    gpus: tuple[int, ...]
+
+
+class PreemptionPolicy(Protocol):
+    """Who may preempt whom. Both answers must not change during a reconcile pass. ``may_stop``
+    only narrows the placed workloads the victim index knows (it prunes by bounds computed
+    over all of them), and depends on the request only through its spec's signature, GPUs
+    and priority (a request like one that found no victims finds none either:
+    ``hafo.decisions.preemption.Preempting``)."""
+
+    def preempts(self, request: PlacementRequest) -> bool:
+        """May ``request``, which does not fit, stop other work to make room?"""
+        ...
+
+    def may_stop(self, request: PlacementRequest, victim: Victim) -> bool:
+        """May ``request`` stop ``victim``?"""
+        ...
+
+
+@dataclass(frozen=True)
+class PriorityOnly:
+    """The default: a spec with ``preempt: true`` may stop strictly lower-priority work."""
+
+    def preempts(self, request: PlacementRequest) -> bool:
+        """The spec says ``preempt: true``."""
+        return request.spec.preempt
+
+    def may_stop(self, request: PlacementRequest, victim: Victim) -> bool:
+        """The victim's priority is strictly below the request's."""
+        return victim.priority < request.spec.priority
+
+
+#: The policy ``reconcile`` uses unless told otherwise.
+PRIORITY_ONLY: PreemptionPolicy = PriorityOnly()
