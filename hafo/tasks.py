@@ -12,13 +12,42 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
 from hafo.retry import Retry, RetryPolicy
 
 log = structlog.get_logger("hafo.tasks")
+
+T = TypeVar("T")
+
+
+def retrieve_outcome(task: asyncio.Future[Any]) -> None:
+    """A done callback for a task nobody awaits any more: its error is retrieved and dropped
+    (no "exception was never retrieved" warning)."""
+    if not task.cancelled():
+        task.exception()
+
+
+async def bounded(call: Awaitable[T], limit: float) -> T:
+    """``call``'s result if it ends within ``limit`` seconds, else TimeoutError at once: a
+    call still running is cancelled and left to end in the background (its outcome is
+    retrieved and dropped), never waited for. ``asyncio.wait_for`` waits for the
+    cancellation to end the call, which an etcd coming back from a stall has made take
+    seconds."""
+    task = asyncio.ensure_future(call)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=limit)
+    except BaseException:  # we are cancelled: so is the call, not waited for either
+        task.cancel()
+        task.add_done_callback(retrieve_outcome)
+        raise
+    if task in done:
+        return task.result()
+    task.cancel()
+    task.add_done_callback(retrieve_outcome)
+    raise TimeoutError(f"no answer in {limit:.2f} s")
 
 
 async def run_all(**loops: Awaitable[Any]) -> None:

@@ -5,25 +5,19 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
-from typing import Any
 
 import structlog
 
 from hafo.decisions.failsafe import may_lead, promise_hold, recovery_window, updated_set
 from hafo.model.cluster import ClusterSnapshot, FailsafeSet
 from hafo.store import TRANSIENT, Compare, Election, Keys, Put, Store, StoreError, codec
-from hafo.tasks import loop_time
+from hafo.tasks import loop_time, retrieve_outcome
 
 log = structlog.get_logger("hafo.controller")
 PROBE_TIMEOUT = 0.4
 FRESH = 0.5  # seconds a failed probe of etcd answers for
 PROBE_FAILURES: tuple[type[BaseException], ...] = (*TRANSIENT, StoreError, TimeoutError)
 
-
-def _consume(task: asyncio.Future[Any]) -> None:
-    """Retrieve an abandoned read's outcome (no "exception was never retrieved")."""
-    if not task.cancelled():
-        task.exception()
 
 
 class ControllerFailsafe:
@@ -102,7 +96,7 @@ class ControllerFailsafe:
         done, _ = await asyncio.wait({read}, timeout=PROBE_TIMEOUT)
         if not done:
             read.cancel()
-            read.add_done_callback(_consume)
+            read.add_done_callback(retrieve_outcome)
             return False
         error = read.exception()
         if error is not None and not isinstance(error, PROBE_FAILURES):

@@ -34,6 +34,7 @@ from hafo.store.records import (
 )
 from hafo.store.retry import StoreUnavailable, with_store_retry
 from hafo.store.tls import TlsFiles
+from hafo.tasks import retrieve_outcome
 
 if TYPE_CHECKING:
     from hafo.model.config import EtcdConfig
@@ -104,11 +105,6 @@ def parse_endpoint(url: str) -> tuple[str, int]:
 #: range reads are bounded only by the data).
 MAX_REPLY = 512 * 1024 * 1024
 
-
-def _retrieve(task: asyncio.Task[Any]) -> None:
-    """Mark a background connect's error as seen (its waiters may all have timed out)."""
-    if not task.cancelled():
-        task.exception()
 
 
 def channel_options(max_backoff: float) -> dict[str, int]:
@@ -218,7 +214,7 @@ class EtcdStore:
             return self._client, self._generation
         if self._connecting is None or self._connecting.done():
             self._connecting = asyncio.get_running_loop().create_task(self._connect())
-            self._connecting.add_done_callback(_retrieve)
+            self._connecting.add_done_callback(retrieve_outcome)
         limit = self.timeout + 0.5 if timeout is None else timeout
         return await asyncio.wait_for(asyncio.shield(self._connecting), limit)
 
@@ -510,7 +506,7 @@ class EtcdStore:
         connecting = self._spare_connecting.get(index)
         if connecting is None or connecting.done():
             connecting = asyncio.get_running_loop().create_task(self._connect_spare(index))
-            connecting.add_done_callback(_retrieve)
+            connecting.add_done_callback(retrieve_outcome)
             self._spare_connecting[index] = connecting
         return await asyncio.wait_for(asyncio.shield(connecting), timeout)
 

@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
 
 import structlog
 
 from hafo.decisions.fencing import fence_deadline, renewed_deadline
 from hafo.store.client import TRANSIENT
 from hafo.store.protocol import Store
-from hafo.tasks import loop_time
+from hafo.tasks import bounded, loop_time
 
 log = structlog.get_logger("hafo.lease")
 
 Clock = Callable[[], float]
-T = TypeVar("T")
 
 #: How often a lease holder proves its spare connections to the other etcd members (one
 #: keepalive through each): they are ready when the member in use dies, and an auth token
@@ -36,29 +34,6 @@ WARM_SPARES_EVERY = 30.0
 #: timeout notwithstanding, and while the keeper waited no failsafe question went out, so
 #: the guards' deadline lapsed with every controller still promising (chaos seed 11).
 HUNG_GRACE = 0.25
-
-
-async def bounded(call: Awaitable[T], limit: float) -> T:
-    """``call``'s result if it ends within ``limit`` seconds, else TimeoutError at once: a
-    call still running is cancelled and left to end in the background (its outcome is
-    retrieved and dropped), never waited for."""
-    task = asyncio.ensure_future(call)
-    try:
-        done, _ = await asyncio.wait({task}, timeout=limit)
-    except BaseException:  # we are cancelled: so is the call, not waited for either
-        task.cancel()
-        task.add_done_callback(_drop_outcome)
-        raise
-    if task in done:
-        return task.result()
-    task.cancel()
-    task.add_done_callback(_drop_outcome)
-    raise TimeoutError(f"no answer in {limit:.2f} s")
-
-
-def _drop_outcome(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()  # retrieved: an abandoned call's error is not worth a warning
 
 
 class LeaseLost(Exception):
