@@ -21,6 +21,7 @@ from hafo.model.ends import InstanceEnd as InstanceEnd
 from hafo.model.ends import instance_end as instance_end
 from hafo.model.exits import bounded_tail, stderr_line
 from hafo.model.schema import Record, schema_of
+from hafo.model.queues import QueueSpec
 from hafo.model.spec import WorkloadSpec
 
 NodeState = Literal["ready", "cordoned", "unhealthy", "down"]
@@ -428,6 +429,9 @@ class ClusterSnapshot:
     #: Nodes whose liveness key is gone while etcd was not yet asked whether their lease is
     #: (still "alive" until it confirms: docs/safety.md, rule 3).
     expiring: frozenset[str] = frozenset()
+    #: The declared queues (``Keys.queue``), by name; none: every workload is admitted as
+    #: if the pool had no queues (``hafo.decisions.quota``).
+    queues: Mapping[str, QueueSpec] = field(default_factory=dict)
 
     def node_state(self, name: str) -> NodeState:
         """Derived node state: down > unhealthy > cordoned > ready."""

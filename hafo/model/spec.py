@@ -16,6 +16,7 @@ from pydantic import Field, Strict
 
 from hafo.model.checks import BUILTIN_CHECK_TYPES, PORT_NAME, CheckSpec
 from hafo.model.errors import FieldError, ValidationError, did_you_mean
+from hafo.model.queues import DEFAULT_QUEUE, QueueName
 from hafo.model.schema import (
     INTEGER,
     OMIT_DEFAULT,
@@ -127,6 +128,7 @@ class WorkloadSpec(Section):
     whole GPUs. ``placement``: ``spread`` or ``binpack`` for this workload (None: the
     controller's ``placement.strategy``). ``preempt``: when it cannot be placed, it may stop
     (checkpoint first) strictly lower-priority work to make room on one node.
+    ``queue``: the queue whose quota it runs in (``hafo.model.queues``).
     """
 
     name: WorkloadName
@@ -152,6 +154,7 @@ class WorkloadSpec(Section):
     ports: Annotated[Mapping[PortName, PortNumber], OMIT_DEFAULT] = field(default_factory=dict)
     distinct_nodes: Annotated[Flag, OMIT_DEFAULT] = True
     update: Annotated[UpdatePolicy, OMIT_DEFAULT] = UpdatePolicy()
+    queue: Annotated[QueueName, OMIT_DEFAULT] = DEFAULT_QUEUE
 
     def _check(self) -> None:
         for i, check in enumerate(self.checks):

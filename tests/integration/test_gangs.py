@@ -38,7 +38,7 @@ def ddp_spec(name: str, nodes: int, **extra: Any) -> dict[str, Any]:
     return {"name": name, "nodes": nodes, "gpus": 1, "stop_grace": 15,
             "command": [TORCHRUN, str(ROOT / "examples" / "ddp_train.py"), "--steps", "0",
                         "--every", "10", "--sleep", "0.05"],
-            "env": {"HAFO_DDP_TIMEOUT": "15"}, **extra}
+            "env": {"HAFO_DDP_TIMEOUT": "30"}, **extra}
 
 
 async def gang_cluster(factory: ClusterFactory, nodes: int) -> LocalCluster:
@@ -71,10 +71,34 @@ async def wait_steps(cluster: LocalCluster, wid: str, epoch: int, count: int,
                      timeout: float = 150) -> list[dict[str, Any]]:
     """Until rank 0 of ``epoch`` logged ``count`` steps (a bound for liveness, not a figure:
     beside other workers on 2 cores a torch gang's step can take seconds)."""
-    await cluster.wait_for(lambda s: len([x for x in steps(cluster, wid, epoch)
-                                          if x["rank"] == 0]) >= count,
-                           timeout, what=f"{count} steps of epoch {epoch}")
+    try:
+        await cluster.wait_for(lambda s: len([x for x in steps(cluster, wid, epoch)
+                                              if x["rank"] == 0]) >= count,
+                               timeout, what=f"{count} steps of epoch {epoch}")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n{await gang_story(cluster, wid)}") from None
     return steps(cluster, wid, epoch)
+
+
+async def gang_story(cluster: LocalCluster, wid: str) -> str:
+    """What happened to the gang, for a failure's message: its view now, every epoch's
+    progress (starts, errors, steps per rank) and the controllers' decisions about it."""
+    view = workload_view(await cluster.snapshot(), wid)
+    lines = [f"now: state {view['state']}, epoch {view['epoch']}, restarts "
+             f"{view['restarts']}, reason {view['reason']!r}, members {view['members']}"]
+    counts: dict[tuple[int, int], int] = {}
+    for line in cluster.progress_log(wid):
+        if line.get("event") == "step":
+            key = (line["epoch"], line["rank"])
+            counts[key] = counts.get(key, 0) + 1
+        else:
+            lines.append(f"progress: {line}"[:400])
+    lines.append(f"steps per (epoch, rank): {dict(sorted(counts.items()))}")
+    for path in sorted((cluster.base / "logs").glob("*.log")):
+        for text in path.read_text(errors="replace").splitlines():
+            if wid in text and ('"decision"' in text or "instance" in text):
+                lines.append(f"{path.name}: {text}"[:400])
+    return "\n".join(lines[-80:])
 
 
 def resumed_from(cluster: LocalCluster, wid: str, epoch: int) -> int:
