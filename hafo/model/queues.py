@@ -3,7 +3,8 @@
 
 A workload names its queue (``WorkloadSpec.queue``, default ``default``). A queue has a
 nominal quota in GPUs (``gpus``; a MIG device counts by its fraction of a GPU, a gang all its
-members, a service all its replicas). Queues of one ``cohort`` lend each other the quota they
+members, a service all its replicas; none: no quota, its work is admitted whenever there is
+room, as in a pool without queues). Queues of one ``cohort`` lend each other the quota they
 do not use: a queue may borrow at most ``borrowing_limit`` GPUs above its nominal quota (none
 given: as much as the cohort lends), and lends at most ``lending_limit`` of its unused quota
 (none given: all of it). Among queues that borrow, the one with the lowest weighted share of
@@ -42,20 +43,25 @@ QueueGpus = Annotated[int, Field(ge=0, le=MAX_QUEUE_GPUS), INTEGER]
 
 @dataclass(frozen=True, slots=True)
 class QueueSpec(Section):
-    """One queue: its nominal quota (``gpus``), its ``cohort`` (None: it neither borrows nor
+    """One queue: its nominal quota (``gpus``; None: no quota, its work is admitted whenever
+    there is room, as in a pool without queues), its ``cohort`` (None: it neither borrows nor
     lends), how much it may borrow above its quota (``borrowing_limit``; None: no limit but
     what the cohort lends), how much of its unused quota it lends (``lending_limit``; None:
     all of it) and its fair-share ``weight``."""
 
     name: QueueName
-    gpus: QueueGpus
+    gpus: Annotated[QueueGpus | None, OMIT_DEFAULT] = None
     cohort: Annotated[QueueName | None, OMIT_DEFAULT] = None
     borrowing_limit: Annotated[QueueGpus | None, OMIT_DEFAULT] = None
     lending_limit: Annotated[QueueGpus | None, OMIT_DEFAULT] = None
     weight: Annotated[Positive, Field(le=1000), OMIT_DEFAULT] = 1.0
 
     def _check(self) -> None:
-        if self.lending_limit is not None and self.lending_limit > self.gpus:
+        if self.gpus is None and self.cohort is not None:
+            invalid("cohort", "needs a quota (gpus): a queue without one neither borrows nor "
+                    "lends")
+        if self.lending_limit is not None and self.gpus is not None \
+                and self.lending_limit > self.gpus:
             invalid("lending_limit", f"is {self.lending_limit}, above the queue's own quota "
                     f"(gpus: {self.gpus}); a queue lends at most what it has")
         if self.cohort is None and (self.borrowing_limit is not None
@@ -67,7 +73,7 @@ class QueueSpec(Section):
     @property
     def lendable(self) -> int:
         """The most of its quota this queue lends its cohort (when it uses none)."""
-        if self.cohort is None:
+        if self.cohort is None or self.gpus is None:
             return 0
         return self.gpus if self.lending_limit is None else self.lending_limit
 
