@@ -1,11 +1,13 @@
 """Stage 2 of the reconcile pipeline, **admit**: which placement requests are tried this
 cycle, and in which order. Pure.
 
-Today every request is admitted, in the global order: higher priority first, then older
-submissions, then the workload id (so the result does not depend on the order watch events
-came in). Stage 3 (``hafo.decisions.placement.place_in_order``) tries them in exactly this
-order, which is also the order in which a waiting gang holds nodes and a preemptor picks
-victims. Queue quotas and a fair order between queues will go here (issue 30).
+While no queue is declared, every request is admitted, in the global order: higher priority
+first, then older submissions, then the workload id (so the result does not depend on the
+order watch events came in). With queues, the order is the fair one of
+``hafo.decisions.quota.admission_order`` and each request must also fit its queue's quota
+(``Admitted.quotas``, checked request by request as placements are made). Stage 3
+(``hafo.decisions.placement.place_in_order``) tries them in exactly this order, which is
+also the order in which a waiting gang holds nodes and a preemptor picks victims.
 """
 
 from __future__ import annotations
@@ -14,15 +16,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hafo.decisions.placement_rules import PlacementRequest
+from hafo.decisions.quota import Quotas, admission_order
 
 __all__ = ["Admitted", "admission_key", "admit", "batch_order"]
 
 
 @dataclass(frozen=True)
 class Admitted:
-    """The requests to place this cycle, in the order to try them."""
+    """The requests to place this cycle, in the order to try them; ``quotas``: the queues'
+    quota state, which each must also fit (None: no queue is declared)."""
 
     requests: tuple[PlacementRequest, ...]
+    quotas: Quotas | None = None
 
 
 def admission_key(request: PlacementRequest) -> tuple[int, float, str]:
@@ -30,9 +35,13 @@ def admission_key(request: PlacementRequest) -> tuple[int, float, str]:
     return (-request.spec.priority, request.submitted_at, request.workload)
 
 
-def admit(requests: Iterable[PlacementRequest]) -> Admitted:
-    """Admit ``requests`` (all of them, today) in the global order (``admission_key``)."""
-    return Admitted(tuple(sorted(requests, key=admission_key)))
+def admit(requests: Iterable[PlacementRequest], quotas: Quotas | None = None) -> Admitted:
+    """Admit ``requests`` in the global order (``admission_key``), or with ``quotas`` in the
+    queues' fair order (``hafo.decisions.quota.admission_order``)."""
+    ordered = sorted(requests, key=admission_key)
+    if quotas is None:
+        return Admitted(tuple(ordered))
+    return Admitted(tuple(admission_order(ordered, quotas)), quotas)
 
 
 def batch_order(requests: Iterable[PlacementRequest]) -> list[PlacementRequest]:

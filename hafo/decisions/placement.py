@@ -29,6 +29,7 @@ from hafo.decisions.placement_rules import (
     gpu_matches,
     strategy_of,
 )
+from hafo.decisions.quota import Quotas
 from hafo.model.cluster import ClusterSnapshot, NodeRecord
 
 __all__ = ["Fallback", "NodeCapacity", "Placed", "PlacementRequest", "Strategy", "Unplaceable",
@@ -123,6 +124,7 @@ def place_in_order(requests: Sequence[PlacementRequest],
                    capacity: Mapping[str, NodeCapacity], now: float,
                    strategy: Strategy = "spread", unplaceable: Fallback | None = None,
                    spares: Mapping[str, NodeCapacity] | None = None,
+                   quotas: Quotas | None = None,
                    ) -> dict[str, Placed | Unplaceable]:
     """Place ``requests`` in one pass, in the order given (stage 2's,
     ``hafo.decisions.admission``: earlier requests get the room first). ``strategy`` applies
@@ -130,18 +132,26 @@ def place_in_order(requests: Sequence[PlacementRequest],
     called in turn for each request that cannot be placed, may take room out of
     ``capacity`` (preemption holds it for the request) and returns the nodes it changed.
     Gangs are placed whole or not at all, ``spares`` (out of ``capacity``) replacing their
-    failed members first (``hafo.decisions.gang_placement``)."""
+    failed members first (``hafo.decisions.gang_placement``). ``quotas``: each request must
+    fit its queue's quota first (a request that does not is not tried: it neither holds nodes
+    nor preempts), and is charged once placed (``hafo.decisions.quota``)."""
     index = PlacementIndex(capacity, now, strategy)
     gangs = GangPlacer(index, dict(spares or {}))
     results: dict[str, Placed | Unplaceable] = {}
     groups: dict[str, set[str]] = {}  # service -> nodes its replicas got in this pass
     for request in requests:
+        refusal = quotas.refusal(request) if quotas is not None else None
+        if refusal is not None:
+            results[request.workload] = Unplaceable(refusal.render())
+            continue
         if request.group is not None and groups.get(request.group):
             request = replace(request, apart=request.apart | groups[request.group])
         if request.spec.is_gang:
             gang = gangs.place(request)
             if isinstance(gang, Placed):
                 gangs.commit(gang)
+                if quotas is not None:
+                    quotas.charge(request)
                 if request.group is not None:
                     groups.setdefault(request.group, set()).update(m.node for m in gang.members)
             else:
@@ -151,6 +161,8 @@ def place_in_order(requests: Sequence[PlacementRequest],
         outcome = index.place(request)
         if isinstance(outcome, Placed):
             index.commit(outcome)
+            if quotas is not None:
+                quotas.charge(request)
             if request.group is not None:
                 groups.setdefault(request.group, set()).add(outcome.node)
         elif unplaceable is not None:

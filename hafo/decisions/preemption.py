@@ -91,7 +91,8 @@ def victims_by_node(snapshot: ClusterSnapshot, settled: Iterable[str],
         node = assignment.node
         if node is None or node not in capacity or not assignment.gpus:
             continue
-        out.setdefault(node, []).append(Victim(wid, submission.spec.priority, assignment.gpus))
+        out.setdefault(node, []).append(Victim(wid, submission.spec.priority, assignment.gpus,
+                                               submission.spec.queue))
     return VictimIndex(out, capacity, policy)
 
 
@@ -117,7 +118,7 @@ class Preempting:
         self.policy = policy
         self.victims = victims_by_node(snapshot, settled, capacity, policy)
         self.chosen: dict[str, Preemption] = {}
-        self.hopeless: set[tuple[SignatureKey, int, int]] = set()
+        self.hopeless: set[tuple[SignatureKey, int, int, str]] = set()
 
     def __call__(self, request: PlacementRequest, result: Unplaceable) -> tuple[str, ...]:
         """Choose victims for ``request``; the nodes whose room changed."""
@@ -128,7 +129,8 @@ class Preempting:
         # no more restricted than it was) finds none either.
         plain = request.only is None and not any(
             t > self.now for t in (*request.avoid.values(), *request.exclude.values()))
-        key = (signature(request.spec), request.spec.gpus, request.spec.priority)
+        key = (signature(request.spec), request.spec.gpus, request.spec.priority,
+               request.spec.queue)
         if key in self.hopeless:
             return ()
         preemption = choose_victims(request, self.victims, self.now)

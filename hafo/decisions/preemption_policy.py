@@ -5,8 +5,8 @@ The placer and the victim index (``hafo.decisions.victims``) ask a ``PreemptionP
 two questions: may this request preempt at all, and may it stop this placed workload. How
 victims are then chosen among those it may stop (one node, the fewest, then the lowest total
 priority) is the index's. ``PriorityOnly``, the default, is hafo's rule: a spec with
-``preempt: true`` may stop work of strictly lower priority. A fair-share policy (issue 30)
-would replace it without touching the placer.
+``preempt: true`` may stop work of strictly lower priority; while queues are declared,
+``reconcile`` wraps it in ``QueueScoped`` (only work of the preemptor's own queue).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hafo.decisions.placement_rules import PlacementRequest
+from hafo.model.queues import DEFAULT_QUEUE
 
-__all__ = ["PRIORITY_ONLY", "PreemptionPolicy", "PriorityOnly", "Victim"]
+__all__ = ["PRIORITY_ONLY", "PreemptionPolicy", "PriorityOnly", "QueueScoped", "Victim"]
 
 
 @dataclass(frozen=True)
@@ -26,13 +27,14 @@ class Victim:
     workload: str
     priority: int
     gpus: tuple[int, ...]
+    queue: str = DEFAULT_QUEUE
 
 
 class PreemptionPolicy(Protocol):
     """Who may preempt whom. Both answers must not change during a reconcile pass. ``may_stop``
     only narrows the placed workloads the victim index knows (it prunes by bounds computed
-    over all of them), and depends on the request only through its spec's signature, GPUs
-    and priority (a request like one that found no victims finds none either:
+    over all of them), and depends on the request only through its spec's signature, GPUs,
+    priority and queue (a request like one that found no victims finds none either:
     ``hafo.decisions.preemption.Preempting``)."""
 
     def preempts(self, request: PlacementRequest) -> bool:
@@ -55,6 +57,23 @@ class PriorityOnly:
     def may_stop(self, request: PlacementRequest, victim: Victim) -> bool:
         """The victim's priority is strictly below the request's."""
         return victim.priority < request.spec.priority
+
+
+@dataclass(frozen=True)
+class QueueScoped:
+    """``inner``, within one queue: a request may stop only work of its own queue (the
+    rule while queues are declared, ``hafo.decisions.quota``: one team's priorities say
+    nothing about another team's work)."""
+
+    inner: PreemptionPolicy
+
+    def preempts(self, request: PlacementRequest) -> bool:
+        """As ``inner``."""
+        return self.inner.preempts(request)
+
+    def may_stop(self, request: PlacementRequest, victim: Victim) -> bool:
+        """The victim is in the request's queue and ``inner`` lets it stop it."""
+        return victim.queue == request.spec.queue and self.inner.may_stop(request, victim)
 
 
 #: The policy ``reconcile`` uses unless told otherwise.

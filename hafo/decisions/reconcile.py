@@ -45,7 +45,8 @@ from hafo.decisions.preemption import (
     reserve,
     waiting_preemptors,
 )
-from hafo.decisions.preemption_policy import PRIORITY_ONLY, PreemptionPolicy
+from hafo.decisions.preemption_policy import PRIORITY_ONLY, PreemptionPolicy, QueueScoped
+from hafo.decisions.quota import Quotas, ordinal
 from hafo.decisions.services import ReplicaChange, apart_from, decide_services
 from hafo.model.cluster import Assignment, ClusterSnapshot, Member
 
@@ -153,7 +154,7 @@ def _place(snapshot: ClusterSnapshot, needs: tuple[Need, ...], admitted: Admitte
     preempting = (Preempting(snapshot, settled, capacity, waiting, now, policy)
                   if any(policy.preempts(n.request) for n in needs) else None)
     results = place_in_order(_reserved(admitted, waiting, capacity), capacity, now, strategy,
-                             preempting, spare_nodes)
+                             preempting, spare_nodes, admitted.quotas)
     preemptions = preempting.chosen if preempting is not None else {}
     return _Placing(results, preemptions, waiting, releasing, spare_nodes)
 
@@ -189,10 +190,14 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
     if not assessed.needs:
         return Plan(tuple(actions), replicas)  # nothing to place: no capacity to compute
     needs = tuple(_kept_apart(snapshot, need) for need in assessed.needs)
-    admitted = admit(n.request for n in needs)  # 2. admit
+    quotas = Quotas.of(snapshot, {n.request.workload for n in needs})
+    admitted = admit((n.request for n in needs), quotas)  # 2. admit
+    if quotas is not None and preemption is PRIORITY_ONLY:
+        preemption = QueueScoped(preemption)
     placing = _place(snapshot, needs, admitted, assessed.settled, now, default,  # 3. place
                      spares, preemption)
-    actions += _placement_actions(snapshot, needs, placing)  # 4. actions
+    positions = _positions(admitted, placing.results) if quotas is not None else {}
+    actions += _placement_actions(snapshot, needs, placing, positions)  # 4. actions
     actions += _victim_actions(snapshot, placing.preemptions)
     return Plan(tuple(actions), replicas)
 
@@ -213,10 +218,23 @@ def _gone(snapshot: ClusterSnapshot) -> list[Action]:
     return actions
 
 
+def _positions(admitted: Admitted, results: Mapping[str, Placed | Unplaceable],
+               ) -> dict[str, str]:
+    """workload -> where it waits in its queue ("2nd of 3 waiting in queue research"), for
+    the admitted requests not placed this cycle, in the order they were tried."""
+    waiting: dict[str, list[str]] = {}
+    for request in admitted.requests:
+        if not isinstance(results.get(request.workload), Placed):
+            waiting.setdefault(request.spec.queue, []).append(request.workload)
+    return {wid: f"{ordinal(i)} of {len(wids)} waiting in queue {queue}"
+            for queue, wids in waiting.items() for i, wid in enumerate(wids, 1)}
+
+
 def _placement_actions(snapshot: ClusterSnapshot, needs: tuple[Need, ...],
-                       placing: _Placing) -> list[Action]:
+                       placing: _Placing, positions: Mapping[str, str]) -> list[Action]:
     """Stage 4, **actions**: each need's place, final failure or pending (in workload
-    order; nothing for one already pending for the same reason)."""
+    order; nothing for one already pending for the same reason). ``positions``: where each
+    pending one waits in its queue (while queues are declared)."""
     results, preemptions = placing.results, placing.preemptions
     waiting, releasing, spare_nodes = placing.waiting, placing.releasing, placing.spares
     actions: list[Action] = []
@@ -259,6 +277,8 @@ def _placement_actions(snapshot: ClusterSnapshot, needs: tuple[Need, ...],
         reason = _waiting_reason(wid, preemptions, waiting, releasing) or result.reason
         if spare_nodes and not need.request.spec.is_gang:
             reason += f"; {len(spare_nodes)} spare node(s) kept for gang failover"
+        if wid in positions:
+            reason += f"; {positions[wid]}"
         unchanged = previous is not None and previous.phase == "pending" \
             and previous.reason == reason
         if unchanged:

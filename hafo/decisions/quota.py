@@ -1,0 +1,322 @@
+"""Queue quotas, borrowing within a cohort and the fair order between queues: stage 2 of
+the reconcile pipeline (**admit**). Pure.
+
+Every workload runs in a queue (``WorkloadSpec.queue``; queues: ``hafo.model.queues``). What
+a workload takes of its queue's quota is its **charge**: its GPUs, times its members for a
+gang, a MIG device counting by its fraction of a GPU (its compute slices out of 7). A
+queue's **usage** is the charge of its workloads that hold GPUs (placed, or moving until
+they have stopped).
+
+**Quota.** A queue ``q`` with nominal quota ``n`` lends at most ``l`` (its lending limit,
+default ``n``) to its cohort and keeps ``n - l`` for itself. The cohort's **pool** is the sum
+of what its queues lend. A queue's usage above what it keeps comes out of the pool, and the
+pool is never overdrawn; nor does a queue use more than ``n + b`` (``b``: its borrowing
+limit, none: no limit but the pool). A queue without a cohort uses at most ``n``; a queue
+without a quota (``gpus`` not given) is never held back by one. While no queue is declared
+at all, nothing here applies (``Quotas.of`` returns None): every request is admitted, as
+before queues existed. A request whose queue is not declared waits, saying so.
+
+**Order.** Requests of one queue are taken by priority, then age. Across queues, those that
+fit within their queue's nominal quota (counting the queue's earlier requests) come first;
+then those that borrow, by their queue's weighted **dominant share** once admitted (Kueue's
+DRS: the GPUs it would use above its nominal quota, divided by its cohort's pool, divided
+by its weight), lowest first; ties by priority, then age, then id. The order is decided
+once per cycle from the usage at its start (``admission_order``); the quota is then checked
+again, request by request, as placements are made (``Quotas.refusal`` before trying one,
+``Quotas.charge`` once placed), so the limits hold exactly whatever the order.
+
+**No ping-pong.** Nothing here stops a running workload: a request that does not fit its
+quota waits; it never preempts. Priority preemption (``hafo.decisions.preemption``) stops
+only work of the preemptor's own queue while queues are declared
+(``hafo.decisions.preemption_policy.QueueScoped``), and only for room its quota already
+allows. So no two queues can take GPUs back and forth from each other (docs/design.md,
+"Queues and fair share").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hafo.decisions.placement_rules import PlacementRequest
+from hafo.model.cluster import ClusterSnapshot
+from hafo.model.queues import QueueSpec
+from hafo.model.spec import WorkloadSpec
+
+__all__ = ["MIG_SLICES", "QueueStanding", "QuotaRefusal", "Quotas", "admission_order",
+           "charge", "ordinal", "standings", "usage"]
+
+#: A whole GPU's compute slices in MIG mode (A100, H100, H200: 7).
+MIG_SLICES = 7
+_SLICES = re.compile(r"([0-9]+)g\.")
+#: Slack for sums of MIG fractions.
+_EPSILON = 1e-9
+
+
+def charge(spec: WorkloadSpec) -> float:
+    """What ``spec`` takes of its queue's quota: its GPUs times its members, a MIG device
+    counting by its compute slices out of ``MIG_SLICES``."""
+    each = 1.0
+    if spec.gpu_profile is not None:
+        found = _SLICES.match(spec.gpu_profile)
+        slices = int(found.group(1)) if found else MIG_SLICES
+        each = min(slices, MIG_SLICES) / MIG_SLICES
+    return spec.gpus * spec.nodes * each
+
+
+def usage(snapshot: ClusterSnapshot, placing: Collection[str] = ()) -> dict[str, float]:
+    """queue name -> the charge of its workloads that hold GPUs (placed or moving), for every
+    queue named by such a workload (declared or not). ``placing``: workloads left out, as
+    they are placed again this cycle (a failover, a restart: charged once placed)."""
+    used: dict[str, float] = {}
+    for wid, assignment in snapshot.assignments.items():
+        submission = snapshot.workloads.get(wid)
+        if submission is None or not assignment.holds_node or wid in placing:
+            continue
+        spec = submission.spec
+        used[spec.queue] = used.get(spec.queue, 0.0) + charge(spec)
+    return used
+
+
+def _amount(value: float) -> str:
+    """A GPU count for a message: "4", or "2.43" for MIG fractions."""
+    return str(round(value)) if abs(value - round(value)) < 1e-6 else f"{value:.2f}"
+
+
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, 11th, 21st ..."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+@dataclass(frozen=True)
+class QuotaRefusal:
+    """Why a request does not fit its queue's quota now, as data until rendered: the queue,
+    what it uses, its quota and what the request needs; for a queue in a cohort the pool,
+    what of it is free, and the queues using it (``users``: name, usage, nominal); whether
+    the borrowing limit is what stops it."""
+
+    queue: str
+    declared: tuple[str, ...] = ()
+    known: bool = True
+    used: float = 0.0
+    nominal: float = 0.0
+    needs: float = 0.0
+    cohort: str | None = None
+    pool: float = 0.0
+    pool_free: float = 0.0
+    users: tuple[tuple[str, float, float], ...] = ()
+    borrowing_limit: float | None = None
+    at_borrowing_limit: bool = False
+
+    def render(self) -> str:
+        """One sentence, in tiers: the queue, then the cohort, then who holds the pool."""
+        if not self.known:
+            declared = ", ".join(self.declared) or "none"
+            return (f"no queue named {self.queue!r} (declared: {declared}); "
+                    f"`hafo queue set {self.queue} --gpus N` declares it")
+        text = (f"queue {self.queue}: {_amount(self.used)} of {_amount(self.nominal)} GPUs "
+                f"used, needs {_amount(self.needs)}")
+        if self.at_borrowing_limit and self.borrowing_limit is not None:
+            return f"{text}; at its borrowing limit ({_amount(self.borrowing_limit)})"
+        if self.cohort is None:
+            return text
+        text += (f"; cohort {self.cohort} lends {_amount(max(self.pool_free, 0.0))} of "
+                 f"{_amount(self.pool)}")
+        holders = [f"{name} uses {_amount(used)} of its {_amount(nominal)}"
+                   for name, used, nominal in self.users if name != self.queue]
+        if holders:
+            text += f" ({', '.join(holders)})"
+        return text
+
+
+@dataclass(frozen=True)
+class QueueStanding:
+    """One declared queue at the start of a cycle, for ``hafo queues`` and the metrics:
+    its usage, what it borrows above its quota, what of its quota others use (``lent``),
+    the charge of its pending requests, and its weighted dominant share."""
+
+    spec: QueueSpec
+    used: float
+    borrowed: float
+    lent: float
+    pending: float
+    share: float
+
+
+@dataclass
+class Quotas:
+    """The quota state during one placement pass (mutable; ``charge`` as requests are
+    placed). ``queues``: the declared ones; ``used``: usage per queue name."""
+
+    queues: Mapping[str, QueueSpec]
+    used: dict[str, float] = field(default_factory=dict)
+    _members: dict[str, list[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in sorted(self.queues):
+            cohort = self.queues[name].cohort
+            if cohort is not None:
+                self._members.setdefault(cohort, []).append(name)
+
+    @classmethod
+    def of(cls, snapshot: ClusterSnapshot, placing: Collection[str] = ()) -> Quotas | None:
+        """The quota state at the snapshot (None while no queue is declared); ``placing``:
+        as for ``usage``."""
+        if not snapshot.queues:
+            return None
+        return cls(snapshot.queues, usage(snapshot, placing))
+
+    # -- the quota arithmetic ------------------------------------------------------------
+
+    def _kept(self, spec: QueueSpec) -> float:
+        """What of its quota a queue keeps for itself (does not lend)."""
+        return float(spec.gpus or 0) - spec.lendable
+
+    def _from_pool(self, spec: QueueSpec, used: float) -> float:
+        return max(used - self._kept(spec), 0.0)
+
+    def pool(self, cohort: str) -> float:
+        """What the queues of ``cohort`` lend in all."""
+        return float(sum(self.queues[q].lendable for q in self._members.get(cohort, ())))
+
+    def pool_used(self, cohort: str) -> float:
+        """What of ``cohort``'s pool its queues use."""
+        return sum(self._from_pool(self.queues[q], self.used.get(q, 0.0))
+                   for q in self._members.get(cohort, ()))
+
+    def share(self, queue: str, used: float) -> float:
+        """``queue``'s weighted dominant share at usage ``used``: what it uses above its
+        quota over its cohort's pool, over its weight (0 when it does not borrow)."""
+        spec = self.queues[queue]
+        above = used - float(spec.gpus or 0)
+        if spec.cohort is None or spec.gpus is None or above <= _EPSILON:
+            return 0.0
+        pool = self.pool(spec.cohort)
+        return above / pool / spec.weight if pool > 0 else float("inf")
+
+    def within_nominal(self, queue: str, used: float) -> bool:
+        """Whether usage ``used`` is within ``queue``'s nominal quota (a queue without one,
+        or undeclared, counts as within)."""
+        spec = self.queues.get(queue)
+        return spec is None or spec.gpus is None or used <= spec.gpus + _EPSILON
+
+    def refusal(self, request: PlacementRequest) -> QuotaRefusal | None:
+        """Why ``request`` does not fit its queue's quota now; None when it does."""
+        return self.refusal_for(request.spec)
+
+    def refusal_for(self, spec: WorkloadSpec) -> QuotaRefusal | None:
+        """As ``refusal``, for a spec."""
+        name = spec.queue
+        queue = self.queues.get(name)
+        if queue is None:
+            return QuotaRefusal(name, declared=tuple(sorted(self.queues)), known=False)
+        if queue.gpus is None:
+            return None
+        needs = charge(spec)
+        used = self.used.get(name, 0.0)
+        after = used + needs
+        nominal = float(queue.gpus)
+        refused = QuotaRefusal(name, used=used, nominal=nominal, needs=needs,
+                               cohort=queue.cohort, borrowing_limit=queue.borrowing_limit)
+        if queue.cohort is None:
+            return None if after <= nominal + _EPSILON else refused
+        if queue.borrowing_limit is not None \
+                and after > nominal + queue.borrowing_limit + _EPSILON:
+            return _with(refused, at_borrowing_limit=True)
+        extra = self._from_pool(queue, after) - self._from_pool(queue, used)
+        pool, pool_used = self.pool(queue.cohort), self.pool_used(queue.cohort)
+        if pool_used + extra <= pool + _EPSILON:
+            return None
+        users = tuple((q, self.used.get(q, 0.0), float(self.queues[q].gpus or 0))
+                      for q in self._members[queue.cohort]
+                      if self._from_pool(self.queues[q], self.used.get(q, 0.0)) > _EPSILON)
+        return _with(refused, pool=pool, pool_free=pool - pool_used, users=users)
+
+    def charge(self, request: PlacementRequest) -> None:
+        """``request`` was placed: its queue uses its charge from now on."""
+        name = request.spec.queue
+        self.used[name] = self.used.get(name, 0.0) + charge(request.spec)
+
+    def standings(self, pending: Iterable[WorkloadSpec]) -> dict[str, QueueStanding]:
+        """Every declared queue's standing (usage as it is now)."""
+        waiting: dict[str, float] = {}
+        for pending_spec in pending:
+            name = pending_spec.queue
+            waiting[name] = waiting.get(name, 0.0) + charge(pending_spec)
+        out = {}
+        for name, queue in sorted(self.queues.items()):
+            used = self.used.get(name, 0.0)
+            out[name] = QueueStanding(queue, used, self._borrowed(name), self._lent(name),
+                                      waiting.get(name, 0.0), self.share(name, used))
+        return out
+
+    def _borrowed(self, name: str) -> float:
+        spec = self.queues[name]
+        return max(self.used.get(name, 0.0) - spec.gpus, 0.0) if spec.gpus is not None else 0.0
+
+    def _idle(self, name: str) -> float:
+        """What ``name`` lends and does not use itself."""
+        spec = self.queues[name]
+        return max(min(float(spec.lendable), float(spec.gpus or 0) - self.used.get(name, 0.0)),
+                   0.0)
+
+    def _lent(self, name: str) -> float:
+        """What of ``name``'s idle quota the cohort's borrowers use: their borrowing shared
+        among the lenders in proportion to what each leaves idle."""
+        cohort = self.queues[name].cohort
+        idle = self._idle(name)
+        if cohort is None or idle <= 0:
+            return 0.0
+        members = self._members[cohort]
+        borrowed = sum(self._borrowed(q) for q in members)
+        idle_all = sum(self._idle(q) for q in members)
+        return min(idle, borrowed * idle / idle_all) if idle_all > 0 else 0.0
+
+
+def _with(refusal: QuotaRefusal, **changes: object) -> QuotaRefusal:
+    from dataclasses import replace
+    return replace(refusal, **changes)  # type: ignore[arg-type]
+
+
+def standings(snapshot: ClusterSnapshot) -> dict[str, QueueStanding]:
+    """Every declared queue's standing in ``snapshot`` (``hafo queues``, the metrics)."""
+    quotas = Quotas.of(snapshot)
+    if quotas is None:
+        return {}
+    pending = [snapshot.workloads[wid].spec for wid, a in snapshot.assignments.items()
+               if a.phase == "pending" and wid in snapshot.workloads]
+    pending += [s.spec for wid, s in snapshot.workloads.items()
+                if wid not in snapshot.assignments]
+    return quotas.standings(pending)
+
+
+def _within_queue_key(request: PlacementRequest) -> tuple[int, float, str]:
+    return (-request.spec.priority, request.submitted_at, request.workload)
+
+
+def admission_order(requests: Sequence[PlacementRequest],
+                    quotas: Quotas) -> list[PlacementRequest]:
+    """The requests in the order they are tried (see the module docstring): per queue by
+    priority and age; those within their queue's nominal quota first, then the borrowers by
+    their queue's weighted dominant share once admitted; requests of undeclared queues
+    last."""
+    by_queue: dict[str, list[PlacementRequest]] = {}
+    for request in requests:
+        by_queue.setdefault(request.spec.queue, []).append(request)
+    keyed: list[tuple[tuple[int, float, int, float, str], PlacementRequest]] = []
+    for name, members in by_queue.items():
+        members.sort(key=_within_queue_key)
+        used = quotas.used.get(name, 0.0)
+        for request in members:
+            if name not in quotas.queues:
+                tier, share = 2, 0.0
+            else:
+                used += charge(request.spec)
+                borrowing = not quotas.within_nominal(name, used)
+                tier, share = (1, quotas.share(name, used)) if borrowing else (0, 0.0)
+            keyed.append(((tier, share, -request.spec.priority, request.submitted_at,
+                           request.workload), request))
+    keyed.sort(key=lambda pair: pair[0])
+    return [request for _key, request in keyed]
