@@ -265,7 +265,8 @@ class Controller:
                     reconcile, snapshot, now,
                     allow_failover=self.failsafe.failover_allowed(),
                     strategy=self.config.placement_strategy,
-                    spares=self.config.placement.spares, seen=self.seen)
+                    spares=self.config.placement.spares, seen=self.seen,
+                    min_runtime=self.config.fair_sharing.min_runtime)
                 self.cycles += 1
                 try:
                     await self.failsafe.maintain_set(self.election, snapshot)

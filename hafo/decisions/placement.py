@@ -133,8 +133,9 @@ def place_in_order(requests: Sequence[PlacementRequest],
     ``capacity`` (preemption holds it for the request) and returns the nodes it changed.
     Gangs are placed whole or not at all, ``spares`` (out of ``capacity``) replacing their
     failed members first (``hafo.decisions.gang_placement``). ``quotas``: each request must
-    fit its queue's quota first (a request that does not is not tried: it neither holds nodes
-    nor preempts), and is charged once placed (``hafo.decisions.quota``)."""
+    fit its queue's quota first (a request that does not is not tried: it holds no node, and
+    only takes back quota its queue lent, through ``unplaceable`` with ``reclaim`` set:
+    ``hafo.decisions.reclaim``), and is charged once placed (``hafo.decisions.quota``)."""
     index = PlacementIndex(capacity, now, strategy)
     gangs = GangPlacer(index, dict(spares or {}))
     results: dict[str, Placed | Unplaceable] = {}
@@ -142,7 +143,11 @@ def place_in_order(requests: Sequence[PlacementRequest],
     for request in requests:
         refusal = quotas.refusal(request) if quotas is not None else None
         if refusal is not None:
-            results[request.workload] = Unplaceable(refusal.render())
+            waits = Unplaceable(refusal.render())
+            if refusal.reclaimable and unplaceable is not None and not request.spec.is_gang:
+                for name in unplaceable(replace(request, reclaim=True), waits):
+                    index.refresh(name)
+            results[request.workload] = waits
             continue
         if request.group is not None and groups.get(request.group):
             request = replace(request, apart=request.apart | groups[request.group])

@@ -39,7 +39,9 @@ class PlacementRequest:
     member that moves must go; ``spares_first``: a failed member's replacement takes a spare
     node before an ordinary one (a planned move, only when no ordinary node fits). A
     replica of a service: ``apart``, the nodes of its service's other replicas (never used),
-    and ``group``, its service (replicas placed in one pass keep apart from each other)."""
+    and ``group``, its service (replicas placed in one pass keep apart from each other).
+    ``reclaim``: it does not fit its queue's quota because its cohort lent the quota out,
+    and may take it back from the borrowers (``hafo.decisions.reclaim``)."""
 
     workload: str
     spec: WorkloadSpec
@@ -54,6 +56,7 @@ class PlacementRequest:
     spares_first: bool = False
     apart: frozenset[str] = frozenset()
     group: str | None = None
+    reclaim: bool = False
 
 
 @dataclass

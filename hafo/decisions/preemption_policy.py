@@ -45,6 +45,15 @@ class PreemptionPolicy(Protocol):
         """May ``request`` stop ``victim``?"""
         ...
 
+    def accepts(self, request: PlacementRequest, victims: tuple[Victim, ...]) -> bool:
+        """Is stopping all of ``victims`` (each one it may stop, chosen to make room on one
+        node) enough, and allowed, together?"""
+        ...
+
+    def chosen(self, request: PlacementRequest, victims: tuple[Victim, ...]) -> None:
+        """``victims`` are stopped for ``request`` (the pass goes on knowing it)."""
+        ...
+
 
 @dataclass(frozen=True)
 class PriorityOnly:
@@ -57,6 +66,13 @@ class PriorityOnly:
     def may_stop(self, request: PlacementRequest, victim: Victim) -> bool:
         """The victim's priority is strictly below the request's."""
         return victim.priority < request.spec.priority
+
+    def accepts(self, request: PlacementRequest, victims: tuple[Victim, ...]) -> bool:
+        """Room on the node is all it needs."""
+        return True
+
+    def chosen(self, request: PlacementRequest, victims: tuple[Victim, ...]) -> None:
+        """Nothing to remember."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +90,14 @@ class QueueScoped:
     def may_stop(self, request: PlacementRequest, victim: Victim) -> bool:
         """The victim is in the request's queue and ``inner`` lets it stop it."""
         return victim.queue == request.spec.queue and self.inner.may_stop(request, victim)
+
+    def accepts(self, request: PlacementRequest, victims: tuple[Victim, ...]) -> bool:
+        """As ``inner``."""
+        return self.inner.accepts(request, victims)
+
+    def chosen(self, request: PlacementRequest, victims: tuple[Victim, ...]) -> None:
+        """As ``inner``."""
+        self.inner.chosen(request, victims)
 
 
 #: The policy ``reconcile`` uses unless told otherwise.

@@ -107,8 +107,21 @@ class QuotaRefusal:
     pool: float = 0.0
     pool_free: float = 0.0
     users: tuple[tuple[str, float, float], ...] = ()
+    needs_from_pool: float = 0.0
     borrowing_limit: float | None = None
     at_borrowing_limit: bool = False
+
+    @property
+    def reclaimable(self) -> bool:
+        """Only the cohort's pool stops it, and it would stay within its queue's nominal
+        quota: the quota it lent out may be taken back (``hafo.decisions.reclaim``)."""
+        return (self.known and self.cohort is not None and not self.at_borrowing_limit
+                and self.used + self.needs <= self.nominal + _EPSILON)
+
+    @property
+    def pool_short(self) -> float:
+        """How much the cohort's pool lacks for the request."""
+        return max(self.needs_from_pool - self.pool_free, 0.0)
 
     def render(self) -> str:
         """One sentence, in tiers: the queue, then the cohort, then who holds the pool."""
@@ -232,7 +245,8 @@ class Quotas:
         users = tuple((q, self.used.get(q, 0.0), float(self.queues[q].gpus or 0))
                       for q in self._members[queue.cohort]
                       if self._from_pool(self.queues[q], self.used.get(q, 0.0)) > _EPSILON)
-        return _with(refused, pool=pool, pool_free=pool - pool_used, users=users)
+        return _with(refused, pool=pool, pool_free=pool - pool_used, users=users,
+                     needs_from_pool=extra)
 
     def charge(self, request: PlacementRequest) -> None:
         """``request`` was placed: its queue uses its charge from now on."""

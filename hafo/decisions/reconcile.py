@@ -47,6 +47,7 @@ from hafo.decisions.preemption import (
 )
 from hafo.decisions.preemption_policy import PRIORITY_ONLY, PreemptionPolicy, QueueScoped
 from hafo.decisions.quota import Quotas, ordinal
+from hafo.decisions.reclaim import DEFAULT_MIN_RUNTIME, Reclaiming
 from hafo.decisions.services import ReplicaChange, apart_from, decide_services
 from hafo.model.cluster import Assignment, ClusterSnapshot, Member
 
@@ -83,12 +84,25 @@ def _victim_actions(snapshot: ClusterSnapshot,
                     preemptions: Mapping[str, Preemption]) -> list[Action]:
     actions = []
     for preemptor, preemption in preemptions.items():
-        priority = snapshot.workloads[preemptor].spec.priority
+        spec = snapshot.workloads[preemptor].spec
         for victim in preemption.victims:
-            actions.append(stop_then_place(
-                snapshot.assignments[victim], f"preempted by {preemptor} (priority {priority})",
-                Cause.PREEMPTED, urgent=False, preempted_for=preemptor))
+            theirs = snapshot.workloads[victim].spec.queue
+            why = (f"preempted by {preemptor} (priority {spec.priority})"
+                   if theirs == spec.queue else
+                   f"reclaimed by {preemptor}: queue {spec.queue} takes back the quota it "
+                   f"lent to {theirs}")
+            actions.append(stop_then_place(snapshot.assignments[victim], why,
+                                           Cause.PREEMPTED, urgent=False,
+                                           preempted_for=preemptor))
     return actions
+
+
+def _running_since(seen: Observations) -> dict[str, float]:
+    """workload -> when this controller first saw an instance of it running (its latest)."""
+    since: dict[str, float] = {}
+    for (wid, _node, _epoch), at in seen.running.items():
+        since[wid] = max(since.get(wid, at), at)
+    return since
 
 
 def _waiting_reason(wid: str, preemptions: Mapping[str, Preemption],
@@ -144,15 +158,16 @@ class _Placing:
 
 def _place(snapshot: ClusterSnapshot, needs: tuple[Need, ...], admitted: Admitted,
            settled: Iterable[str], now: float, strategy: Strategy, spares: int,
-           policy: PreemptionPolicy) -> _Placing:
+           policy: PreemptionPolicy, reclaims: bool = False) -> _Placing:
     """Stage 3, **place**: the admitted requests, in their order, on the capacity left by
-    everything that does not need a placement; preempting under ``policy``."""
+    everything that does not need a placement; preempting under ``policy`` (``reclaims``:
+    a queue may take back quota it lent, ``hafo.decisions.reclaim``)."""
     releasing = {n.request.workload for n in needs}
     capacity = capacity_from(snapshot, releasing)
     spare_nodes = choose_spares(snapshot, capacity, spares)
     waiting = waiting_preemptors(snapshot)
     preempting = (Preempting(snapshot, settled, capacity, waiting, now, policy)
-                  if any(policy.preempts(n.request) for n in needs) else None)
+                  if reclaims or any(policy.preempts(n.request) for n in needs) else None)
     results = place_in_order(_reserved(admitted, waiting, capacity), capacity, now, strategy,
                              preempting, spare_nodes, admitted.quotas)
     preemptions = preempting.chosen if preempting is not None else {}
@@ -163,7 +178,8 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
               cooldown: float = FAILED_NODE_COOLDOWN, allow_failover: bool = True,
               strategy: str = "spread", spares: int = 0,
               seen: Observations | None = None,
-              preemption: PreemptionPolicy = PRIORITY_ONLY) -> Plan:
+              preemption: PreemptionPolicy = PRIORITY_ONLY,
+              min_runtime: float = DEFAULT_MIN_RUNTIME) -> Plan:
     """Compute the plan for one reconcile cycle. ``now`` is the deciding controller's clock
     (``hafo.model.clocks.SteadyClock``: wall-clock seconds, advanced monotonically).
 
@@ -173,7 +189,9 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
     ``spares``: how many idle nodes to keep for replacing gang members (besides the nodes
     labelled as spares; ``hafo.decisions.gang_placement``). ``seen``: what this controller
     observed, when (``hafo.decisions.observed.observe``, with this snapshot); None: all of it
-    seen first now. ``preemption``: who may preempt whom (``PriorityOnly``: hafo's rule).
+    seen first now. ``preemption``: who may preempt whom (``PriorityOnly``: hafo's rule;
+    while queues are declared, within a queue). ``min_runtime``: how long borrowed work runs
+    before a lender may take its quota back (``fair_sharing.min_runtime``).
 
     The pipeline: assess every workload (``hafo.decisions.assessment``), admit the
     placement requests in order (``hafo.decisions.admission``), place them in that order
@@ -192,10 +210,16 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
     needs = tuple(_kept_apart(snapshot, need) for need in assessed.needs)
     quotas = Quotas.of(snapshot, {n.request.workload for n in needs})
     admitted = admit((n.request for n in needs), quotas)  # 2. admit
-    if quotas is not None and preemption is PRIORITY_ONLY:
-        preemption = QueueScoped(preemption)
+    reclaims = False
+    if quotas is not None:
+        if preemption is PRIORITY_ONLY:
+            preemption = QueueScoped(preemption)
+        reclaims = any(spec.cohort is not None for spec in quotas.queues.values())
+        if reclaims:
+            preemption = Reclaiming(preemption, snapshot, quotas, _running_since(seen),
+                                    now, min_runtime)
     placing = _place(snapshot, needs, admitted, assessed.settled, now, default,  # 3. place
-                     spares, preemption)
+                     spares, preemption, reclaims)
     positions = _positions(admitted, placing.results) if quotas is not None else {}
     actions += _placement_actions(snapshot, needs, placing, positions)  # 4. actions
     actions += _victim_actions(snapshot, placing.preemptions)

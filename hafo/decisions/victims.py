@@ -148,7 +148,13 @@ class VictimIndex:
         pick = fewest(sorted(options), deficit)
         if pick is None:
             return None
+        if not self.policy.accepts(request, self._victims(name, pick[2])):
+            return None
         return (pick[0], pick[1], name), pick[2]
+
+    def _victims(self, node: str, workloads: tuple[str, ...]) -> tuple[Victim, ...]:
+        wanted = set(workloads)
+        return tuple(v for v in self.by_node[node] if v.workload in wanted)
 
     def choose(self, request: PlacementRequest, now: float) -> Preemption | None:
         """The node and the fewest workloads the policy lets ``request`` stop there.
@@ -186,6 +192,7 @@ class VictimIndex:
             return None
         (_count, _total, node), chosen = best
         self.taken.update(chosen)
+        self.policy.chosen(request, self._victims(node, chosen))
         cap = self.capacity[node]
         cap.free = [g for g in cap.free if not gpu_matches(spec, g)]
         self._file(node)

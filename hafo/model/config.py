@@ -370,6 +370,16 @@ class PlacementSection(Section):
 
 
 @dataclass(frozen=True)
+class FairSharingSection(Section):
+    """``fair_sharing``: how queues share the pool (docs/design.md, "Queues and fair
+    share"). ``min_runtime``: seconds borrowed work runs before the queue that lent the
+    quota may take it back (checkpoint first), unless the borrower is over its borrowing
+    limit."""
+
+    min_runtime: NonNegative = 300.0
+
+
+@dataclass(frozen=True)
 class Config(Section):
     """One daemon's configuration."""
 
@@ -384,6 +394,7 @@ class Config(Section):
     log: LogSection = LogSection()
     health: HealthConfig = field(default_factory=HealthConfig)
     placement: PlacementSection = PlacementSection()
+    fair_sharing: FairSharingSection = FairSharingSection()
 
     def _check(self) -> None:
         problem = election_problem(self.etcd.election_timeout, self.timing)

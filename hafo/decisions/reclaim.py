@@ -1,0 +1,115 @@
+"""Reclaim: a queue takes back the quota it lent to its cohort, checkpoint first. Pure.
+
+A request that does not fit its queue's quota only because its cohort's pool is used up,
+and that would keep its queue within its nominal quota (``QuotaRefusal.reclaimable``), may
+stop borrowed work (``PlacementRequest.reclaim``). It goes through the preemption path
+(``hafo.decisions.preemption``: victims on one node, the fewest, then the lowest total
+priority; the victims are moved checkpoint first, a planned stop, and the room on that node
+is held for the reclaimer until they have stopped), under ``Reclaiming``'s rules:
+
+- a victim is placed work of another queue of the same cohort that uses more than its
+  nominal quota, and stopping it (with the other victims of its queue) leaves that queue at
+  or above its nominal quota: reclaim never takes a borrower below its own quota;
+- a victim that has run less than ``min_runtime`` (``fair_sharing.min_runtime``, from when
+  this controller first saw it running) is left alone, unless its queue is over its
+  borrowing limit (a limit lowered since);
+- the victims together free at least what the pool lacks for the request, besides room on
+  the node: no victim is stopped for nothing.
+
+Requests that are not reclaiming keep the priority rule of ``inner`` (``QueueScoped``).
+Gangs neither reclaim nor are reclaimed yet (``hafo.decisions.preemption``: a gang is never
+a victim, and a gang that does not fit waits).
+
+No cycle: the reclaimer's queue stays within its nominal quota, so it borrows nothing and
+is never a victim of a reclaim; a victim's queue stays at or above its own, so its work
+asks again as a borrower, which never reclaims. (docs/design.md, "Queues and fair share".)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from hafo.decisions.placement_rules import PlacementRequest
+from hafo.decisions.preemption_policy import PreemptionPolicy, Victim
+from hafo.decisions.quota import Quotas, charge
+from hafo.model.cluster import ClusterSnapshot
+
+__all__ = ["DEFAULT_MIN_RUNTIME", "Reclaiming"]
+
+#: ``fair_sharing.min_runtime``'s default: borrowed work runs at least this long (seconds)
+#: before a lender may take its quota back.
+DEFAULT_MIN_RUNTIME = 300.0
+_EPSILON = 1e-9
+
+
+@dataclass
+class Reclaiming:
+    """``inner`` for ordinary preemptors; the reclaim rules (module docstring) for requests
+    with ``reclaim`` set. ``quotas``: the pass's quota state; ``running_since``: workload ->
+    when this controller first saw its instance running; ``now``; ``min_runtime``."""
+
+    inner: PreemptionPolicy
+    snapshot: ClusterSnapshot
+    quotas: Quotas
+    running_since: Mapping[str, float]
+    now: float
+    min_runtime: float = DEFAULT_MIN_RUNTIME
+    #: queue -> GPUs already reclaimed from it in this pass
+    taken: dict[str, float] = field(default_factory=dict)
+
+    def preempts(self, request: PlacementRequest) -> bool:
+        """A reclaimer always may; others as ``inner`` says."""
+        return request.reclaim or self.inner.preempts(request)
+
+    def _charge(self, victim: Victim) -> float:
+        submission = self.snapshot.workloads.get(victim.workload)
+        return charge(submission.spec) if submission is not None else 0.0
+
+    def _above_nominal(self, queue: str) -> float:
+        spec = self.quotas.queues[queue]
+        used = self.quotas.used.get(queue, 0.0) - self.taken.get(queue, 0.0)
+        return used - float(spec.gpus or 0)
+
+    def may_stop(self, request: PlacementRequest, victim: Victim) -> bool:
+        """For a reclaimer: borrowed work of its cohort, old enough (module docstring)."""
+        if not request.reclaim:
+            return self.inner.may_stop(request, victim)
+        mine = self.quotas.queues.get(request.spec.queue)
+        theirs = self.quotas.queues.get(victim.queue)
+        if mine is None or theirs is None or theirs.gpus is None or mine.cohort is None \
+                or theirs.cohort != mine.cohort or victim.queue == request.spec.queue:
+            return False
+        if self._above_nominal(victim.queue) < self._charge(victim) - _EPSILON:
+            return False
+        young = self.now - self.running_since.get(victim.workload, self.now) < self.min_runtime
+        return not young or self._over_borrowing_limit(victim.queue)
+
+    def _over_borrowing_limit(self, queue: str) -> bool:
+        spec = self.quotas.queues[queue]
+        return spec.borrowing_limit is not None \
+            and self._above_nominal(queue) > spec.borrowing_limit + _EPSILON
+
+    def accepts(self, request: PlacementRequest, victims: tuple[Victim, ...]) -> bool:
+        """For a reclaimer: no victim's queue goes below its nominal quota, and together
+        they free what the pool lacks."""
+        if not request.reclaim:
+            return self.inner.accepts(request, victims)
+        refusal = self.quotas.refusal(request)
+        if refusal is None:
+            return True
+        per_queue: dict[str, float] = {}
+        for victim in victims:
+            per_queue[victim.queue] = per_queue.get(victim.queue, 0.0) + self._charge(victim)
+        if any(self._above_nominal(queue) < freed - _EPSILON
+               for queue, freed in per_queue.items()):
+            return False
+        return sum(per_queue.values()) >= refusal.pool_short - _EPSILON
+
+    def chosen(self, request: PlacementRequest, victims: tuple[Victim, ...]) -> None:
+        """Remember what was taken from each queue, for the reclaims after it."""
+        if not request.reclaim:
+            self.inner.chosen(request, victims)
+            return
+        for victim in victims:
+            self.taken[victim.queue] = self.taken.get(victim.queue, 0.0) + self._charge(victim)
