@@ -175,3 +175,27 @@ async def test_a_backup_carries_the_queues() -> None:
     await intents.set_queue(store, KEYS, TEAM_A)
     backup = await take_backup(store, KEYS)
     assert backup.keys[KEYS.queue("team-a")] == codec.encode_queue(TEAM_A)
+
+
+# -- hafo dev ---------------------------------------------------------------------------------
+
+async def test_hafo_dev_declares_the_default_queue_with_every_gpu_once() -> None:
+    from types import SimpleNamespace
+
+    from hafo.local.dev_server import DevCluster, DevOptions
+
+    store = MemoryStore()
+    dev: Any = SimpleNamespace(cluster=SimpleNamespace(store=store, keys=KEYS),
+                               options=DevOptions(nodes=3, gpus=4))
+    await DevCluster._declare_default_queue(dev)
+    assert dict((await read_snapshot(store, KEYS)).queues) == {
+        "default": QueueSpec(name="default", gpus=12)}
+    # a kept --dir keeps the queues it has
+    await intents.delete_queue(store, KEYS, "default")
+    await intents.set_queue(store, KEYS, TEAM_A)
+    await DevCluster._declare_default_queue(dev)
+    assert set((await read_snapshot(store, KEYS)).queues) == {"team-a"}
+    # a workload without a queue runs in it, as before queues
+    await intents.delete_queue(store, KEYS, "team-a")
+    await DevCluster._declare_default_queue(dev)
+    assert (await intents.submit(store, KEYS, spec())).change == "created"
