@@ -31,7 +31,8 @@ FLAGS = {"name": "NAME", "gpus": "--gpus", "cohort": "--cohort",
 def register(sub: Any) -> None:
     """Add the ``queue`` subparser and its actions ``set`` and ``delete``."""
     p = sub.add_parser("queue", help="declare or delete a queue (a team's GPU quota)")
-    actions = p.add_subparsers(dest="queue_action", required=True, parser_class=Parser)
+    actions = p.add_subparsers(dest="queue_action", metavar="{set,delete}", required=True,
+                               parser_class=Parser)
     p = actions.add_parser("set", help="declare a queue, or replace its declaration")
     p.add_argument("queue", metavar="NAME", help="the queue's name")
     p.add_argument("--gpus", required=True, metavar="N",
