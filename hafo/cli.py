@@ -30,7 +30,7 @@ __all__ = ["EXIT_NOT_FOUND", "EXIT_REFUSED", "EXIT_TIMEOUT", "EXIT_UNAVAILABLE",
 COMMAND_MODULES = ("agent", "controller", "guard", "submit", "status", "nodes", "workloads",
                    "endpoints", "lb", "delete", "drain", "migrate", "cordon", "sim", "demo",
                    "logs", "show", "dev", "completion", "events", "backup", "restore",
-                   "recover")
+                   "recover", "queue", "queues")
 
 #: Subcommands run by a module of another name.
 MODULE_OF = {"uncordon": "cordon"}

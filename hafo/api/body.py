@@ -93,6 +93,26 @@ class NodeChange(TypedDict):
     moving: NotRequired[list[str]]
 
 
+class QueueSet(TypedDict):
+    """A queue declared (``PUT /v1/queues/{name}``): its declaration, every field present,
+    and what the write did (``created``, ``updated`` or ``unchanged``)."""
+
+    name: str
+    gpus: int
+    cohort: str | None
+    borrowing_limit: int | None
+    lending_limit: int | None
+    weight: float
+    change: str
+
+
+class QueueDeleted(TypedDict):
+    """A queue deleted."""
+
+    name: str
+    deleted: bool
+
+
 class Health(TypedDict):
     """A probe's answer; the daemon's role is a key too (``{"status": "ok", "agent": "n1"}``).
     ``version``: the hafo version the daemon runs (a rolling upgrade waits for it)."""

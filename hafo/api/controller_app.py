@@ -1,5 +1,6 @@
 """The controller's HTTP API: health, leadership, status, nodes, workloads, events, the
-mutations (``hafo.api.write_routes``), ``/metrics``, ``/openapi.json`` and the dashboard.
+mutations (``hafo.api.write_routes``), the queues (``hafo.api.queue_routes``), ``/metrics``,
+``/openapi.json`` and the dashboard.
 
 Served by every controller from its watched cache, so standbys answer reads too (and accept
 mutations, which are intents in etcd); ``/leader`` tells load balancers which one leads.
@@ -21,6 +22,7 @@ from hafo.api.dashboard import add_dashboard
 from hafo.api.errors import MAX_BODY, error, json_errors
 from hafo.api.openapi import controller_document
 from hafo.api.probes import probe_routes
+from hafo.api.queue_routes import queue_routes
 from hafo.api.write_routes import node_name, resolved, write_routes
 from hafo.model.cluster import ClusterSnapshot, Event
 from hafo.model.endpoints import agent_targets, endpoints_of, prometheus_targets, resolve
@@ -96,6 +98,7 @@ def make_controller_app(source: ControllerSource, token: str | None = None,
     app[MAX_BODY] = max_body_bytes
     app.add_routes(read_routes(source))
     app.add_routes(write_routes(source))
+    app.add_routes(queue_routes(source))
     ready, not_ready = source.ready, source.not_ready_reason
     if auth_refusal is not None:
         refusal = auth_refusal

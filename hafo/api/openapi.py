@@ -11,11 +11,12 @@ them.
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Any
 
 from hafo import __version__
-from hafo.api.body import MIGRATE, Deleted, Health, Moving, NodeChange
+from hafo.api.body import MIGRATE, Deleted, Health, Moving, NodeChange, QueueDeleted, QueueSet
 from hafo.api.errors import ErrorBody
 from hafo.model.cluster import Event
 from hafo.model.endpoints import Endpoints
@@ -34,6 +35,8 @@ from hafo.model.output import (
     READ_LIMIT,
 )
 from hafo.model.output_view import OutputLog
+from hafo.model.queue_view import QueueView
+from hafo.model.queues import QUEUE
 from hafo.model.schema import Schema, json_schemas, schema_of
 from hafo.model.spec import SPEC
 from hafo.model.views import NodeView, StatusView, WorkloadView
@@ -55,7 +58,7 @@ ERROR = _json(_ref("Error"), "error")
 
 def _errors(*codes: int) -> dict[str, Any]:
     texts = {400: "bad input; the error names the field", 401: "missing or wrong bearer token",
-             404: "no such node or workload", 409: "conflicts with the current state",
+             404: "no such node, workload or queue", 409: "conflicts with the current state",
              413: "body too large",
              503: "etcd unavailable, or not the leader, or (a mutation) this controller's "
                   "API auth differs from the cluster's"}
@@ -65,9 +68,11 @@ def _errors(*codes: int) -> dict[str, Any]:
 @functools.cache
 def schemas() -> dict[str, Any]:
     """The components' schemas: requests as validated (input), responses as written (made
-    once; the documents share it, read-only)."""
-    return json_schemas({
+    once; the documents share it, read-only). ``QueueBody``, the body of ``PUT
+    /v1/queues/{name}``, is ``QueueSpec`` with ``name`` optional (the path names the queue)."""
+    out = json_schemas({
         "WorkloadSpec": (SPEC, "validation"),
+        "QueueSpec": (QUEUE, "validation"),
         "MigrateRequest": (MIGRATE, "validation"),
         "Error": (Schema(ErrorBody, "error"), "serialization"),
         "Workload": (Schema(WorkloadView, "workload"), "serialization"),
@@ -80,7 +85,17 @@ def schemas() -> dict[str, Any]:
         "Health": (Schema(Health, "health"), "serialization"),
         "Endpoints": (schema_of(Endpoints), "serialization"),
         "History": (Schema(ShowView, "history"), "serialization"),
+        "Queue": (Schema(QueueView, "queue"), "serialization"),
+        "QueueSet": (Schema(QueueSet, "queue"), "serialization"),
+        "QueueDeleted": (Schema(QueueDeleted, "deleted"), "serialization"),
     }, ref_template=COMPONENTS)
+    body = copy.deepcopy(out["QueueSpec"])
+    body["required"] = [name for name in body["required"] if name != "name"]
+    body["title"] = "QueueBody"
+    body["description"] = ("A queue's declaration (QueueSpec); `name` may be left out, else "
+                           "it must be the path's.")
+    out["QueueBody"] = body
+    return out
 
 
 WORKLOAD_ID = {"name": "id", "in": "path", "required": True,
@@ -165,6 +180,31 @@ def _submit() -> dict[str, Any]:
     return op
 
 
+QUEUE_PATH_NAME = {"name": "name", "in": "path", "required": True,
+                   "description": "a queue's name",
+                   "schema": {"type": "string", "pattern": f"^{WORKLOAD_NAME}$"}}
+
+
+def _queues() -> dict[str, Any]:
+    """The queue routes (``hafo.api.queue_routes``)."""
+    name = [QUEUE_PATH_NAME]
+    put = _mutation("declare the queue (201), or replace its declaration (200: updated, or "
+                    "unchanged); the body's `name` may be left out, else it must be the path's",
+                    201, _ref("QueueSet"), 400, body=_ref("QueueBody"), body_required=True,
+                    params=name)
+    put["responses"]["200"] = _json(_ref("QueueSet"), "updated, or unchanged")
+    put["responses"]["201"]["description"] = "created"
+    return {
+        "/v1/queues": {"get": _get("every declared queue, and the workloads naming each",
+                                   {"type": "array", "items": _ref("Queue")})},
+        "/v1/queues/{name}": {
+            "get": _get("one queue", _ref("Queue"), 404, params=name),
+            "put": put,
+            "delete": _mutation("forget a queue (409 while workloads name it)", 200,
+                                _ref("QueueDeleted"), 404, 409, params=name)},
+    }
+
+
 def controller_document() -> dict[str, Any]:
     """The controller API's OpenAPI document."""
     limit = {"name": "limit", "in": "query", "required": False,
@@ -217,6 +257,7 @@ def controller_document() -> dict[str, Any]:
         "/v1/events": {"get": _get("newest events, oldest first",
                                    {"type": "array", "items": _ref("Event")}, 400,
                                    params=[limit])},
+        **_queues(),
     })
 
 

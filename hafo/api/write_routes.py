@@ -91,7 +91,7 @@ def write_routes(target: WriteTarget) -> web.RouteTableDef:
         try:
             done = await intents.submit(target.store, target.keys, spec)
         except intents.Refused as exc:
-            return error(409, str(exc))
+            return error(409, str(exc), exc.field)
         submission = done.submission
         view = {**submitted_view(submission), "change": done.change, "how": done.how}
         return web.json_response(view, status=201 if done.change == "created" else 200,

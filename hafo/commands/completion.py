@@ -2,7 +2,7 @@
 
 Completion is argcomplete's: the script makes the shell run ``hafo`` with ``_ARGCOMPLETE``
 set, and ``hafo.cli.main`` answers from its own argument parser before parsing anything
-(docs/contract.md, "Shell completion"). Node and workload names are completed from etcd
+(docs/contract.md, "Shell completion"). Node, workload and queue names are completed from etcd
 (``$HAFO_ETCD``/``$HAFO_CLUSTER``/``$HAFO_CONFIG``, as every command reads them), within
 ``NAME_TIMEOUT`` seconds; when etcd cannot be reached, names are simply not offered.
 """
@@ -66,6 +66,8 @@ def _names(kind: str, args: argparse.Namespace) -> list[str]:
             await store.close()
         if kind == "node":
             return sorted(snapshot.nodes)
+        if kind == "queue":
+            return sorted(snapshot.queues)
         return sorted({s.spec.name for s in snapshot.workloads.values()})
 
     async def bounded() -> list[str]:
@@ -78,8 +80,8 @@ def _names(kind: str, args: argparse.Namespace) -> list[str]:
 
 
 def names_of(kind: str) -> Callable[..., list[str]]:
-    """An argcomplete completer offering the cluster's node (``"node"``) or workload
-    (``"workload"``) names that start with what was typed."""
+    """An argcomplete completer offering the cluster's node (``"node"``), workload
+    (``"workload"``) or queue (``"queue"``) names that start with what was typed."""
 
     def completer(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:
         return [name for name in _names(kind, parsed_args) if name.startswith(prefix)]
@@ -88,14 +90,14 @@ def names_of(kind: str) -> Callable[..., list[str]]:
 
 
 def attach_name_completers(parser: argparse.ArgumentParser) -> None:
-    """Give every ``node``/``workload`` positional (and ``--to``/``--from``/``--workload``) of
-    every subcommand a name completer."""
+    """Give every ``node``/``workload``/``queue`` positional (and ``--to``/``--from``/
+    ``--workload``) of every subcommand a name completer."""
     for action in parser._actions:  # argparse keeps no public list
         if isinstance(action, argparse._SubParsersAction):
             for child in set(action.choices.values()):
                 attach_name_completers(child)
             continue
         kind = {"node": "node", "to": "node", "member_node": "node",
-                "workload": "workload"}.get(action.dest)
+                "workload": "workload", "queue": "queue"}.get(action.dest)
         if kind is not None:
             action.completer = names_of(kind)  # type: ignore[attr-defined]

@@ -20,6 +20,7 @@ from hafo.model.cluster import (
     NodeRecord,
     Submission,
 )
+from hafo.model.queues import QueueSpec, parse_queue
 from hafo.model.schema import schema_of
 
 _ASSIGNMENT = schema_of(Assignment)
@@ -92,3 +93,14 @@ def decode_move(value: bytes) -> MoveRequest:
 def decode_event(value: bytes) -> Event:
     """An event."""
     return _EVENT.validate_json(value)
+
+
+def encode_queue(spec: QueueSpec) -> bytes:
+    """A declared queue (``Keys.queue``)."""
+    return encode(spec.to_dict())
+
+
+def decode_queue(value: bytes) -> QueueSpec:
+    """Inverse of ``encode_queue`` (validated again: ValidationError, a ValueError, names the
+    field of a value that is not a queue)."""
+    return parse_queue(decode(value))

@@ -1,18 +1,19 @@
-"""Writes made on a user's behalf (CLI, HTTP API): submit, delete, migrate, drain, cordon and
-uncordon (docs/design.md, "Data flow"). Their events share the process's event lease
-(``EventLog``): a write grants no lease of its own."""
+"""Writes made on a user's behalf (CLI, HTTP API): submit, delete, migrate, drain, cordon,
+uncordon, and declaring or deleting a queue (docs/design.md, "Data flow"). Their events share
+the process's event lease (``EventLog``): a write grants no lease of its own."""
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from hafo.decisions.drain import workloads_to_drain
 from hafo.decisions.moves import MoveRefusal, requested_move_refusal
 from hafo.model.cluster import ClusterSnapshot, Event, MoveRequest, Submission
 from hafo.model.endpoints import resolve
+from hafo.model.queues import DEFAULT_QUEUE, QueueSpec
 from hafo.model.spec import WorkloadSpec
 from hafo.store import codec
 from hafo.store.client import Compare, Delete, Put
@@ -23,11 +24,16 @@ from hafo.store.state import read_snapshot
 
 
 class NotFound(Exception):
-    """The named workload or node does not exist."""
+    """The named workload, node or queue does not exist."""
 
 
 class Refused(Exception):
-    """The submit cannot be done as asked (the message names the field)."""
+    """The intent cannot be done as asked, in the current state (the message names the
+    field; ``field``: that field, where there is one, for the API's error body)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 Change = Literal["created", "updated", "unchanged"]
@@ -85,11 +91,13 @@ def _update_refusal(current: Submission, spec: WorkloadSpec) -> str:
 
 async def submit(store: Store, keys: Keys, spec: WorkloadSpec) -> Submitted:
     """Create the workload named ``spec.name``, or update the one of that name (names are
-    identities, docs/contract.md, "Submit is declarative"). Refused: a change of kind."""
+    identities, docs/contract.md, "Submit is declarative"). Refused: a change of kind, or a
+    queue that is not declared while any is (``queue_guard``)."""
     while True:
+        guard = await queue_guard(store, keys, spec.queue)
         current, current_rev, name_rev = await _named(store, keys, spec.name)
         if current is None:
-            created = await _create(store, keys, spec, name_rev)
+            created = await _create(store, keys, spec, name_rev, guard)
             if created is not None:
                 return Submitted(created, "created")
             continue
@@ -97,14 +105,38 @@ async def submit(store: Store, keys: Keys, spec: WorkloadSpec) -> Submitted:
             return Submitted(current, "unchanged", "the same spec: nothing to do")
         refusal = _update_refusal(current, spec)
         if refusal:
-            raise Refused(refusal)
-        updated = await _update(store, keys, current, current_rev, spec)
+            raise Refused(refusal, field="spec.replicas")
+        if replace(current.spec, queue=spec.queue) == spec:
+            updated = await _requeue(store, keys, current, current_rev, spec, guard)
+        else:
+            updated = await _update(store, keys, current, current_rev, spec, guard)
         if updated is not None:
             return updated
 
 
-async def _create(store: Store, keys: Keys, spec: WorkloadSpec,
-                  name_rev: int) -> Submission | None:
+async def queue_guard(store: Store, keys: Keys, queue: str) -> list[Compare]:
+    """The compare that keeps a submit to ``queue`` from landing after the queue is deleted
+    (none while no queue is declared: then any queue name is accepted, as before queues).
+    Refused, naming ``spec.queue`` and the declared queues, when ``queue`` is not one of
+    them."""
+    _, kvs = await store.get_prefix(keys.queues)
+    declared = {parsed.name: kv for kv in kvs
+                if (parsed := keys.parse(kv.key)).kind == "queue" and parsed.name}
+    if not declared:
+        return []
+    kv = declared.get(queue)
+    if kv is None:
+        names = ", ".join(sorted(str(name) for name in declared))
+        hint = (" (a spec without `queue` is in queue 'default', which is not declared "
+                "here: name one of those, or declare 'default')" if queue == DEFAULT_QUEUE
+                else "")
+        raise Refused(f"spec.queue: no queue {queue!r} is declared (queues: {names}){hint}",
+                      field="spec.queue")
+    return [Compare(kv.key, "mod", "==", kv.mod_revision)]
+
+
+async def _create(store: Store, keys: Keys, spec: WorkloadSpec, name_rev: int,
+                  guard: list[Compare]) -> Submission | None:
     """Write the new workload, its name and its ``submitted`` event in one transaction (the
     event stamped before it: the controller's ``pending`` or ``placed`` sorts after it)."""
     submission = Submission(id=new_workload_id(spec), spec=spec, submitted_at=time.time())
@@ -116,7 +148,7 @@ async def _create(store: Store, keys: Keys, spec: WorkloadSpec,
                   message=f"workload {submission.id} submitted ({what}"
                   + (f" on each of {spec.nodes} nodes)" if spec.is_gang else ")"))
     result = await EventLog(store, keys).txn(
-        [Compare(key, "create", "==", 0), name_guard],
+        [Compare(key, "create", "==", 0), name_guard, *guard],
         [Put(key, codec.encode_submission(submission)), Put(name_key, submission.id.encode())],
         event)
     if not result.succeeded:
@@ -124,8 +156,35 @@ async def _create(store: Store, keys: Keys, spec: WorkloadSpec,
     return submission
 
 
+async def _requeue(store: Store, keys: Keys, current: Submission, current_rev: int,
+                   spec: WorkloadSpec, guard: list[Compare]) -> Submitted | None:
+    """Only the queue changed: the new spec is written (a service's replicas' specs too, in
+    the same transaction, so no replica is outdated and none is replaced) and nothing
+    restarts: the queue is an admission matter, the running instances run on, counted in the
+    new queue from now on."""
+    updated = Submission(id=current.id, spec=spec, submitted_at=current.submitted_at)
+    key = keys.workload(current.id)
+    compares = [Compare(key, "mod", "==", current_rev), *guard]
+    ops: list[Put | Delete] = [Put(key, codec.encode_submission(updated))]
+    if spec.is_service:
+        _, replicas = await store.get_prefix(keys.workload(f"{current.id}."))
+        for kv in replicas:
+            replica = codec.decode_submission(kv.value)
+            moved = replace(replica, spec=replace(replica.spec, queue=spec.queue))
+            compares.append(Compare(kv.key, "mod", "==", kv.mod_revision))
+            ops.append(Put(kv.key, codec.encode_submission(moved)))
+    how = (f"queue {current.spec.queue!r} -> {spec.queue!r}: nothing restarts (the queue "
+           "decides admission; what runs runs on, counted in the new queue)")
+    event = Event(ts=time.time(), kind="updated", workload=current.id,
+                  message=f"workload {current.id} updated: {how}")
+    result = await EventLog(store, keys).txn(compares, ops, event)
+    if not result.succeeded:
+        return None
+    return Submitted(updated, "updated", how)
+
+
 async def _update(store: Store, keys: Keys, current: Submission, current_rev: int,
-                  spec: WorkloadSpec) -> Submitted | None:
+                  spec: WorkloadSpec, guard: list[Compare]) -> Submitted | None:
     """Write the new spec (compare: the workload is as read). A service's controller rolls it
     out (``hafo.decisions.services``); any other workload that runs gets a planned move, so
     its next instance runs the new spec."""
@@ -149,8 +208,8 @@ async def _update(store: Store, keys: Keys, current: Submission, current_rev: in
             how = "the new spec applies to its next start"
     event = Event(ts=time.time(), kind="updated", workload=current.id,
                   message=f"workload {current.id} updated: {how}")
-    result = await EventLog(store, keys).txn([Compare(key, "mod", "==", current_rev)], ops,
-                                             event)  # before what the controller does next
+    result = await EventLog(store, keys).txn([Compare(key, "mod", "==", current_rev), *guard],
+                                             ops, event)  # before what the controller does next
     if not result.succeeded:
         return None
     return Submitted(updated, "updated", how)
@@ -235,3 +294,81 @@ async def set_cordon(store: Store, keys: Keys, node: str, cordoned: bool) -> Non
                                              kind="cordoned" if cordoned else "uncordoned",
                                              node=node, message=f"node {node} "
                                              f"{'cordoned' if cordoned else 'uncordoned'}"))
+
+
+# --- queues ----------------------------------------------------------------------------------
+
+async def set_queue(store: Store, keys: Keys, spec: QueueSpec) -> Change:
+    """Declare the queue ``spec.name`` (``created``), or replace its declaration
+    (``updated``; ``unchanged`` for the same one). The quota decision reads it from the
+    controllers' snapshot (``ClusterSnapshot.queues``)."""
+    key, value = keys.queue(spec.name), codec.encode_queue(spec)
+    while True:
+        kv = await store.get(key)
+        if kv is not None and _same_queue(kv.value, spec):
+            return "unchanged"
+        change: Change = "created" if kv is None else "updated"
+        guard = (Compare(key, "create", "==", 0) if kv is None
+                 else Compare(key, "mod", "==", kv.mod_revision))
+        event = Event(ts=time.time(), kind="queue-set",
+                      message=f"queue {spec.name} {change}: {_quota_text(spec)}")
+        result = await EventLog(store, keys).txn([guard], [Put(key, value)], event)
+        if result.succeeded:
+            return change
+
+
+def _same_queue(value: bytes, spec: QueueSpec) -> bool:
+    """Whether a stored value declares ``spec`` (one that does not decode: no)."""
+    try:
+        return codec.decode_queue(value) == spec
+    except ValueError:
+        return False
+
+
+def _quota_text(spec: QueueSpec) -> str:
+    """A queue's quota in words, for its event."""
+    text = f"{spec.gpus} GPU(s)"
+    if spec.cohort is not None:
+        text += f", cohort {spec.cohort}"
+        if spec.borrowing_limit is not None:
+            text += f", borrows at most {spec.borrowing_limit}"
+        if spec.lending_limit is not None:
+            text += f", lends at most {spec.lending_limit}"
+    if spec.weight != 1.0:
+        text += f", weight {spec.weight:g}"
+    return text
+
+
+async def queue_users(store: Store, keys: Keys, name: str) -> list[str]:
+    """The ids of the workloads (not replicas: a service counts once) whose spec names the
+    queue ``name``, sorted."""
+    _, kvs = await store.get_prefix(keys.workloads)
+    users = []
+    for kv in kvs:
+        record = codec.decode(kv.value)  # JSON only: cheap
+        if not isinstance(record, dict) or record.get("service") is not None:
+            continue
+        spec = record.get("spec")
+        if isinstance(spec, dict) and spec.get("queue", DEFAULT_QUEUE) == name:
+            users.append(str(record.get("id", kv.key.rsplit("/", 1)[-1])))
+    return sorted(users)
+
+
+async def delete_queue(store: Store, keys: Keys, name: str) -> None:
+    """Forget the queue ``name``. NotFound: no such queue; Refused: workloads still name it
+    (how many, and one of them)."""
+    key = keys.queue(name)
+    while True:
+        kv = await store.get(key)
+        if kv is None:
+            raise NotFound(f"no queue {name!r}")
+        users = await queue_users(store, keys, name)
+        if users:
+            raise Refused(f"queue {name!r} is in use: {len(users)} workload(s) name it "
+                          f"(e.g. {users[0]}); delete them, or submit them to another "
+                          "queue, first", field="name")
+        event = Event(ts=time.time(), kind="queue-deleted", message=f"queue {name} deleted")
+        result = await EventLog(store, keys).txn([Compare(key, "mod", "==", kv.mod_revision)],
+                                                 [Delete(key)], event)
+        if result.succeeded:
+            return

@@ -18,13 +18,13 @@ from typing import Literal, NamedTuple
 #: (``Keys.node_assignment``); ``unknown`` is any key that is not one of this cluster's.
 KeyKind = Literal["leader", "failsafe", "node", "alive", "cordon", "workload", "assignment",
                   "node-assignment", "move", "status", "controller", "event", "history",
-                  "identity", "api-auth", "report", "unknown"]
+                  "identity", "api-auth", "report", "queue", "unknown"]
 
 
 class ParsedKey(NamedTuple):
     """A key taken apart (``Keys.parse``): its kind and the names in it. ``node`` and
     ``workload`` are set for the kinds whose key names them; ``name`` is a controller's name
-    or an event's id. (A named tuple: watches parse every key they see.)"""
+    or an event's id or a queue's name. (A named tuple: watches parse every key they see.)"""
 
     kind: KeyKind
     node: str | None = None
@@ -46,7 +46,10 @@ _NAMED: dict[str, tuple[KeyKind, Literal["node", "workload", "name"]]] = {
     "assign": ("assignment", "workload"),
     "moves": ("move", "workload"),
     "controllers": ("controller", "name"),
+    "queues": ("queue", "name"),
 }
+# Of those named by ``name``: the kinds whose name is free-form (the whole rest of the key).
+_FREE_FORM = frozenset({"controller"})
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,17 @@ class Keys:
         """A controller's presence, bound to its lease."""
         return f"{self.state}controllers/{name}"
 
+    def queue(self, name: str) -> str:
+        """A declared queue (``hafo.model.queues.QueueSpec``'s JSON), written by ``hafo queue
+        set`` and ``PUT /v1/queues/{name}``; under ``state``: the controllers' watched
+        snapshot holds every queue (``ClusterSnapshot.queues``)."""
+        return f"{self.state}queues/{name}"
+
+    @property
+    def queues(self) -> str:
+        """Prefix of all declared queues."""
+        return f"{self.state}queues/"
+
     def history(self, workload_id: str) -> str:
         """A workload's history of epochs (written by the leader when an epoch is placed,
         starts, is stopped or ends; outside ``state``: the controllers' watch and the CLI's
@@ -192,8 +206,8 @@ class Keys:
     def parse(self, key: str) -> ParsedKey:
         """What ``key`` is, and the names in it: the inverse of the builders above.
         ``UNKNOWN`` for a key that is not one of this cluster's (another cluster's, a prefix,
-        an empty or extra path segment). Node names and workload ids never contain '/'; a
-        controller's name is free-form: the whole rest of its key."""
+        an empty or extra path segment). Node names, workload ids and queue names never
+        contain '/'; a controller's name is free-form: the whole rest of its key."""
         root = self.root
         if not key.startswith(root):
             return UNKNOWN
@@ -212,10 +226,12 @@ class Keys:
             if named is None:
                 return UNKNOWN
             kind, part = named
-            if part == "name":
+            if kind in _FREE_FORM:
                 return ParsedKey(kind, name="/".join(parts[2:]))
             if count != 3:
                 return UNKNOWN
+            if part == "name":
+                return ParsedKey(kind, name=parts[2])
             if part == "node":
                 return ParsedKey(kind, node=parts[2])
             return ParsedKey(kind, workload=parts[2])

@@ -26,6 +26,7 @@ from hafo.model.cluster import (
     NodeRecord,
     Submission,
 )
+from hafo.model.queues import QueueSpec
 from hafo.store import codec
 from hafo.store.client import KV, TRANSIENT, Resync, StoreError, WatchEvent
 from hafo.store.keys import UNKNOWN, KeyKind, Keys, ParsedKey
@@ -52,6 +53,7 @@ class ClusterCache:
         self.failsafe = FailsafeSet()
         self.moves: dict[str, MoveRequest] = {}
         self.checkpoints: dict[str, CheckpointInfo] = {}  # newest seen, outlives the reports
+        self.queues: dict[str, QueueSpec] = {}
         # Liveness keys deleted while their lease may still live (deleted by hand): the node
         # stays alive until etcd confirms that the lease is gone (``confirm_expiries``).
         self.unconfirmed: dict[str, Liveness] = {}
@@ -134,6 +136,8 @@ class ClusterCache:
             _set(self.moves, name, value)
         elif kind == "failsafe":
             self.failsafe = FailsafeSet() if deleted else cast(FailsafeSet, value)
+        elif kind == "queue":
+            _set(self.queues, name, value)
 
     def _liveness_deleted(self, name: str, liveness: Liveness) -> None:
         """A liveness key went: the node stays alive until its lease is confirmed gone."""
@@ -158,6 +162,7 @@ class ClusterCache:
             moves=MappingProxyType(dict(self.moves)),
             checkpoints=MappingProxyType(dict(self.checkpoints)),
             expiring=frozenset(self.unconfirmed),
+            queues=MappingProxyType(dict(self.queues)),
         )
 
     async def confirm_expiries(self, interval: float = 0.25) -> None:
@@ -200,6 +205,16 @@ def _set(target: dict, key: object, value: object) -> None:  # type: ignore[type
         target[key] = value
 
 
+def _decode_queue(kv: KV) -> QueueSpec:
+    """A queue's value; one whose name is not its key's is not that queue (ValueError: the
+    key is skipped, with a warning, as any value that does not decode)."""
+    spec = codec.decode_queue(kv.value)
+    key_name = kv.key.rsplit("/", 1)[-1]
+    if spec.name != key_name:
+        raise ValueError(f"queue.name: is {spec.name!r}, but the key names {key_name!r}")
+    return spec
+
+
 _DECODERS: dict[KeyKind, Callable[[KV], object]] = {
     "leader": lambda kv: kv.value.decode(),
     "node": lambda kv: codec.decode_node(kv.value),
@@ -210,6 +225,7 @@ _DECODERS: dict[KeyKind, Callable[[KV], object]] = {
     "controller": lambda kv: codec.decode_controller(kv.value),
     "move": lambda kv: codec.decode_move(kv.value),
     "failsafe": lambda kv: codec.decode_failsafe(kv.value),
+    "queue": _decode_queue,
 }
 
 

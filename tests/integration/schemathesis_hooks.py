@@ -8,6 +8,9 @@ makes generated bodies keep them, so that "bodies the schema accepts are accepte
 checked for everything else. Likewise a check type must be installed on the controller
 unless the query says ``allow_unknown_checks=true`` (which types are installed is no part of
 the schema): a body with another type is sent with that query.
+
+A queue's declaration has rules of the same kind (``PUT /v1/queues/{name}``): a body's
+``name`` is the path's, ``lending_limit`` is at most ``gpus``, and limits need a ``cohort``.
 """
 
 from __future__ import annotations
@@ -41,11 +44,32 @@ def _consistent(body: dict[str, Any]) -> None:
             check["port"] = 8000
 
 
+def _negative(case: Any) -> bool:
+    """A case generated to break the schema (left alone: it must be refused as it is)."""
+    mode = getattr(getattr(getattr(case, "meta", None), "generation", None), "mode", None)
+    return bool(getattr(mode, "is_negative", False))
+
+
+def _consistent_queue(body: dict[str, Any], name: Any) -> None:
+    if "name" in body:
+        body["name"] = name
+    gpus, lending = body.get("gpus"), body.get("lending_limit")
+    if isinstance(gpus, int) and isinstance(lending, int) and gpus >= 0 and lending > gpus:
+        body["lending_limit"] = gpus
+    limits = body.get("borrowing_limit") is not None or body.get("lending_limit") is not None
+    if limits and body.get("cohort") is None:
+        body["cohort"] = "fuzz"
+
+
 @schemathesis.hook
 def map_case(context: Any, case: Any) -> Any:
-    """Make a submitted spec's checks name only declared ports."""
+    """Make a submitted spec's checks name only declared ports, and a queue's declaration
+    keep its rules."""
     if case.method == "POST" and case.path == "/v1/workloads" and isinstance(case.body, dict):
         _consistent(case.body)
         if _unknown_types(case.body):
             case.query = {**(case.query or {}), "allow_unknown_checks": "true"}
+    if (case.method == "PUT" and case.path == "/v1/queues/{name}"
+            and isinstance(case.body, dict) and not _negative(case)):
+        _consistent_queue(case.body, (case.path_parameters or {}).get("name"))
     return case

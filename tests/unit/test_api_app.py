@@ -130,6 +130,8 @@ def test_contract_routes_are_all_served() -> None:
                 ("post", "/v1/workloads"), ("delete", "/v1/workloads/{id}"),
                 ("post", "/v1/nodes/{name}/drain"), ("post", "/v1/nodes/{name}/uncordon"),
                 ("post", "/v1/workloads/{id}/migrate"), ("get", "/metrics"),
+                ("get", "/v1/queues"), ("get", "/v1/queues/{name}"),
+                ("put", "/v1/queues/{name}"), ("delete", "/v1/queues/{name}"),
                 ("get", "/openapi.json"), ("get", "/")}
     assert contract <= routes_of(make_controller_app(FakeController()))
 
@@ -137,7 +139,7 @@ def test_contract_routes_are_all_served() -> None:
 def test_every_mutation_is_documented_as_needing_the_token() -> None:
     for path, ops in controller_document()["paths"].items():
         for method, op in ops.items():
-            needs = method in ("post", "delete")
+            needs = method in ("post", "put", "delete")
             assert ("security" in op) == needs, (method, path)
             assert ("401" in op["responses"]) == needs, (method, path)
 
@@ -155,6 +157,7 @@ def test_token_matches(header: str | None, ok: bool) -> None:
     ("POST", "/v1/workloads"), ("DELETE", "/v1/workloads/a-123456"),
     ("POST", "/v1/workloads/a-123456/migrate"), ("POST", "/v1/nodes/n1/drain"),
     ("POST", "/v1/nodes/n1/uncordon"), ("POST", "/v1/nodes/n1/cordon"),
+    ("PUT", "/v1/queues/team-a"), ("DELETE", "/v1/queues/team-a"),
 ])
 @pytest.mark.parametrize("header", [None, "Bearer wrong-token-0123456789", f"Basic {TOKEN}"])
 async def test_mutations_without_the_token_get_401(client: TestClient[Any, Any], method: str,

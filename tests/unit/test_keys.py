@@ -72,3 +72,15 @@ def test_cluster_names_do_not_confuse_the_parse(cluster: str) -> None:
     assert keys.parse(keys.status(WORKLOAD, NODE)) == ParsedKey("status", node=NODE,
                                                                workload=WORKLOAD)
     assert keys.parse(keys.node_assignment(NODE, WORKLOAD)).kind == "node-assignment"
+
+
+@pytest.mark.parametrize(("key", "expected"), [
+    (K.queue("team-a"), ParsedKey("queue", name="team-a")),
+    (K.queue("default"), ParsedKey("queue", name="default")),
+    (K.queue(""), UNKNOWN),
+    (K.queue("a/b"), UNKNOWN),   # queue names hold no '/': not free-form as a controller's
+    (K.queues, UNKNOWN),
+])
+def test_queue_keys(key: str, expected: ParsedKey) -> None:
+    assert K.parse(key) == expected
+    assert key.startswith(K.state)  # in the controllers' watched snapshot
