@@ -98,7 +98,7 @@ class QueueSet(TypedDict):
     and what the write did (``created``, ``updated`` or ``unchanged``)."""
 
     name: str
-    gpus: int
+    gpus: int | None
     cohort: str | None
     borrowing_limit: int | None
     lending_limit: int | None

@@ -13,6 +13,7 @@ from aiohttp import web
 from hafo.api.body import QueueDeleted, QueueSet, json_object
 from hafo.api.errors import NotFound, error
 from hafo.api.write_routes import WriteTarget
+from hafo.decisions.quota import usage_views
 from hafo.model.errors import ValidationError
 from hafo.model.names import WORKLOAD_NAME_RE
 from hafo.model.queue_view import all_queues, queue_view
@@ -37,7 +38,8 @@ def queue_routes(target: WriteTarget) -> web.RouteTableDef:
 
     @routes.get("/v1/queues")
     async def queues(_request: web.Request) -> web.Response:
-        return web.json_response(all_queues(target.snapshot()))
+        snapshot = target.snapshot()
+        return web.json_response(all_queues(snapshot, usage_views(snapshot)))
 
     @routes.get("/v1/queues/{name}")
     async def queue(request: web.Request) -> web.Response:
@@ -45,7 +47,7 @@ def queue_routes(target: WriteTarget) -> web.RouteTableDef:
         snapshot = target.snapshot()
         if name not in snapshot.queues:
             return error(404, f"no queue {name!r}")
-        return web.json_response(queue_view(snapshot, name))
+        return web.json_response(queue_view(snapshot, name, usage_views(snapshot)))
 
     @routes.put("/v1/queues/{name}")
     async def set_queue(request: web.Request) -> web.Response:

@@ -35,8 +35,9 @@ def register(sub: Any) -> None:
                                parser_class=Parser)
     p = actions.add_parser("set", help="declare a queue, or replace its declaration")
     p.add_argument("queue", metavar="NAME", help="the queue's name")
-    p.add_argument("--gpus", required=True, metavar="N",
-                   help="its nominal quota in GPUs (a MIG device: its fraction of a GPU)")
+    p.add_argument("--gpus", metavar="N",
+                   help="its nominal quota in GPUs (a MIG device: its fraction of a GPU; "
+                        "default: no quota)")
     p.add_argument("--cohort", metavar="C",
                    help="the cohort whose queues lend each other their unused quota")
     p.add_argument("--borrowing-limit", metavar="N",
@@ -69,8 +70,8 @@ def queue_from_args(args: argparse.Namespace) -> Any:
     from hafo.model.errors import ValidationError
     from hafo.model.queues import parse_queue
 
-    raw: dict[str, Any] = {"name": args.queue, "gpus": _number(args.gpus)}
-    for field, value in (("cohort", args.cohort),
+    raw: dict[str, Any] = {"name": args.queue}
+    for field, value in (("gpus", _number(args.gpus)), ("cohort", args.cohort),
                          ("borrowing_limit", _number(args.borrowing_limit)),
                          ("lending_limit", _number(args.lending_limit)),
                          ("weight", _number(args.weight))):
@@ -104,7 +105,8 @@ async def _set(args: argparse.Namespace, spec: Any) -> int:
         if change == "unchanged":
             print(f"unchanged: queue {spec.name} already has this declaration")
         else:
-            print(f"{change} queue {spec.name} ({spec.gpus} GPU(s))")
+            quota = "no quota" if spec.gpus is None else f"{spec.gpus} GPU(s)"
+            print(f"{change} queue {spec.name} ({quota})")
         return 0
 
     return await with_store(args, body)

@@ -41,11 +41,12 @@ from dataclasses import dataclass, field
 
 from hafo.decisions.placement_rules import PlacementRequest
 from hafo.model.cluster import ClusterSnapshot
+from hafo.model.queue_view import QueueUsage
 from hafo.model.queues import QueueSpec
 from hafo.model.spec import WorkloadSpec
 
 __all__ = ["MIG_SLICES", "QueueStanding", "QuotaRefusal", "Quotas", "admission_order",
-           "charge", "ordinal", "standings", "usage"]
+           "charge", "ordinal", "standings", "usage", "usage_views"]
 
 #: A whole GPU's compute slices in MIG mode (A100, H100, H200: 7).
 MIG_SLICES = 7
@@ -304,6 +305,15 @@ def standings(snapshot: ClusterSnapshot) -> dict[str, QueueStanding]:
     pending += [s.spec for wid, s in snapshot.workloads.items()
                 if wid not in snapshot.assignments]
     return quotas.standings(pending)
+
+
+def usage_views(snapshot: ClusterSnapshot) -> dict[str, QueueUsage]:
+    """Every declared queue's usage, as the queues' JSON view shows it
+    (``hafo.model.queue_view``), rounded to 1/1000 GPU."""
+    return {name: QueueUsage(used=round(st.used, 3), borrowed=round(st.borrowed, 3),
+                             lent=round(st.lent, 3), pending=round(st.pending, 3),
+                             share=round(st.share, 4) if st.share != float("inf") else 0.0)
+            for name, st in standings(snapshot).items()}
 
 
 def _within_queue_key(request: PlacementRequest) -> tuple[int, float, str]:

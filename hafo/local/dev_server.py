@@ -368,17 +368,17 @@ class DevCluster:
         return 0
 
     async def _declare_default_queue(self) -> None:
-        """Declare the ``default`` queue with every GPU of the dev cluster when no queue is
-        declared (a fresh cluster; a kept ``--dir`` keeps the queues it has): a workload that
-        names no queue is in ``default``, so it runs as on a cluster without queues."""
+        """Declare the ``default`` queue, without a quota, when no queue is declared (a
+        fresh cluster; a kept ``--dir`` keeps the queues it has): a workload that names no
+        queue is in ``default``, so it runs as on a cluster without queues (priority
+        preemption included, and whatever nodes are added later)."""
         from hafo.model.queues import DEFAULT_QUEUE, QueueSpec
         from hafo.store import intents
 
         store, keys = self.cluster.store, self.cluster.keys
         _, declared = await store.get_prefix(keys.queues)
         if not declared:
-            await intents.set_queue(store, keys, QueueSpec(
-                name=DEFAULT_QUEUE, gpus=self.options.nodes * self.options.gpus))
+            await intents.set_queue(store, keys, QueueSpec(name=DEFAULT_QUEUE))
 
     async def _stop(self) -> list[int]:
         """Stop every process by pid, remove the socket (and a temporary directory); the

@@ -47,7 +47,8 @@ async def test_the_snapshot_holds_the_declared_queues() -> None:
 
 @pytest.mark.parametrize("value", [
     b"not json", b"[1]", b'{"name": "bad", "gpus": 1}',  # the key names another queue
-    b'{"name": "bad-one", "gpus": -1}', b'{"name": "bad-one"}',
+    b'{"name": "bad-one", "gpus": -1}',
+    b'{"name": "bad-one", "cohort": "c"}',  # a cohort needs a quota
     b'{"name": "bad-one", "gpus": 1, "lending_limit": 1}',  # a limit needs a cohort
 ])
 async def test_a_value_that_is_no_queue_is_skipped_with_a_warning(value: bytes) -> None:
@@ -179,7 +180,7 @@ async def test_a_backup_carries_the_queues() -> None:
 
 # -- hafo dev ---------------------------------------------------------------------------------
 
-async def test_hafo_dev_declares_the_default_queue_with_every_gpu_once() -> None:
+async def test_hafo_dev_declares_the_default_queue_without_a_quota_once() -> None:
     from types import SimpleNamespace
 
     from hafo.local.dev_server import DevCluster, DevOptions
@@ -189,7 +190,7 @@ async def test_hafo_dev_declares_the_default_queue_with_every_gpu_once() -> None
                                options=DevOptions(nodes=3, gpus=4))
     await DevCluster._declare_default_queue(dev)
     assert dict((await read_snapshot(store, KEYS)).queues) == {
-        "default": QueueSpec(name="default", gpus=12)}
+        "default": QueueSpec(name="default")}
     # a kept --dir keeps the queues it has
     await intents.delete_queue(store, KEYS, "default")
     await intents.set_queue(store, KEYS, TEAM_A)
