@@ -20,8 +20,8 @@ from hafo.model.ends import INFRASTRUCTURE_ENDS as INFRASTRUCTURE_ENDS
 from hafo.model.ends import InstanceEnd as InstanceEnd
 from hafo.model.ends import instance_end as instance_end
 from hafo.model.exits import bounded_tail, stderr_line
-from hafo.model.schema import Record, schema_of
 from hafo.model.queues import QueueSpec
+from hafo.model.schema import Record, schema_of
 from hafo.model.spec import WorkloadSpec
 
 NodeState = Literal["ready", "cordoned", "unhealthy", "down"]
