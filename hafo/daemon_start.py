@@ -63,6 +63,22 @@ def api_settings(config: Any) -> tuple[str | None, Any]:
     return token, tls
 
 
+def api_teams(config: Any, token: str | None) -> Any:
+    """The controller's team tokens from ``api.team_tokens_file`` (``hafo.model.teams``;
+    None when unset), checked against the admin ``token``; CliError (exit 2) naming the
+    field when the file cannot be used."""
+    from hafo.api.auth import load_team_tokens
+    from hafo.model import ValidationError
+
+    path = config.api.team_tokens_file
+    if not path:
+        return None
+    try:
+        return load_team_tokens(path, token)
+    except ValidationError as exc:
+        raise CliError("\n".join(exc.lines()), EXIT_USAGE) from None
+
+
 async def listen(app: Any, config: Any, tls: Any) -> Any:
     """Serve ``app`` on ``api.listen``; CliError (exit 2) naming it if that fails."""
     from hafo.api import serve

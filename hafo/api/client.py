@@ -12,6 +12,8 @@ Kinds of failure:
   connection, TLS failure, reset), ``ApiTimeout`` (no answer in time, a kind of
   unreachable), ``ApiBadAnswer`` (an answer that cannot be read). Exit 3.
 - ``ApiRefused``: 401, the token is missing or wrong. Exit 5.
+- ``ApiForbidden``: 403, the token may not do this (a team's token, on another team's
+  workload, a node or a queue: ``hafo.api.scopes``). Exit 5, with the server's message.
 - ``ApiStatusError``: any other answer that is not 2xx. Exit 1.
 - ``ApiSetupError``: the token file or the CA cannot be loaded. Exit 2.
 """
@@ -29,7 +31,8 @@ import aiohttp
 
 from hafo.exits import EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, CliError
 
-__all__ = ["DEFAULT_TIMEOUT", "ApiBadAnswer", "ApiClient", "ApiError", "ApiRefused",
+__all__ = ["DEFAULT_TIMEOUT", "ApiBadAnswer", "ApiClient", "ApiError", "ApiForbidden",
+           "ApiRefused",
            "ApiResponse", "ApiSetupError", "ApiStatusError", "ApiTimeout", "ApiUnavailable",
            "ApiUnreachable", "cli_error", "client_tls", "error_text", "load_access"]
 
@@ -99,12 +102,24 @@ class ApiRefused(ApiStatusError):
         return f"{who} refused: {why}"
 
 
+class ApiForbidden(ApiStatusError):
+    """403: the token is right but may not do this (a team's token outside its queues):
+    ``who refused: ERROR`` (the server's reason, naming the queue)."""
+
+    @staticmethod
+    def describe(who: str, status: int, why: str) -> str:
+        """The one-line message."""
+        return f"{who} refused: {why}"
+
+
 def cli_error(exc: ApiError, token_flag: str = "--api-token-file") -> CliError:
     """The CLI's one-line error and exit code for a failed call (the only place that maps
-    them): unavailable 3, refused 5 (the message says to give the token with
-    ``token_flag``), bad setup 2, any other answer 1."""
+    them): unavailable 3, refused 5 (401: the message says to give the token with
+    ``token_flag``; 403: the server's reason), bad setup 2, any other answer 1."""
     if isinstance(exc, ApiRefused):
         return CliError(f"{exc} (give the token with {token_flag})", EXIT_REFUSED)
+    if isinstance(exc, ApiForbidden):
+        return CliError(str(exc), EXIT_REFUSED)
     if isinstance(exc, ApiUnavailable):
         return CliError(str(exc), EXIT_UNAVAILABLE)
     if isinstance(exc, ApiSetupError):
@@ -167,10 +182,10 @@ class ApiResponse:
         return 200 <= self.status < 300
 
     def raise_for_status(self) -> Self:
-        """Itself when 2xx; else ApiRefused (401) or ApiStatusError."""
+        """Itself when 2xx; else ApiRefused (401), ApiForbidden (403) or ApiStatusError."""
         if self.ok:
             return self
-        kind = ApiRefused if self.status == 401 else ApiStatusError
+        kind = {401: ApiRefused, 403: ApiForbidden}.get(self.status, ApiStatusError)
         raise kind(self.who, self.status, error_text(self.body))
 
     def json(self, what: str = "answer") -> Any:

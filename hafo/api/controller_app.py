@@ -23,10 +23,12 @@ from hafo.api.errors import MAX_BODY, error, json_errors
 from hafo.api.openapi import controller_document
 from hafo.api.probes import probe_routes
 from hafo.api.queue_routes import queue_routes
+from hafo.api.scopes import route_scopes
 from hafo.api.write_routes import node_name, resolved, write_routes
 from hafo.model.cluster import ClusterSnapshot, Event
 from hafo.model.endpoints import agent_targets, endpoints_of, prometheus_targets, resolve
 from hafo.model.history_view import show_view
+from hafo.model.teams import TeamTokensFile
 from hafo.model.views import all_nodes, all_workloads, node_view, status_view, workload_view
 from hafo.store import Keys, Store
 from hafo.store.history import read_history, read_workload_events
@@ -88,13 +90,18 @@ class ControllerSource(Protocol):
 
 def make_controller_app(source: ControllerSource, token: str | None = None,
                         max_body_bytes: int = MAX_BODY_BYTES,
-                        auth_refusal: Callable[[], str] | None = None) -> web.Application:
-    """Build the aiohttp application of one controller; with ``token``, mutations need it.
-    ``auth_refusal``: why this controller's API auth is not the cluster's ('' while it is;
-    ``hafo.store.api_auth``): mutations are refused (503) and ``/readyz`` is not ready."""
+                        auth_refusal: Callable[[], str] | None = None,
+                        teams: TeamTokensFile | None = None) -> web.Application:
+    """Build the aiohttp application of one controller; with ``token``, mutations need it
+    (or, with ``teams``, one team's token, for the workloads of its queues:
+    ``hafo.api.scopes``). ``auth_refusal``: why this controller's API auth is not the
+    cluster's ('' while it is; ``hafo.store.api_auth``): mutations are refused (503) and
+    ``/readyz`` is not ready."""
+    if teams is not None and teams.teams and token is None:
+        raise ValueError("team tokens need the admin token")
     app = web.Application(client_max_size=max_body_bytes,
                           middlewares=[json_errors, agreed_auth(auth_refusal),
-                                       bearer_auth(token)])
+                                       bearer_auth(token, teams), route_scopes()])
     app[MAX_BODY] = max_body_bytes
     app.add_routes(read_routes(source))
     app.add_routes(write_routes(source))

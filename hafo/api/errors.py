@@ -28,6 +28,10 @@ class NotFound(Exception):
     """A path names a node or workload that does not exist (404 with this message)."""
 
 
+class Forbidden(Exception):
+    """The caller's token may not do this (403 with this message; ``hafo.api.scopes``)."""
+
+
 class FieldErrorBody(TypedDict):
     """One bad field of the input."""
 
@@ -84,6 +88,8 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return bad_input(exc)
     except NotFound as exc:
         return error(404, str(exc))
+    except Forbidden as exc:
+        return error(403, str(exc))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

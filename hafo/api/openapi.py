@@ -58,6 +58,8 @@ ERROR = _json(_ref("Error"), "error")
 
 def _errors(*codes: int) -> dict[str, Any]:
     texts = {400: "bad input; the error names the field", 401: "missing or wrong bearer token",
+             403: "a team's token, outside its queues (or on a node, a queue, anything but "
+                  "a workload): the error names the team and the queue",
              404: "no such node, workload or queue", 409: "conflicts with the current state",
              413: "body too large",
              503: "etcd unavailable, or not the leader, or (a mutation) this controller's "
@@ -131,7 +133,7 @@ def _mutation(summary: str, status: int, schema: dict[str, Any], *errors: int,
               params: list[dict[str, Any]] | None = None,
               body: dict[str, Any] | None = None, body_required: bool = False,
               ) -> dict[str, Any]:
-    op = _get(summary, schema, 401, 413, 503, *errors, params=params)
+    op = _get(summary, schema, 401, 403, 413, 503, *errors, params=params)
     op["responses"][str(status)] = op["responses"].pop("200")
     op["security"] = BEARER
     if status != 200:

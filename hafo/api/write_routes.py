@@ -14,7 +14,9 @@ from aiohttp import web
 
 from hafo.api.body import MIGRATE, Deleted, Moving, NodeChange, json_object
 from hafo.api.errors import NotFound, error
+from hafo.api.scopes import authorize, authorize_submit
 from hafo.checks.registry import available_types
+from hafo.decisions.api_scopes import Action
 from hafo.decisions.moves import requested_move_refusal
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.endpoints import move_target, resolve
@@ -88,6 +90,7 @@ def write_routes(target: WriteTarget) -> web.RouteTableDef:
             if spec.checks and not allow_unknown else []
         if unknown:
             raise ValidationError.of(unknown)  # 400, as `hafo submit` refuses it (exit 2)
+        await authorize_submit(request, target.store, target.keys, target.snapshot(), spec)
         try:
             done = await intents.submit(target.store, target.keys, spec)
         except intents.Refused as exc:
@@ -99,7 +102,9 @@ def write_routes(target: WriteTarget) -> web.RouteTableDef:
 
     @routes.delete("/v1/workloads/{id}")
     async def delete(request: web.Request) -> web.Response:
-        wid = resolved(request, target.snapshot())
+        snapshot = target.snapshot()
+        wid = resolved(request, snapshot)
+        authorize(request, Action.DELETE, snapshot, wid)  # 403 for another team's workload
         try:
             await intents.delete(target.store, target.keys, wid)
         except intents.NotFound as exc:
@@ -110,6 +115,7 @@ def write_routes(target: WriteTarget) -> web.RouteTableDef:
     async def migrate(request: web.Request) -> web.Response:
         snapshot = target.snapshot()
         wid = resolved(request, snapshot)
+        authorize(request, Action.MIGRATE, snapshot, wid)  # 403 for another team's workload
         body = MIGRATE.validate(await json_object(request, required=False) or {})
         to = body.to
         moved, node, why = move_target(snapshot, wid, body.node)  # a service's: a replica

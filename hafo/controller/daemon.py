@@ -27,6 +27,7 @@ from hafo.decisions.reconcile import reconcile
 from hafo.model.clocks import SteadyClock
 from hafo.model.cluster import ClusterSnapshot, Event
 from hafo.model.config import Config
+from hafo.model.teams import TeamTokensFile
 from hafo.retry import Retry, RetryPolicy
 from hafo.store import (
     TRANSIENT,
@@ -58,12 +59,14 @@ class Controller:
     """One controller process."""
 
     def __init__(self, config: Config, clock: Callable[[], float] | None = None,
-                 store: Store | None = None, api_token: str | None = None) -> None:
+                 store: Store | None = None, api_token: str | None = None,
+                 api_teams: TeamTokensFile | None = None) -> None:
         """``clock``: seconds for decisions (default: wall clock at start, advanced by the
         monotonic clock, so that a step of the wall clock changes no decision:
         ``hafo.model.clocks.SteadyClock``); ``store``: etcd from the config
         unless given (tests pass ``hafo.store.memory.MemoryStore``); ``api_token``: the one
-        its API needs (``api.token_file``), compared with the other controllers'."""
+        its API needs (``api.token_file``), and ``api_teams`` the team tokens it accepts too
+        (``api.team_tokens_file``), compared with the other controllers'."""
         assert config.controller_name is not None
         self.config = config
         self.name = config.controller_name
@@ -80,7 +83,7 @@ class Controller:
         self.history = HistoryWriter(self.store, self.keys)
         self.trust = StoreTrust(self.store, self.keys, f"controller {self.name}")
         self.api_auth = ApiAuthAgreement(self.store, self.keys, self.name, api_auth_of(
-            api_token, config.api.scheme == "https", config.cluster), self.events)
+            api_token, config.api.scheme == "https", config.cluster, api_teams), self.events)
         self.failsafe = ControllerFailsafe(self.name, self.store, self.keys, timing.lease_ttl,
                                            timing.fence_margin, timing.failsafe_max,
                                            store_problem=self.store_problem)

@@ -21,14 +21,16 @@ async def run(config_path: str) -> int:
     from hafo import logs
     from hafo.api import make_controller_app
     from hafo.controller.daemon import Controller
-    from hafo.daemon_start import announce, api_settings, listen, serve_until_signal
+    from hafo.daemon_start import announce, api_settings, api_teams, listen, serve_until_signal
 
     config = load_config(config_path, "controller")
     token, tls = api_settings(config)
+    teams = api_teams(config, token)
     logs.configure(config.log_format, controller=config.controller_name)
-    controller = Controller(config, api_token=token)
+    controller = Controller(config, api_token=token, api_teams=teams)
     runner = await listen(make_controller_app(controller, token, auth_refusal=lambda:
-                                              controller.api_auth.refusal), config, tls)
+                                              controller.api_auth.refusal, teams=teams),
+                          config, tls)
     announce("controller", config.controller_name, config, runner, token)
     ready = asyncio.Event()
 

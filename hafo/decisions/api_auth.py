@@ -20,6 +20,12 @@ The token itself is never stored: its fingerprint is scrypt (N=2^14, r=8, p=1) o
 salted with the cluster's name, so that anyone who can read etcd cannot test guesses of a
 token at the speed of a plain hash, nor use one table for every cluster.
 
+Team tokens (``api.team_tokens_file``, ``hafo.model.teams``) are part of the settings: one
+scrypt digest of every team's name, token and queues (``teams_fingerprint``), so that a
+controller started with another team tokens file refuses writes like one with another admin
+token. Adding, changing or removing team tokens is not weaker (a team token can do less than
+the admin's): it becomes the cluster's once every live controller has it.
+
 Pure: the caller reads the record and the live controllers' fingerprints, and keeps (and
 writes) what ``judge`` returns.
 """
@@ -27,9 +33,12 @@ writes) what ``judge`` returns.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from hafo.model.teams import TeamTokensFile
 
 #: scrypt's cost: about 50 ms and 16 MiB, once per controller start.
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2 ** 14, 8, 1
@@ -42,10 +51,16 @@ class ApiAuth:
     token: bool  # mutations need a bearer token (``api.token_file``)
     token_hash: str = ""  # ``token_fingerprint`` of it; '' without a token
     tls: bool = False  # the API serves HTTPS (``api.tls_cert``)
+    teams_hash: str = ""  # ``teams_fingerprint`` of its team tokens; '' without any
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form (in the presence key and the cluster's record)."""
-        return {"token": self.token, "token_hash": self.token_hash, "tls": self.tls}
+        """The JSON form (in the presence key and the cluster's record; ``teams_hash`` only
+        with team tokens, so that the settings of a cluster without are as before)."""
+        out: dict[str, Any] = {"token": self.token, "token_hash": self.token_hash,
+                               "tls": self.tls}
+        if self.teams_hash:
+            out["teams_hash"] = self.teams_hash
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> ApiAuth | None:
@@ -53,10 +68,12 @@ class ApiAuth:
         if not isinstance(data, dict):
             return None
         token, digest, tls = data.get("token"), data.get("token_hash", ""), data.get("tls")
+        teams = data.get("teams_hash", "")
         if not isinstance(token, bool) or not isinstance(tls, bool) \
-                or not isinstance(digest, str) or token != bool(digest):
+                or not isinstance(digest, str) or token != bool(digest) \
+                or not isinstance(teams, str) or (teams and not token):
             return None
-        return cls(token, digest, tls)
+        return cls(token, digest, tls, teams)
 
     def weaker_than(self, other: ApiAuth) -> bool:
         """Whether these settings drop a protection ``other`` has (the token, or TLS)."""
@@ -65,6 +82,7 @@ class ApiAuth:
     def describe(self) -> str:
         """For people: 'token required, TLS' and the like."""
         return (f"{'token required' if self.token else 'no token'}, "
+                f"{'team tokens, ' if self.teams_hash else ''}"
                 f"{'TLS' if self.tls else 'plain HTTP'}")
 
 
@@ -75,12 +93,30 @@ def token_fingerprint(token: str, cluster: str) -> str:
     return digest.hex()
 
 
-def api_auth_of(token: str | None, tls: bool, cluster: str) -> ApiAuth:
-    """The settings of a controller whose API needs ``token`` (None: none) and serves TLS
-    or not."""
+def teams_fingerprint(teams: TeamTokensFile, cluster: str) -> str:
+    """The published form of the team tokens: one scrypt digest (salted with the cluster's
+    name) of every team's name, token and queues, sorted (so the file's order is not part
+    of it); '' without any team."""
+    if not teams.teams:
+        return ""
+    canonical = json.dumps(sorted([name, team.token, sorted(team.queues)]
+                                  for name, team in teams.teams.items()),
+                           separators=(",", ":"))
+    digest = hashlib.scrypt(canonical.encode(), salt=f"hafo-api-teams/{cluster}".encode(),
+                            n=SCRYPT_N, r=SCRYPT_R, p=SCRYPT_P, dklen=32)
+    return digest.hex()
+
+
+def api_auth_of(token: str | None, tls: bool, cluster: str,
+                teams: TeamTokensFile | None = None) -> ApiAuth:
+    """The settings of a controller whose API needs ``token`` (None: none), serves TLS or
+    not, and accepts ``teams``' tokens too (None: no team tokens; they need ``token``)."""
     if token is None:
+        if teams is not None and teams.teams:
+            raise ValueError("team tokens need the admin token")
         return ApiAuth(False, "", tls)
-    return ApiAuth(True, token_fingerprint(token, cluster), tls)
+    return ApiAuth(True, token_fingerprint(token, cluster), tls,
+                   teams_fingerprint(teams, cluster) if teams is not None else "")
 
 
 @dataclass(frozen=True)
@@ -103,7 +139,9 @@ def differences(mine: ApiAuth, cluster: ApiAuth) -> str:
     if mine.describe() != cluster.describe():
         return (f"this controller's API auth ({mine.describe()}) differs from the "
                 f"cluster's ({cluster.describe()})")
-    return "this controller's API token differs from the cluster's"
+    if mine.token_hash != cluster.token_hash:
+        return "this controller's API token differs from the cluster's"
+    return "this controller's team tokens (api.team_tokens_file) differ from the cluster's"
 
 
 def judge(mine: ApiAuth, record: ApiAuth | None,

@@ -155,6 +155,8 @@ class LocalCluster:
     keep: bool = False
     partitionable: bool = False
     api_token: str | None = None  # controllers then refuse mutations without it
+    #: team name -> {"token", "queues"}: the controllers' api.team_tokens_file (with api_token)
+    team_tokens: dict[str, Any] | None = None
     isolate: bool = True  # nodes in namespaces and cgroups of their own, where root can
     health: dict[str, Any] = field(default_factory=lambda: {"interval": 0.5, "hold_down": 5})
     node_handles: dict[str, NodeHandle] = field(default_factory=dict)
@@ -222,6 +224,12 @@ class LocalCluster:
             token_file.touch(mode=0o600)
             token_file.write_text(self.api_token + "\n")
             api["token_file"] = str(token_file)
+        if self.team_tokens is not None:
+            teams_file = self.base / "config" / "team-tokens.yaml"
+            teams_file.parent.mkdir(parents=True, exist_ok=True)
+            teams_file.touch(mode=0o600)
+            teams_file.write_text(yaml.safe_dump({"teams": self.team_tokens}))
+            api["team_tokens_file"] = str(teams_file)
         self._write_config(handle.config_path, {
             **self._common(), "api": api, "controller": {"name": name}})
         self.controller_handles[name] = handle

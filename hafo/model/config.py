@@ -193,7 +193,9 @@ def election_problem(election_timeout: float, timing: TimingConfig) -> str | Non
 
 @dataclass(frozen=True)
 class ApiConfig(Section):
-    """HTTP API listen address and optional bearer token file."""
+    """HTTP API listen address, optional bearer token file (the admin token) and optional
+    team tokens file (``hafo.model.teams``: one token per team, scoped to its queues; it
+    needs ``token_file`` too)."""
 
     listen: Annotated[str, Strict(), Matches(LISTEN, "must be HOST:PORT"),
                       _port_in(LISTEN, 0)] = "127.0.0.1:8600"
@@ -201,8 +203,12 @@ class ApiConfig(Section):
     tls_cert: Text | None = None
     tls_key: Text | None = None
     tls_ca: Text | None = None
+    team_tokens_file: Annotated[Text | None, OMIT_DEFAULT] = None
 
     def _check(self) -> None:
+        if self.team_tokens_file is not None and self.token_file is None:
+            invalid("team_tokens_file", "needs api.token_file too (the admin token: nodes, "
+                    "queues and every workload); set both or neither", self.team_tokens_file)
         if (self.tls_cert is None) != (self.tls_key is None):
             invalid("tls_key" if self.tls_key is None else "tls_cert",
                     "tls_cert and tls_key must be given together")

@@ -16,8 +16,15 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from hafo.api import make_controller_app
 from hafo.controller.daemon import Controller
-from hafo.decisions.api_auth import ApiAuth, api_auth_of, judge, token_fingerprint
+from hafo.decisions.api_auth import (
+    ApiAuth,
+    api_auth_of,
+    judge,
+    teams_fingerprint,
+    token_fingerprint,
+)
 from hafo.model.config import parse_config
+from hafo.model.teams import TeamTokensFile, parse_team_tokens
 from hafo.store import EventLog, Keys, codec, read_events
 from hafo.store.api_auth import NOT_YET, ApiAuthAgreement
 from hafo.store.keys import ParsedKey
@@ -30,6 +37,31 @@ TOKEN = api_auth_of(T1, False, "c")
 OTHER = api_auth_of(T2, False, "c")
 TLS = api_auth_of(T1, True, "c")
 OPEN_TLS = ApiAuth(False, "", True)
+TEAM_A = "team-a-token-0123456789"
+TEAMS = parse_team_tokens({"teams": {"team-a": {"token": TEAM_A, "queues": ["a", "b"]}}}, T1)
+TEAMED = api_auth_of(T1, False, "c", TEAMS)
+TEAMS_2 = parse_team_tokens({"teams": {"team-a": {"token": TEAM_A, "queues": ["a"]}}}, T1)
+TEAMED_2 = api_auth_of(T1, False, "c", TEAMS_2)
+
+
+def test_team_tokens_are_in_the_fingerprint_never_the_tokens() -> None:
+    assert TEAMED.token_hash == TOKEN.token_hash and TEAMED.teams_hash
+    assert TEAMED != TOKEN and TEAMED_2 != TEAMED  # another queue: another fingerprint
+    assert TEAM_A not in json.dumps(TEAMED.to_dict()) and T1 not in json.dumps(TEAMED.to_dict())
+    assert ApiAuth.from_dict(TEAMED.to_dict()) == TEAMED
+    # the file's order is not part of it; the cluster's name is
+    shuffled = parse_team_tokens({"teams": {"team-a": {"token": TEAM_A, "queues": ["b", "a"]}}},
+                                 T1)
+    assert teams_fingerprint(shuffled, "c") == TEAMED.teams_hash
+    assert teams_fingerprint(TEAMS, "other") != TEAMED.teams_hash
+    other_token = parse_team_tokens({"teams": {"team-a": {"token": TEAM_A + "x",
+                                                          "queues": ["a", "b"]}}}, T1)
+    assert teams_fingerprint(other_token, "c") != TEAMED.teams_hash
+    # without team tokens, the settings (and their JSON) are as before team tokens
+    assert api_auth_of(T1, False, "c", None) == TOKEN
+    assert "teams_hash" not in TOKEN.to_dict()
+    with pytest.raises(ValueError, match="admin token"):
+        api_auth_of(None, False, "c", TEAMS)
 
 
 def test_the_fingerprint_is_a_salted_slow_hash_never_the_token() -> None:
@@ -45,13 +77,17 @@ def test_the_fingerprint_is_a_salted_slow_hash_never_the_token() -> None:
 @pytest.mark.parametrize("data", [None, [], {}, {"token": True, "token_hash": "", "tls": False},
                                   {"token": False, "token_hash": "ab", "tls": False},
                                   {"token": 1, "token_hash": "ab", "tls": False},
-                                  {"token": False, "tls": "no"}])
+                                  {"token": False, "tls": "no"},
+                                  {"token": False, "token_hash": "", "tls": False,
+                                   "teams_hash": "ab"},
+                                  {"token": True, "token_hash": "ab", "tls": False,
+                                   "teams_hash": 1}])
 def test_settings_not_of_their_shape_are_none(data: Any) -> None:
     assert ApiAuth.from_dict(data) is None
 
 
 def test_settings_round_trip() -> None:
-    for auth in (OPEN, TOKEN, TLS, OPEN_TLS):
+    for auth in (OPEN, TOKEN, TLS, OPEN_TLS, TEAMED):
         assert ApiAuth.from_dict(auth.to_dict()) == auth
 
 
@@ -87,6 +123,21 @@ def test_settings_round_trip() -> None:
     (TOKEN, TLS, {"a": TOKEN, "b": TOKEN}, "(token required, plain HTTP) differs from the "
      "cluster's (token required, TLS)", None),
     (OPEN_TLS, TOKEN, {"b": OPEN_TLS}, "deleting its record", None),
+    # team tokens: a controller started with another team tokens file (or none) refuses
+    (TEAMED_2, TEAMED, {"a": TEAMED, "b": TEAMED_2},
+     "this controller's team tokens (api.team_tokens_file) differ from the cluster's; "
+     "writes refused: it becomes the cluster's once every live controller has it (not yet: "
+     "a)", None),
+    (TOKEN, TEAMED, {"a": TEAMED, "b": TOKEN}, "this controller's API auth (token required, "
+     "plain HTTP) differs from the cluster's (token required, team tokens, plain HTTP)", None),
+    (TEAMED, TOKEN, {"a": TOKEN, "b": TEAMED}, "(token required, team tokens, plain HTTP) "
+     "differs from the cluster's (token required, plain HTTP)", None),
+    # ... changed, added or removed on every live controller: replaced (not weaker)
+    (TEAMED_2, TEAMED, {"a": TEAMED_2, "b": TEAMED_2}, "", TEAMED_2),
+    (TEAMED, TOKEN, {"a": TEAMED}, "", TEAMED),
+    (TOKEN, TEAMED, {"a": TOKEN, "b": TOKEN}, "", TOKEN),
+    # an older hafo controller publishes no team tokens: it holds a change back
+    (TEAMED, TOKEN, {"a": None, "b": TEAMED}, "not yet: a", None),
 ])
 def test_judge(mine: ApiAuth, record: ApiAuth | None, live: dict[str, ApiAuth | None],
                refused: str, write: ApiAuth | None) -> None:
@@ -185,20 +236,23 @@ async def test_a_mismatch_is_said_once_again_when_it_changes_and_when_it_ends() 
     assert a.said is None and not any(m.startswith("controller a") for m in said)
 
 
-def controller(store: MemoryStore, name: str, token: str | None) -> Controller:
+def controller(store: MemoryStore, name: str, token: str | None,
+               teams: TeamTokensFile | None = None) -> Controller:
     config = parse_config({"etcd": {"endpoints": ["http://127.0.0.1:1"]},
                            "cluster": "c", "controller": {"name": name},
                            "timing": {"lease_ttl": 3, "failsafe_max": 0}}, "controller")
-    return Controller(config, store=store, api_token=token)
+    return Controller(config, store=store, api_token=token, api_teams=teams)
 
 
 @contextlib.asynccontextmanager
-async def serving(ctl: Controller, token: str | None) -> AsyncIterator[TestClient[Any, Any]]:
+async def serving(ctl: Controller, token: str | None,
+                  teams: TeamTokensFile | None = None) -> AsyncIterator[TestClient[Any, Any]]:
     ready = asyncio.Event()
     task = asyncio.create_task(ctl.run(ready))
     try:
         await asyncio.wait_for(ready.wait(), 10)
-        app = make_controller_app(ctl, token, auth_refusal=lambda: ctl.api_auth.refusal)
+        app = make_controller_app(ctl, token, auth_refusal=lambda: ctl.api_auth.refusal,
+                                  teams=teams)
         async with TestClient(TestServer(app, host="127.0.0.1")) as client:
             yield client
     finally:
@@ -258,3 +312,17 @@ async def test_controllers_with_the_same_auth_both_accept(token: str | None) -> 
     kv = await store.get(Keys("c").controller("ctl-b"))
     assert kv is not None and "auth" in codec.decode(kv.value)
     assert (token or "absent").encode() not in kv.value
+
+
+async def test_a_controller_with_another_team_tokens_file_refuses_writes() -> None:
+    store = MemoryStore()
+    a, b = controller(store, "ctl-a", T1, TEAMS), controller(store, "ctl-b", T1, TEAMS_2)
+    async with serving(a, T1, TEAMS) as client_a, serving(b, T1, TEAMS_2) as client_b:
+        team = {"Authorization": f"Bearer {TEAM_A}"}
+        resp = await client_b.post("/v1/workloads", json={**SPEC, "queue": "a"}, headers=team)
+        assert resp.status == 503
+        assert "team tokens (api.team_tokens_file) differ" in (await resp.json())["error"]
+        admin = {"Authorization": f"Bearer {T1}"}
+        assert (await client_b.post("/v1/workloads", json=SPEC, headers=admin)).status == 503
+        resp = await client_a.post("/v1/workloads", json={**SPEC, "queue": "a"}, headers=team)
+        assert resp.status == 201, await resp.text()

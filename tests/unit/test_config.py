@@ -412,8 +412,8 @@ def test_only_the_agent_reads_the_node_section() -> None:
     ({"timing": {"lease_ttl": "3"}}, "timing.lease_ttl: must be an integer, got '3'"),
     ({"etcd": {"endpoints": ["http://h:0"]}}, "etcd.endpoints[0]: port out of range in "
                                               "'http://h:0'"),
-    ({"api": {"port": 1}}, "api.port: unknown field (allowed: listen, tls_ca, tls_cert, "
-                           "tls_key, token_file)"),
+    ({"api": {"port": 1}}, "api.port: unknown field (allowed: listen, team_tokens_file, "
+                           "tls_ca, tls_cert, tls_key, token_file)"),
 ])
 def test_errors_are_one_line_naming_the_field(raw: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError) as info:
