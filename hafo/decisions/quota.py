@@ -302,8 +302,8 @@ def standings(snapshot: ClusterSnapshot) -> dict[str, QueueStanding]:
         return {}
     pending = [snapshot.workloads[wid].spec for wid, a in snapshot.assignments.items()
                if a.phase == "pending" and wid in snapshot.workloads]
-    pending += [s.spec for wid, s in snapshot.workloads.items()
-                if wid not in snapshot.assignments]
+    pending += [s.spec for wid, s in snapshot.workloads.items()  # not a service: its replicas
+                if wid not in snapshot.assignments and not s.spec.is_service]
     return quotas.standings(pending)
 
 

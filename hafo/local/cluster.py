@@ -157,6 +157,8 @@ class LocalCluster:
     api_token: str | None = None  # controllers then refuse mutations without it
     #: team name -> {"token", "queues"}: the controllers' api.team_tokens_file (with api_token)
     team_tokens: dict[str, Any] | None = None
+    #: more sections of every controller's config (e.g. ``{"fair_sharing": {...}}``)
+    controller_config: dict[str, Any] = field(default_factory=dict)
     isolate: bool = True  # nodes in namespaces and cgroups of their own, where root can
     health: dict[str, Any] = field(default_factory=lambda: {"interval": 0.5, "hold_down": 5})
     node_handles: dict[str, NodeHandle] = field(default_factory=dict)
@@ -231,7 +233,8 @@ class LocalCluster:
             teams_file.write_text(yaml.safe_dump({"teams": self.team_tokens}))
             api["team_tokens_file"] = str(teams_file)
         self._write_config(handle.config_path, {
-            **self._common(), "api": api, "controller": {"name": name}})
+            **self._common(), **self.controller_config, "api": api,
+            "controller": {"name": name}})
         self.controller_handles[name] = handle
         return handle
 

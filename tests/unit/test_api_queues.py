@@ -86,7 +86,9 @@ async def test_declare_read_list_and_delete_a_queue(
     assert resp.status == 200
     assert await resp.json() == [{"name": "team-a", "gpus": 16, "cohort": None,
                                   "borrowing_limit": None, "lending_limit": None,
-                                  "weight": 1.0, "workloads": []}]
+                                  "weight": 1.0, "workloads": [],
+                                  "usage": {"used": 0.0, "borrowed": 0.0, "lent": 0.0,
+                                            "pending": 0.0, "share": 0.0}}]
     assert (await (await client.get("/v1/queues/team-a")).json())["gpus"] == 16
     resp = await client.delete("/v1/queues/team-a")
     assert (resp.status, await resp.json()) == (200, {"name": "team-a", "deleted": True})
@@ -109,7 +111,7 @@ async def test_unknown_queues_are_404(api: tuple[TestClient[Any, Any], Controlle
 @pytest.mark.parametrize(("path", "body", "field", "text"), [
     ("/v1/queues/team-a", {"name": "team-b", "gpus": 1}, "queue.name", "path names"),
     ("/v1/queues/Bad_Name", {"gpus": 1}, "name", "queue's name"),
-    ("/v1/queues/team-a", {}, "queue.gpus", "required"),
+    ("/v1/queues/team-a", {"cohort": "c"}, "queue.cohort", "needs a quota"),
     ("/v1/queues/team-a", {"gpus": -1}, "queue.gpus", "0"),
     ("/v1/queues/team-a", {"gpus": "8"}, "queue.gpus", "integer"),
     ("/v1/queues/team-a", {"gpus": 4, "lending_limit": 2}, "queue.lending_limit", "cohort"),
@@ -152,10 +154,10 @@ def test_the_queue_schema_is_the_declarations() -> None:
     queue = schemas()["QueueSpec"]
     assert set(queue["properties"]) == {"name", "gpus", "cohort", "borrowing_limit",
                                         "lending_limit", "weight"}
-    assert queue["required"] == ["name", "gpus"]
+    assert queue["required"] == ["name"]  # a queue without gpus has no quota
     put = controller_document()["paths"]["/v1/queues/{name}"]["put"]
     assert put["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/QueueBody"}
     body = schemas()["QueueBody"]  # QueueSpec, but the path names the queue
-    assert body["properties"] == queue["properties"] and body["required"] == ["gpus"]
+    assert body["properties"] == queue["properties"] and not body.get("required")
     assert {"200", "201", "400", "401"} <= set(put["responses"])
