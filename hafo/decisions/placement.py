@@ -142,9 +142,10 @@ def place_in_order(requests: Sequence[PlacementRequest],
     groups: dict[str, set[str]] = {}  # service -> nodes its replicas got in this pass
     for request in requests:
         refusal = quotas.refusal(request) if quotas is not None else None
-        if refusal is not None:
+        if quotas is not None and refusal is not None:
             waits = Unplaceable(refusal.render())
-            if refusal.reclaimable and unplaceable is not None and not request.spec.is_gang:
+            if refusal.reclaimable and unplaceable is not None \
+                    and request.workload in quotas.entitled:
                 for name in unplaceable(replace(request, reclaim=True), waits):
                     index.refresh(name)
             results[request.workload] = waits

@@ -30,6 +30,7 @@ from hafo.decisions.placement_rules import (
     gpu_matches,
 )
 from hafo.decisions.preemption_policy import PRIORITY_ONLY, PreemptionPolicy
+from hafo.decisions.reclaim import Reclaiming, gang_reclaim
 from hafo.decisions.victims import Preemption, Victim, VictimIndex
 from hafo.model.cluster import ClusterSnapshot
 
@@ -85,14 +86,13 @@ def victims_by_node(snapshot: ClusterSnapshot, settled: Iterable[str],
     for wid in sorted(settled):
         assignment = snapshot.assignments.get(wid)
         submission = snapshot.workloads.get(wid)
-        if (assignment is None or submission is None or assignment.phase != "placed"
-                or assignment.is_gang):  # a gang is never preempted (one member would stop all)
+        if assignment is None or submission is None or assignment.phase != "placed":
             continue
-        node = assignment.node
-        if node is None or node not in capacity or not assignment.gpus:
-            continue
-        out.setdefault(node, []).append(Victim(wid, submission.spec.priority, assignment.gpus,
-                                               submission.spec.queue))
+        spec = submission.spec
+        for node, gpus in assignment.slots:  # a gang: one entry per member (policy decides)
+            if node in capacity and gpus:
+                out.setdefault(node, []).append(Victim(wid, spec.priority, gpus, spec.queue,
+                                                       gang=assignment.is_gang))
     return VictimIndex(out, capacity, policy)
 
 
@@ -124,6 +124,12 @@ class Preempting:
         """Choose victims for ``request``; the nodes whose room changed."""
         if result.exhausted or request.workload in self.waiting \
                 or not self.policy.preempts(request):
+            return ()
+        if request.spec.is_gang:  # only a reclaim: victims anywhere, whole gangs too
+            if request.reclaim and isinstance(self.policy, Reclaiming):
+                found = gang_reclaim(request, self.policy, self.victims, self.now)
+                if found is not None:
+                    self.chosen[request.workload] = found
             return ()
         # Room only shrinks during a pass: a request like one that found no victims (and
         # no more restricted than it was) finds none either.

@@ -22,12 +22,15 @@ __all__ = ["PRIORITY_ONLY", "PreemptionPolicy", "PriorityOnly", "QueueScoped", "
 
 @dataclass(frozen=True)
 class Victim:
-    """A placed workload that could be stopped: its priority and GPUs."""
+    """A placed workload that could be stopped, on one node: its priority, its GPUs there
+    and its queue."""
 
     workload: str
     priority: int
     gpus: tuple[int, ...]
     queue: str = DEFAULT_QUEUE
+    #: a gang's member on this node: stopping it stops the whole gang (every member)
+    gang: bool = False
 
 
 class PreemptionPolicy(Protocol):
@@ -64,8 +67,9 @@ class PriorityOnly:
         return request.spec.preempt
 
     def may_stop(self, request: PlacementRequest, victim: Victim) -> bool:
-        """The victim's priority is strictly below the request's."""
-        return victim.priority < request.spec.priority
+        """The victim's priority is strictly below the request's, and it is not a gang
+        (stopping one member for room on one node would stop them all)."""
+        return not victim.gang and victim.priority < request.spec.priority
 
     def accepts(self, request: PlacementRequest, victims: tuple[Victim, ...]) -> bool:
         """Room on the node is all it needs."""

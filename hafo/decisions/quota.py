@@ -17,7 +17,8 @@ at all, nothing here applies (``Quotas.of`` returns None): every request is admi
 before queues existed. A request whose queue is not declared waits, saying so.
 
 **Order.** Requests of one queue are taken by priority, then age. Across queues, those that
-fit within their queue's nominal quota (counting the queue's earlier requests) come first;
+fit within their queue's nominal quota (counting the queue's earlier requests, but not one
+that could never fit: above its borrowing limit or the whole pool) come first;
 then those that borrow, by their queue's weighted **dominant share** once admitted (Kueue's
 DRS: the GPUs it would use above its nominal quota, divided by its cohort's pool, divided
 by its weight), lowest first; ties by priority, then age, then id. The order is decided
@@ -166,6 +167,9 @@ class Quotas:
 
     queues: Mapping[str, QueueSpec]
     used: dict[str, float] = field(default_factory=dict)
+    #: the requests the cycle's order counted within their queue's nominal quota (set by
+    #: ``admission_order``): only they may take back lent quota (``hafo.decisions.reclaim``)
+    entitled: set[str] = field(default_factory=set)
     _members: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -209,6 +213,19 @@ class Quotas:
             return 0.0
         pool = self.pool(spec.cohort)
         return above / pool / spec.weight if pool > 0 else float("inf")
+
+    def ceiling(self, queue: str) -> float:
+        """The most ``queue`` may ever use now: its quota, plus its borrowing limit or the
+        cohort's pool beyond what it keeps (infinite without a quota)."""
+        spec = self.queues[queue]
+        if spec.gpus is None:
+            return float("inf")
+        if spec.cohort is None:
+            return float(spec.gpus)
+        pooled = self._kept(spec) + self.pool(spec.cohort)
+        limit = spec.gpus + spec.borrowing_limit if spec.borrowing_limit is not None \
+            else float("inf")
+        return min(pooled, limit)
 
     def within_nominal(self, queue: str, used: float) -> bool:
         """Whether usage ``used`` is within ``queue``'s nominal quota (a queue without one,
@@ -330,16 +347,25 @@ def admission_order(requests: Sequence[PlacementRequest],
     for request in requests:
         by_queue.setdefault(request.spec.queue, []).append(request)
     keyed: list[tuple[tuple[int, float, int, float, str], PlacementRequest]] = []
+    quotas.entitled.clear()
     for name, members in by_queue.items():
         members.sort(key=_within_queue_key)
         used = quotas.used.get(name, 0.0)
+        ceiling = quotas.ceiling(name) if name in quotas.queues else 0.0
         for request in members:
             if name not in quotas.queues:
-                tier, share = 2, 0.0
+                keyed.append(((2, 0.0, -request.spec.priority, request.submitted_at,
+                               request.workload), request))
+                continue
+            after = used + charge(request.spec)
+            if after > ceiling + _EPSILON:  # can never fit now: it does not count for those
+                tier, share = 1, float("inf")  # after it (nor hold their place)
             else:
-                used += charge(request.spec)
+                used = after
                 borrowing = not quotas.within_nominal(name, used)
                 tier, share = (1, quotas.share(name, used)) if borrowing else (0, 0.0)
+            if tier == 0:
+                quotas.entitled.add(request.workload)
             keyed.append(((tier, share, -request.spec.priority, request.submitted_at,
                            request.workload), request))
     keyed.sort(key=lambda pair: pair[0])

@@ -1,8 +1,10 @@
 """Reclaim: a queue takes back the quota it lent to its cohort, checkpoint first. Pure.
 
 A request that does not fit its queue's quota only because its cohort's pool is used up,
-and that would keep its queue within its nominal quota (``QuotaRefusal.reclaimable``), may
-stop borrowed work (``PlacementRequest.reclaim``). It goes through the preemption path
+that would keep its queue within its nominal quota (``QuotaRefusal.reclaimable``), and that
+the cycle's order counted within that quota (``Quotas.entitled``: so it is tried before any
+borrower, the victims' own requests included), may stop borrowed work
+(``PlacementRequest.reclaim``). It goes through the preemption path
 (``hafo.decisions.preemption``: victims on one node, the fewest, then the lowest total
 priority; the victims are moved checkpoint first, a planned stop, and the room on that node
 is held for the reclaimer until they have stopped), under ``Reclaiming``'s rules:
@@ -16,9 +18,12 @@ is held for the reclaimer until they have stopped), under ``Reclaiming``'s rules
 - the victims together free at least what the pool lacks for the request, besides room on
   the node: no victim is stopped for nothing.
 
-Requests that are not reclaiming keep the priority rule of ``inner`` (``QueueScoped``).
-Gangs neither reclaim nor are reclaimed yet (``hafo.decisions.preemption``: a gang is never
-a victim, and a gang that does not fit waits).
+Requests that are not reclaiming keep the priority rule of ``inner`` (``QueueScoped``),
+which never stops a gang. A reclaim may: a gang is a victim whole (all its members stop,
+and its whole charge counts against "never below its quota"). A gang reclaims too
+(``gang_reclaim``): victims on the nodes its members would take, then anywhere until the
+pool's shortage is covered, checked by placing the gang on the capacity those victims
+leave; if it would not fit, nothing is stopped.
 
 No cycle: the reclaimer's queue stays within its nominal quota, so it borrows nothing and
 is never a victim of a reclaim; a victim's queue stays at or above its own, so its work
@@ -27,15 +32,18 @@ asks again as a borrower, which never reclaims. (docs/design.md, "Queues and fai
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
-from hafo.decisions.placement_rules import PlacementRequest
+from hafo.decisions.gang_placement import GangPlacer
+from hafo.decisions.placement_index import PlacementIndex
+from hafo.decisions.placement_rules import NodeCapacity, Placed, PlacementRequest, count_matching
 from hafo.decisions.preemption_policy import PreemptionPolicy, Victim
 from hafo.decisions.quota import Quotas, charge
+from hafo.decisions.victims import Preemption, VictimIndex
 from hafo.model.cluster import ClusterSnapshot
 
-__all__ = ["DEFAULT_MIN_RUNTIME", "Reclaiming"]
+__all__ = ["DEFAULT_MIN_RUNTIME", "Reclaiming", "gang_reclaim"]
 
 #: ``fair_sharing.min_runtime``'s default: borrowed work runs at least this long (seconds)
 #: before a lender may take its quota back.
@@ -113,3 +121,74 @@ class Reclaiming:
             return
         for victim in victims:
             self.taken[victim.queue] = self.taken.get(victim.queue, 0.0) + self._charge(victim)
+
+
+def _placed_without(request: PlacementRequest, capacity: Mapping[str, NodeCapacity],
+                    snapshot: ClusterSnapshot, victims: Iterable[str],
+                    now: float) -> Placed | None:
+    """Where the gang ``request`` would go if ``victims`` were stopped (their GPUs free on
+    every node they hold), on a copy of ``capacity``; None if it would not fit."""
+    freed: dict[str, set[int]] = {}
+    for wid in victims:
+        for node, gpus in snapshot.assignments[wid].slots:
+            freed.setdefault(node, set()).update(gpus)
+    copy: dict[str, NodeCapacity] = {}
+    for name, cap in capacity.items():
+        extra = [g for g in cap.inventory if g.index in freed.get(name, ()) and g.usable
+                 and all(f.index != g.index for f in cap.free)]
+        copy[name] = replace(cap, free=[*cap.free, *extra])
+    placed = GangPlacer(PlacementIndex(copy, now)).place(request)
+    return placed if isinstance(placed, Placed) else None
+
+
+def gang_reclaim(request: PlacementRequest, policy: Reclaiming, index: VictimIndex,
+                 now: float) -> Preemption | None:
+    """Victims for a gang that takes back its queue's lent quota (module docstring), taken
+    in ``index`` and told to ``policy``; None when no set of them lets it fit."""
+    refusal = policy.quotas.refusal(request)
+    if refusal is None or not refusal.reclaimable:
+        return None
+    snapshot, capacity = policy.snapshot, index.capacity
+    candidates: dict[str, Victim] = {}
+    on_node: dict[str, list[Victim]] = {}
+    for node, entries in sorted(index.by_node.items()):
+        for victim in entries:
+            if victim.workload in index.taken or not policy.may_stop(request, victim):
+                continue
+            candidates.setdefault(victim.workload, victim)
+            on_node.setdefault(node, []).append(victim)
+    if not candidates:
+        return None
+
+    def order(victim: Victim) -> tuple[int, float, str]:  # lowest priority, youngest first
+        return (victim.priority, -policy.running_since.get(victim.workload, now),
+                victim.workload)
+
+    target = _placed_without(request, capacity, snapshot, candidates, now)
+    if target is None:
+        return None
+    chosen: list[str] = []
+    for member in target.members:  # room on the nodes the gang would take
+        missing = request.spec.gpus - count_matching(request.spec, capacity[member.node].free)
+        for victim in sorted(on_node.get(member.node, ()), key=order):
+            if missing <= 0:
+                break
+            if victim.workload not in chosen:
+                chosen.append(victim.workload)
+            missing -= len(victim.gpus)
+    freed = sum(policy._charge(candidates[w]) for w in chosen)
+    for victim in sorted(candidates.values(), key=order):  # then the pool's shortage
+        if freed >= refusal.pool_short:
+            break
+        if victim.workload not in chosen:
+            chosen.append(victim.workload)
+            freed += policy._charge(victim)
+    picked = tuple(candidates[w] for w in chosen)
+    if not policy.accepts(request, picked):
+        return None
+    placed = _placed_without(request, capacity, snapshot, chosen, now)
+    if placed is None:
+        return None
+    index.taken.update(chosen)
+    policy.chosen(request, picked)
+    return Preemption(request.workload, placed.node, tuple(sorted(chosen)))

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from hafo.decisions.admission import Admitted, admit
 from hafo.decisions.assessment import assess, revision
 from hafo.decisions.gang_placement import choose_spares
-from hafo.decisions.gangs import gang_ports, master_port, with_addresses
+from hafo.decisions.gangs import gang_ports, master_port, stop_gang, with_addresses
 from hafo.decisions.moves import latest_checkpoints, stop_then_place
 from hafo.decisions.observed import Observations, observe
 from hafo.decisions.placement import (
@@ -76,7 +76,10 @@ def _reserved(admitted: Admitted, waiting: Mapping[str, WaitingPreemptor],
     requests = []
     for request in admitted.requests:
         wait = waiting.get(request.workload)
-        requests.append(reserve(request, wait.node, capacity) if wait else request)
+        # A gang that reclaimed holds nothing: its victims free several nodes, and it is
+        # first in its cohort's order once they have stopped.
+        reserved = wait is not None and not request.spec.is_gang
+        requests.append(reserve(request, wait.node, capacity) if reserved and wait else request)
     return requests
 
 
@@ -91,8 +94,14 @@ def _victim_actions(snapshot: ClusterSnapshot,
                    if theirs == spec.queue else
                    f"reclaimed by {preemptor}: queue {spec.queue} takes back the quota it "
                    f"lent to {theirs}")
-            actions.append(stop_then_place(snapshot.assignments[victim], why,
-                                           Cause.PREEMPTED, urgent=False,
+            current = snapshot.assignments[victim]
+            if current.is_gang:  # reclaimed whole: every member, checkpoint first
+                action = stop_gang(current, why, Cause.PREEMPTED, urgent=False)
+                assert action.assignment is not None
+                actions.append(replace(action, assignment=replace(
+                    action.assignment, preempted_for=preemptor)))
+                continue
+            actions.append(stop_then_place(current, why, Cause.PREEMPTED, urgent=False,
                                            preempted_for=preemptor))
     return actions
 
