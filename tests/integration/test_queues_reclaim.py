@@ -79,3 +79,29 @@ async def test_a_lender_takes_back_its_quota_checkpoint_first_losing_no_step(
         assert view(snapshot, wid)["restarts"] == 0
     for wid in borrowers:
         assert_never_two_copies(cluster, wid)
+
+
+async def test_a_gang_is_reclaimed_whole_and_waits_whole(local_cluster: ClusterFactory) -> None:
+    """team-b runs a 2x2 gang (lowest priority) and four singles, 8 GPUs of its 4; team-a
+    asks for 2: the gang is the fewest victims on one node, and every member stops (one
+    epoch ends); it then waits whole, holding no GPU, with its queue's reason."""
+    cluster = await local_cluster.start(nodes=2, controllers=1, gpus_per_node=4,
+                                        controller_config={"fair_sharing": {"min_runtime": 0}})
+    for team in ("team-a", "team-b"):
+        await intents.set_queue(cluster.store, cluster.keys,
+                                QueueSpec(name=team, gpus=4, cohort="pool"))
+    gang = await cluster.submit({**spec("bg", "team-b", gpus=2), "nodes": 2, "priority": -1})
+    await cluster.wait_for(running(gang), 60, what="team-b's gang runs")
+    singles = [await cluster.submit(spec(f"s{i}", "team-b")) for i in range(4)]
+    await cluster.wait_for(lambda s: all(running(w)(s) for w in singles), 60,
+                           what="team-b borrows all 8")
+    lender = await cluster.submit(spec("a-small", "team-a", gpus=2))
+    snapshot = await cluster.wait_for(running(lender), 60, what="team-a's work runs")
+    assert all(running(w)(snapshot) for w in singles), "only the gang was reclaimed"
+    gang_view = view(snapshot, gang)
+    assert gang_view["state"] == "pending" and gang_view["members"] == [], gang_view
+    assert "queue team-b: 4 of 4 GPUs used, needs 4" in gang_view["reason"]
+    events = [e for e in await read_events(cluster.store, cluster.keys, 0)
+              if e.workload == gang and e.kind == "preempted"]
+    assert len(events) == 1 and "reclaimed by" in events[0].message
+    assert_never_two_copies(cluster, gang)
