@@ -27,11 +27,10 @@ again, request by request, as placements are made (``Quotas.refusal`` before try
 ``Quotas.charge`` once placed), so the limits hold exactly whatever the order.
 
 **No ping-pong.** Nothing here stops a running workload: a request that does not fit its
-quota waits; it never preempts. Priority preemption (``hafo.decisions.preemption``) stops
-only work of the preemptor's own queue while queues are declared
-(``hafo.decisions.preemption_policy.QueueScoped``), and only for room its quota already
-allows. So no two queues can take GPUs back and forth from each other (docs/design.md,
-"Queues and fair share").
+quota waits. The only stops are priority preemption within one queue
+(``hafo.decisions.preemption_policy.QueueScoped``) and reclaim by a request counted within
+its queue's quota (``Quotas.entitled``; ``hafo.decisions.reclaim``); docs/design.md,
+"Queues and fair share", argues why no two queues can take GPUs back and forth.
 """
 
 from __future__ import annotations
