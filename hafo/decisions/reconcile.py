@@ -254,9 +254,14 @@ def _gone(snapshot: ClusterSnapshot) -> list[Action]:
 def _positions(admitted: Admitted, results: Mapping[str, Placed | Unplaceable],
                ) -> dict[str, str]:
     """workload -> where it waits in its queue ("2nd of 3 waiting in queue research"), for
-    the admitted requests not placed this cycle, in the order they were tried."""
+    the admitted requests not placed this cycle, in the order they were tried; none for a
+    queue without a quota (it is as a pool without queues)."""
+    quotas = admitted.quotas
     waiting: dict[str, list[str]] = {}
     for request in admitted.requests:
+        queue = quotas.queues.get(request.spec.queue) if quotas is not None else None
+        if queue is None or queue.gpus is None:
+            continue
         if not isinstance(results.get(request.workload), Placed):
             waiting.setdefault(request.spec.queue, []).append(request.workload)
     return {wid: f"{ordinal(i)} of {len(wids)} waiting in queue {queue}"
