@@ -65,6 +65,8 @@ class Reclaiming:
     min_runtime: float = DEFAULT_MIN_RUNTIME
     #: queue -> GPUs already reclaimed from it in this pass
     taken: dict[str, float] = field(default_factory=dict)
+    #: reclaimers that found borrowed work they could stop but for its age (min_runtime)
+    held_young: set[str] = field(default_factory=set)
 
     def preempts(self, request: PlacementRequest) -> bool:
         """A reclaimer always may; others as ``inner`` says."""
@@ -91,7 +93,10 @@ class Reclaiming:
         if self._above_nominal(victim.queue) < self._charge(victim) - _EPSILON:
             return False
         young = self.now - self.running_since.get(victim.workload, self.now) < self.min_runtime
-        return not young or self._over_borrowing_limit(victim.queue)
+        if young and not self._over_borrowing_limit(victim.queue):
+            self.held_young.add(request.workload)
+            return False
+        return True
 
     def _over_borrowing_limit(self, queue: str) -> bool:
         spec = self.quotas.queues[queue]

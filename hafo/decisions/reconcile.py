@@ -230,6 +230,11 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
     placing = _place(snapshot, needs, admitted, assessed.settled, now, default,  # 3. place
                      spares, preemption, reclaims)
     positions = _positions(admitted, placing.results) if quotas is not None else {}
+    if isinstance(preemption, Reclaiming):
+        for wid in preemption.held_young - set(placing.preemptions):
+            positions[wid] = (f"it takes back its lent quota once the borrowed work has run "
+                              f"fair_sharing.min_runtime ({min_runtime:g} s)"
+                              + (f"; {positions[wid]}" if wid in positions else ""))
     actions += _placement_actions(snapshot, needs, placing, positions)  # 4. actions
     actions += _victim_actions(snapshot, placing.preemptions)
     return Plan(tuple(actions), replicas)
@@ -272,7 +277,7 @@ def _placement_actions(snapshot: ClusterSnapshot, needs: tuple[Need, ...],
                        placing: _Placing, positions: Mapping[str, str]) -> list[Action]:
     """Stage 4, **actions**: each need's place, final failure or pending (in workload
     order; nothing for one already pending for the same reason). ``positions``: where each
-    pending one waits in its queue (while queues are declared)."""
+    pending one waits in its queue (while queues are declared), and what it waits for."""
     results, preemptions = placing.results, placing.preemptions
     waiting, releasing, spare_nodes = placing.waiting, placing.releasing, placing.spares
     actions: list[Action] = []

@@ -84,6 +84,8 @@ def test_young_borrowed_work_is_left_alone() -> None:
     young = observe(Observations(), snapshot, NOW - 10)
     found = decide(snapshot, min_runtime=300, seen=young)
     assert [k for k, _ in found.values()] == ["pending"]
+    assert "it takes back its lent quota once the borrowed work has run " \
+           "fair_sharing.min_runtime (300 s)" in found["a1"][1]
     old = observe(Observations(), snapshot, NOW - 400)
     assert sum(1 for k, _ in decide(snapshot, 300, old).values() if k == "move") == 4
 
