@@ -43,6 +43,8 @@ def expanded_size(root: yaml.Node, limit: int = MAX_VALUES, depth: int = MAX_DEP
             continue
         children = _children(node)
         if not counted:
+            if isinstance(node, yaml.MappingNode):
+                _no_duplicate_keys(node)
             if id(node) in open_nodes:
                 raise YamlRefused("a recursive alias (an anchor used inside itself)")
             if len(open_nodes) >= depth:
@@ -58,6 +60,20 @@ def expanded_size(root: yaml.Node, limit: int = MAX_VALUES, depth: int = MAX_DEP
                               "are expanded (nested aliases: a 'billion laughs' file?)")
         sizes[id(node)] = total
     return sizes[id(root)]
+
+
+def _no_duplicate_keys(node: yaml.MappingNode) -> None:
+    """YamlRefused when one mapping gives a key twice (PyYAML would keep the last silently:
+    ``gpus: 1`` then ``gpus: 8`` must not quietly mean 8)."""
+    seen: dict[str, int] = {}
+    for key, _value in node.value:
+        if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+            continue
+        line = key.start_mark.line + 1
+        if key.value in seen:
+            raise YamlRefused(f"the key {key.value!r} is given twice in one mapping (lines "
+                              f"{seen[key.value]} and {line})")
+        seen[key.value] = line
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:

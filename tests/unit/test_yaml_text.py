@@ -83,3 +83,15 @@ def test_deep_nesting_is_one_reason_not_a_recursion_error(depth: int) -> None:
     with pytest.raises(YamlRefused, match=r"invalid YAML|nested more than 64 levels"):
         load_yaml_text("a: " + "[" * depth + "]" * depth + "\n")
     assert load_yaml_text("a: " + "[" * 60 + "]" * 60 + "\n") is not None
+
+
+def test_a_key_given_twice_is_refused_naming_it_and_its_lines() -> None:
+    """PyYAML keeps the last of two equal keys; a user's ``gpus: 1`` then ``gpus: 8`` must
+    not quietly mean 8. Merge keys (``<<``) are not duplicates."""
+    with pytest.raises(YamlRefused, match=r"the key 'gpus' is given twice in one mapping "
+                                          r"\(lines 2 and 4\)"):
+        load_yaml_text("name: x\ngpus: 1\ncommand: [a]\ngpus: 8\n")
+    with pytest.raises(YamlRefused, match="'b' is given twice"):
+        load_yaml_text("a: {b: 1, b: 2}\n")
+    assert load_yaml_text("a: &x {b: 1}\nc:\n  <<: *x\n  d: 2\n") == {
+        "a": {"b": 1}, "c": {"b": 1, "d": 2}}
