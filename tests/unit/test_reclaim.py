@@ -24,6 +24,8 @@ NOW = 10_000.0
 #: issue's full check is ``HAFO_RECLAIM_TRACES=100000 pytest -n 2 tests/unit/test_reclaim.py
 #: -k traces`` (about 0.2 s a trace on one core).
 TRACES = int(os.environ.get("HAFO_RECLAIM_TRACES", "40"))
+#: The first trace's seed (to spread a long check over several runs).
+FIRST_TRACE = int(os.environ.get("HAFO_RECLAIM_FIRST_TRACE", "0"))
 AB = (QueueSpec(name="a", gpus=4, cohort="c"), QueueSpec(name="b", gpus=4, cohort="c"))
 
 
@@ -200,7 +202,7 @@ def step(snapshot: ClusterSnapshot, now: float, seen: Observations,
                                 revision=revision[0]), seen, list(plan.actions))
 
 
-@pytest.mark.parametrize("seed", range(TRACES))
+@pytest.mark.parametrize("seed", range(FIRST_TRACE, FIRST_TRACE + TRACES))
 def test_random_traces_come_to_rest_without_ping_pong(seed: int) -> None:
     """Random submissions and completions on three queues in a cohort (and a fourth alone)
     for 40 cycles, then none: within 12 quiet cycles no more work is stopped, and over the
