@@ -45,12 +45,14 @@ from hafo.model.queue_view import QueueUsage
 from hafo.model.queues import QueueSpec
 from hafo.model.spec import WorkloadSpec
 
-__all__ = ["MIG_SLICES", "QueueStanding", "QuotaRefusal", "Quotas", "admission_order",
+__all__ = ["MAX_NAMED", "MIG_SLICES", "QueueStanding", "QuotaRefusal", "Quotas", "admission_order",
            "charge", "ordinal", "standings", "usage", "usage_views"]
 
 #: A whole GPU's compute slices in MIG mode (A100, H100, H200: 7).
 MIG_SLICES = 7
 _SLICES = re.compile(r"([0-9]+)g\.")
+#: The most queues a pending reason names (those using the most of the pool first).
+MAX_NAMED = 3
 #: Slack for sums of MIG fractions.
 _EPSILON = 1e-9
 
@@ -140,6 +142,8 @@ class QuotaRefusal:
                  f"{_amount(self.pool)}")
         holders = [f"{name} uses {_amount(used)} of its {_amount(nominal)}"
                    for name, used, nominal in self.users if name != self.queue]
+        if len(holders) > MAX_NAMED:
+            holders = [*holders[:MAX_NAMED], f"{len(holders) - MAX_NAMED} more"]
         if holders:
             text += f" ({', '.join(holders)})"
         return text
@@ -170,6 +174,9 @@ class Quotas:
     #: ``admission_order``): only they may take back lent quota (``hafo.decisions.reclaim``)
     entitled: set[str] = field(default_factory=set)
     _members: dict[str, list[str]] = field(default_factory=dict)
+    _pools: dict[str, float] = field(default_factory=dict)
+    _pool_used: dict[str, float] = field(default_factory=dict)
+    _users: dict[str, tuple[tuple[str, float, float], ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in sorted(self.queues):
@@ -196,12 +203,18 @@ class Quotas:
 
     def pool(self, cohort: str) -> float:
         """What the queues of ``cohort`` lend in all."""
-        return float(sum(self.queues[q].lendable for q in self._members.get(cohort, ())))
+        if cohort not in self._pools:
+            self._pools[cohort] = float(sum(self.queues[q].lendable
+                                            for q in self._members.get(cohort, ())))
+        return self._pools[cohort]
 
     def pool_used(self, cohort: str) -> float:
-        """What of ``cohort``'s pool its queues use."""
-        return sum(self._from_pool(self.queues[q], self.used.get(q, 0.0))
-                   for q in self._members.get(cohort, ()))
+        """What of ``cohort``'s pool its queues use (kept up to date by ``charge``: a
+        cohort of a thousand queues costs no more per request than one of two)."""
+        if cohort not in self._pool_used:
+            self._pool_used[cohort] = sum(self._from_pool(self.queues[q], self.used.get(q, 0.0))
+                                          for q in self._members.get(cohort, ()))
+        return self._pool_used[cohort]
 
     def share(self, queue: str, used: float) -> float:
         """``queue``'s weighted dominant share at usage ``used``: what it uses above its
@@ -259,16 +272,31 @@ class Quotas:
         pool, pool_used = self.pool(queue.cohort), self.pool_used(queue.cohort)
         if pool_used + extra <= pool + _EPSILON:
             return None
-        users = tuple((q, self.used.get(q, 0.0), float(self.queues[q].gpus or 0))
-                      for q in self._members[queue.cohort]
-                      if self._from_pool(self.queues[q], self.used.get(q, 0.0)) > _EPSILON)
-        return _with(refused, pool=pool, pool_free=pool - pool_used, users=users,
-                     needs_from_pool=extra)
+        return _with(refused, pool=pool, pool_free=pool - pool_used,
+                     users=self._pool_users(queue.cohort), needs_from_pool=extra)
+
+    def _pool_users(self, cohort: str) -> tuple[tuple[str, float, float], ...]:
+        """The queues of ``cohort`` that use its pool, most first (name, usage, quota);
+        kept until a placement of the cohort changes it."""
+        if cohort not in self._users:
+            users = [(q, self.used.get(q, 0.0), float(self.queues[q].gpus or 0))
+                     for q in self._members[cohort]
+                     if self._from_pool(self.queues[q], self.used.get(q, 0.0)) > _EPSILON]
+            users.sort(key=lambda u: (-(u[1] - u[2]), u[0]))
+            self._users[cohort] = tuple(users)
+        return self._users[cohort]
 
     def charge(self, request: PlacementRequest) -> None:
         """``request`` was placed: its queue uses its charge from now on."""
         name = request.spec.queue
-        self.used[name] = self.used.get(name, 0.0) + charge(request.spec)
+        before = self.used.get(name, 0.0)
+        self.used[name] = before + charge(request.spec)
+        queue = self.queues.get(name)
+        if queue is not None and queue.cohort is not None:
+            self._users.pop(queue.cohort, None)
+            if queue.cohort in self._pool_used:
+                self._pool_used[queue.cohort] += (self._from_pool(queue, self.used[name])
+                                                  - self._from_pool(queue, before))
 
     def standings(self, pending: Iterable[WorkloadSpec]) -> dict[str, QueueStanding]:
         """Every declared queue's standing (usage as it is now)."""
@@ -276,11 +304,16 @@ class Quotas:
         for pending_spec in pending:
             name = pending_spec.queue
             waiting[name] = waiting.get(name, 0.0) + charge(pending_spec)
+        totals: dict[str, tuple[float, float]] = {}  # cohort -> (borrowed, idle), once
+        for cohort, members in self._members.items():
+            totals[cohort] = (sum(self._borrowed(q) for q in members),
+                              sum(self._idle(q) for q in members))
         out = {}
         for name, queue in sorted(self.queues.items()):
             used = self.used.get(name, 0.0)
-            out[name] = QueueStanding(queue, used, self._borrowed(name), self._lent(name),
-                                      waiting.get(name, 0.0), self.share(name, used))
+            out[name] = QueueStanding(queue, used, self._borrowed(name),
+                                      self._lent(name, totals), waiting.get(name, 0.0),
+                                      self.share(name, used))
         return out
 
     def _borrowed(self, name: str) -> float:
@@ -293,16 +326,15 @@ class Quotas:
         return max(min(float(spec.lendable), float(spec.gpus or 0) - self.used.get(name, 0.0)),
                    0.0)
 
-    def _lent(self, name: str) -> float:
+    def _lent(self, name: str, totals: Mapping[str, tuple[float, float]]) -> float:
         """What of ``name``'s idle quota the cohort's borrowers use: their borrowing shared
-        among the lenders in proportion to what each leaves idle."""
+        among the lenders in proportion to what each leaves idle (``totals``: per cohort,
+        what its queues borrow and leave idle)."""
         cohort = self.queues[name].cohort
         idle = self._idle(name)
         if cohort is None or idle <= 0:
             return 0.0
-        members = self._members[cohort]
-        borrowed = sum(self._borrowed(q) for q in members)
-        idle_all = sum(self._idle(q) for q in members)
+        borrowed, idle_all = totals[cohort]
         return min(idle, borrowed * idle / idle_all) if idle_all > 0 else 0.0
 
 
