@@ -140,10 +140,11 @@ class QuotaRefusal:
             return text
         text += (f"; cohort {self.cohort} lends {_amount(max(self.pool_free, 0.0))} of "
                  f"{_amount(self.pool)}")
+        others = [user for user in self.users if user[0] != self.queue]
         holders = [f"{name} uses {_amount(used)} of its {_amount(nominal)}"
-                   for name, used, nominal in self.users if name != self.queue]
-        if len(holders) > MAX_NAMED:
-            holders = [*holders[:MAX_NAMED], f"{len(holders) - MAX_NAMED} more"]
+                   for name, used, nominal in others[:MAX_NAMED]]
+        if len(others) > MAX_NAMED:
+            holders.append(f"{len(others) - MAX_NAMED} more")
         if holders:
             text += f" ({', '.join(holders)})"
         return text

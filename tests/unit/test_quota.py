@@ -289,3 +289,15 @@ def test_random_traces_keep_every_limit() -> None:
             assert used.get(queue.name, 0) <= limit
         assert state.pool_used("c") <= state.pool("c") + 1e-9
     assert placements > 300  # the trace did place work (and borrowed: see the limits)
+
+
+def test_a_reason_names_at_most_three_queues_most_first() -> None:
+    """Five queues borrow the pool a waits for: the three using most are named, then a
+    count (a reason stays one short line in a cohort of a thousand queues)."""
+    queues = [q("a", 2, cohort="c"), *(q(f"b{i}", 2, cohort="c") for i in range(5))]
+    used = {"a": 0.0, "b3": 4.0, "b1": 3.0, "b4": 3.0, "b0": 1.0, "b2": 1.0}
+    refusal = quotas(used, *queues).refusal_for(spec(gpus=2))
+    assert refusal is not None
+    assert refusal.render() == ("queue a: 0 of 2 GPUs used, needs 2; cohort c lends 0 of 12 "
+                                "(b3 uses 4 of its 2, b1 uses 3 of its 2, b4 uses 3 of its 2, "
+                                "2 more)")
