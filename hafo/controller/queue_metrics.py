@@ -32,6 +32,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
+import structlog
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -41,7 +42,9 @@ from hafo.model.service_state import service_state
 from hafo.model.views import WORKLOAD_STATES, workload_state
 
 __all__ = ["GPU_KINDS", "PendingSince", "QueueCollector", "QueueSource", "gpu_kinds",
-           "pending_workloads", "queue_workload_states"]
+           "pending_workloads", "queue_workload_states", "share"]
+
+log = structlog.get_logger("hafo.controller")
 
 #: The ``kind`` label of ``hafo_queue_gpus``.
 GPU_KINDS = ("nominal", "used", "borrowed", "lent", "pending")
@@ -145,10 +148,16 @@ class QueueCollector(Collector):
         self.since = since
 
     def collect(self) -> Iterable[Metric]:
-        """The four families (without samples while no queue is declared)."""
+        """The four families (without samples while no queue is declared, or, logged, when
+        computing them fails: a bug here must not take the other metrics' scrape down)."""
         snapshot = self.source.snapshot()
-        waited = self.since.observe(snapshot, self.clock())
-        table: Mapping[str, QueueStanding] = standings(snapshot)
+        try:
+            waited = self.since.observe(snapshot, self.clock())
+            table: Mapping[str, QueueStanding] = standings(snapshot)
+            states = queue_workload_states(snapshot)
+        except Exception:
+            log.exception("queue metrics failed")
+            waited, table, states = {}, {}, {}
         gpus = GaugeMetricFamily(
             "hafo_queue_gpus", "GPUs of each declared queue, by kind: nominal (its quota; "
             "none without one), used (by its workloads holding GPUs), borrowed (above its "
@@ -165,7 +174,7 @@ class QueueCollector(Collector):
         workloads = GaugeMetricFamily(
             "hafo_queue_workloads", "Workloads of each declared queue (not a service's "
             "replicas) by state", labels=["queue", "state"])
-        for name, counts in queue_workload_states(snapshot).items():
+        for name, counts in states.items():
             for state, count in counts.items():
                 workloads.add_metric([name, state], count)
         oldest = GaugeMetricFamily(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -154,3 +155,13 @@ def test_a_workload_submitted_again_under_its_id_is_seen_anew() -> None:
     # a service is not pending itself: its replicas are (each its own workload)
     service = with_queues(make_snapshot([make_node("n1")]), QueueSpec(name="q", gpus=4))
     assert since.observe(service, NOW + 30) == {} and len(since) == 0
+
+
+def test_a_failure_here_leaves_the_other_metrics_scraped(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(_snapshot: ClusterSnapshot) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr("hafo.controller.queue_metrics.standings", broken)
+    registry, *_ = metrics(teams())
+    assert samples(registry, "hafo_queue_gpus") == {}
+    assert registry.get_sample_value("hafo_leader") == 1.0
