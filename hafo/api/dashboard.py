@@ -2,8 +2,10 @@
 
 One self-contained HTML file (``static/dashboard.html``: inline CSS and vanilla JS, no external
 URL), read once at import. The page polls this controller's own read API with relative URLs
-(``/v1/status``, ``/v1/nodes``, ``/v1/workloads``, ``/v1/events``, ``/healthz``) every 2 s and
-inserts every value through DOM APIs, never as HTML.
+(``/v1/status``, ``/v1/nodes``, ``/v1/workloads``, ``/v1/queues``, ``/v1/events``,
+``/readyz``) every 2 s and inserts every value through DOM APIs, never as HTML. Its queues
+panel (quota, used, borrowed, lent, pending, share, cohort of each declared queue) is hidden
+while no queue is declared (or the controller has no ``/v1/queues``: a 404 counts as none).
 
 The Content-Security-Policy allows exactly the page's inline ``<style>`` and ``<script>`` by
 their SHA-256 hashes (no ``'unsafe-inline'``), fetches to this origin only, and no framing.

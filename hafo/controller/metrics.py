@@ -8,6 +8,7 @@ controller's API auth differs from the cluster's (``hafo_api_auth_mismatch``). C
 leader once per applied decision (``hafo_failovers_total``, ``hafo_restarts_total``), with
 the latency of detection and recovery (``hafo_detection_seconds``,
 ``hafo_recovery_seconds``), and the cost of each reconcile cycle and of each etcd request.
+Per declared queue (``hafo_queue_*``): ``hafo.controller.queue_metrics``.
 
 The pure parts are plain functions over a snapshot and a plan with an injected ``now``:
 ``classify`` maps an applied action to (``failover`` | ``restart``, cause) from the cause the
@@ -62,6 +63,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from hafo.controller.queue_metrics import PendingSince, QueueCollector
 from hafo.decisions.plan import Action, Cause, Plan
 from hafo.model.cluster import ClusterSnapshot, Liveness
 from hafo.model.service_state import service_state
@@ -342,6 +344,11 @@ class ControllerMetrics:
               registry=registry).set_function(lambda: 1.0 if api_auth_mismatch() else 0.0)
         self.etcd = EtcdMetrics(registry)
         self.observe_etcd = self.etcd.observe  # the store's observer
+        # -- per-queue metrics (hafo.controller.queue_metrics): at scrape time; the waits of
+        # pending work from this controller's first sightings, on its clock (each leader
+        # cycle sights them too)
+        self.pending_since = PendingSince()
+        registry.register(QueueCollector(source, clock, self.pending_since))
 
     def new_term(self) -> None:
         """Leadership (re)gained: what the last term tracked is not this term's to measure."""
@@ -359,6 +366,7 @@ class ControllerMetrics:
             first = self._alive is None
             self._track_down(snapshot, now)
             self._finish_recoveries(snapshot, now)
+            self.pending_since.observe(snapshot, now)  # per-queue metrics
             if applied:
                 self._count(snapshot, applied, now, reported_since=None if first else now)
         except Exception:  # pragma: no cover - defensive

@@ -3,12 +3,13 @@
 1. Against a fake read API served in-process: hostile strings (labels, names, messages) stay
    text, GPU squares carry their state (a degraded one marked and counted), pending and failed
    workloads show why in their rows (bounded, the whole text in the tooltip) and their GPUs as
-   allocated/requested, and when the API then fails the page keeps the last data and shows an
-   error banner.
-2. Against a live local cluster (etcd, 2 controllers, 2 agents): the page of a controller
-   shows the leader, every node, every running workload, a workload that needs more GPUs than
-   exist as pending with its reason and ``0/N`` GPUs, and a degraded GPU marked and counted; a
-   screenshot is taken.
+   allocated/requested, the queues panel lists each queue's quota and usage, and when the API
+   then fails the page keeps the last data and shows an error banner.
+2. Against a live local cluster (etcd, 2 controllers, 2 agents, two queues in a cohort): the
+   page of a controller shows the leader, every node, every running workload, a workload that
+   needs more GPUs than exist as pending with its reason and ``0/N`` GPUs, a degraded GPU
+   marked and counted, and the queues panel with the borrower's, the lender's and the waiting
+   work's GPUs; a screenshot is taken.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ from aiohttp.test_utils import TestServer
 
 from hafo.api.dashboard import add_dashboard
 from hafo.local.cluster import LocalCluster, demo_workload_spec
+from hafo.model.queues import QueueSpec
 from hafo.model.views import workload_view
+from hafo.store import intents
 
 CHROMIUM = "/usr/bin/chromium"
 INSTALL_HINT = "run scripts/install-test-deps.sh (as root or with sudo) to install it"
@@ -135,6 +138,24 @@ def reason_cell(dom: str, workload: str) -> str:
     return dom[start:dom.index("</tr>", start)]
 
 
+def queue_row(dom: str, queue: str) -> str:
+    """The serialized row of ``queue`` in the queues panel."""
+    start = dom.index(f'<tr data-queue="{queue}">')
+    return dom[start:dom.index("</tr>", start)]
+
+
+def gpu_cell(kind: str, value: float) -> str:
+    """A queue row's cell of ``kind`` as the page serializes it."""
+    shown = str(round(value)) if value == round(value) else f"{value:.2f}"
+    return f'data-kind="{kind}" data-value="{value:g}">{shown}</td>'
+
+
+def usage(used: float = 0, borrowed: float = 0, lent: float = 0, pending: float = 0,
+          share: float = 0) -> dict[str, float]:
+    return {"used": used, "borrowed": borrowed, "lent": lent, "pending": pending,
+            "share": share}
+
+
 def fake_api_app(hits: dict[str, int]) -> web.Application:
     """The dashboard plus a read API that answers each path once, then fails with 503."""
     gpus = [
@@ -180,6 +201,17 @@ def fake_api_app(hits: dict[str, int]) -> web.Application:
             {"id": "crash-1", "name": "crash", "state": "failed", "node": None, "epoch": None,
              "restarts": 3, "gpus": [], "gpus_requested": 1, "checkpoint": None, "nodes": 1,
              "members": [], "replicas": None, "reason": FAILED_REASON},
+        ],
+        "/v1/queues": [
+            {"name": "team-a", "gpus": 4, "cohort": "pool", "borrowing_limit": None,
+             "lending_limit": None, "weight": 1.0, "workloads": [],
+             "usage": usage(lent=2)},
+            {"name": "team-b", "gpus": 4, "cohort": "pool", "borrowing_limit": 2,
+             "lending_limit": None, "weight": 2.0, "workloads": ["job-1", "big-1"],
+             "usage": usage(used=6, borrowed=2, pending=64, share=0.125)},
+            {"name": "free", "gpus": None, "cohort": None, "borrowing_limit": None,
+             "lending_limit": None, "weight": 1.0, "workloads": ["crash-1"],
+             "usage": usage(used=0.43)},
         ],
         "/v1/events": [
             {"ts": time.time() - 5, "kind": "placed", "message": HOSTILE, "workload": "job-1",
@@ -233,6 +265,19 @@ async def test_dashboard_renders_safely_and_keeps_data_when_the_api_fails(
     assert 'class="gpu degraded" data-gpu="3" data-state="free" data-degraded="1"' in dom
     assert 'data-gpus="degraded" data-count="1"' in dom
     assert 'data-gpus="healthy" data-count="2"' in dom
+    # the queues: shown (the panel is hidden without any), each row its quota and usage
+    assert '<section class="panel" id="queues-panel">' in dom
+    assert dom.index('data-queue="team-a"') < dom.index('data-queue="team-b"') \
+        < dom.index('data-queue="free"')
+    row = queue_row(dom, "team-b")
+    for cell in (gpu_cell("used", 6), gpu_cell("borrowed", 2), gpu_cell("lent", 0),
+                 gpu_cell("pending", 64)):
+        assert cell in row, (cell, row)
+    assert 'data-kind="nominal">4</td>' in row and 'data-kind="share">0.125</td>' in row
+    assert ">pool</td>" in row and "borrows at most 2" in row
+    assert gpu_cell("lent", 2) in queue_row(dom, "team-a")
+    row = queue_row(dom, "free")
+    assert 'data-kind="nominal">no quota</td>' in row and gpu_cell("used", 0.43) in row
     # ... and the failures since are announced in the banner
     assert '<div id="error" role="alert">' in dom, "error banner not shown"
     assert "HTTP 503 (etcd unavailable) on every request" in dom
@@ -269,8 +314,20 @@ async def eventually(port: int, path: str, check: Callable[[Any], bool],
 async def test_dashboard_on_a_live_cluster(local_cluster: Any, tmp_path: Path) -> None:
     chromium()  # fail first, before minutes of cluster start, when it is missing
     cluster: LocalCluster = await local_cluster.start(nodes=2, controllers=2)
+    # two teams of 2 GPUs each in one cohort (and the default queue, without a quota):
+    # team-b borrows 1 of the idle team-a's quota, and its next job waits for quota
+    for queue in (QueueSpec(name="team-a", gpus=2, cohort="pool"),
+                  QueueSpec(name="team-b", gpus=2, cohort="pool"), QueueSpec(name="default")):
+        await intents.set_queue(cluster.store, cluster.keys, queue)
+    await cluster.wait_for(lambda s: len(s.queues) == 3, 15, what="the queues declared")
+    borrower = await cluster.submit({**demo_workload_spec(name="b-borrow", gpus=3),
+                                     "queue": "team-b"})
+    await cluster.wait_for(lambda s: workload_view(s, borrower)["state"] == "running", 30,
+                           what="team-b borrows")  # first: 3 GPUs on one node
+    waiting = await cluster.submit({**demo_workload_spec(name="b-wait", gpus=2),
+                                    "queue": "team-b"})
     ids = [await cluster.submit(demo_workload_spec(name="train-a", gpus=1)),
-           await cluster.submit(demo_workload_spec(name="train-b", gpus=2))]
+           await cluster.submit(demo_workload_spec(name="train-b", gpus=2)), borrower]
     # more GPUs than the cluster has (2 nodes of 4): pending, with the controller's reason
     big = await cluster.submit(demo_workload_spec(name="too-big", gpus=64))
 
@@ -301,6 +358,11 @@ async def test_dashboard_on_a_live_cluster(local_cluster: Any, tmp_path: Path) -
         w["id"] == big and w["state"] == "pending" and w["reason"] not in (
             "", "waiting for the controller") for w in ws))
     reason = next(w["reason"] for w in pending if w["id"] == big)
+    assert any(w["id"] == waiting and w["state"] == "pending" for w in pending)
+    await eventually(port, "/v1/queues", lambda qs: {q["name"]: q["usage"]["pending"]
+                                                     for q in qs} == {"team-a": 0,
+                                                                      "team-b": 2,
+                                                                      "default": 64})
     url = f"http://127.0.0.1:{port}/"
 
     dom, console = await dump_dom(url, tmp_path / "chromium")
@@ -315,7 +377,7 @@ async def test_dashboard_on_a_live_cluster(local_cluster: Any, tmp_path: Path) -
         assert f'data-workload="{wid}" data-state="running"' in dom, f"workload {wid} missing"
     assert 'data-state="allocated"' in dom and 'data-state="unhealthy"' in dom
     assert 'class="gpu degraded"' in dom and 'data-gpus="unhealthy" data-count="1"' in dom
-    assert 'data-gpus="allocated" data-count="3"' in dom
+    assert 'data-gpus="allocated" data-count="6"' in dom
     # the degraded GPU: striped (data-degraded) and counted on the GPU card
     assert dom.count('data-degraded="1"') == 1
     assert 'data-gpus="degraded" data-count="1"' in dom
@@ -327,6 +389,20 @@ async def test_dashboard_on_a_live_cluster(local_cluster: Any, tmp_path: Path) -
     assert f'<div class="reason warn" title="{serialized(reason, attribute=True)}">' \
            f"{serialized(shown)}</div>" in row, (reason, row)
     assert 'data-allocated="0" data-requested="64">0/64</td>' in row
+    # the queues panel: team-b uses 3 of its 2 (1 borrowed from team-a's idle quota) and its
+    # next job waits for 2; team-a lends 1; default has no quota (its jobs: 3, and 64 waiting)
+    assert '<section class="panel" id="queues-panel">' in dom
+    row = queue_row(dom, "team-b")
+    for cell in ('data-kind="nominal">2</td>', gpu_cell("used", 3), gpu_cell("borrowed", 1),
+                 gpu_cell("lent", 0), gpu_cell("pending", 2), ">pool</td>"):
+        assert cell in row, (cell, row)
+    row = queue_row(dom, "team-a")
+    for cell in ('data-kind="nominal">2</td>', gpu_cell("used", 0), gpu_cell("borrowed", 0),
+                 gpu_cell("lent", 1), gpu_cell("pending", 0), ">pool</td>"):
+        assert cell in row, (cell, row)
+    row = queue_row(dom, "default")
+    assert 'data-kind="nominal">no quota</td>' in row and gpu_cell("used", 3) in row
+    assert gpu_cell("pending", 64) in row
 
     shot = tmp_path / "dashboard.png"
     await screenshot(url, shot)

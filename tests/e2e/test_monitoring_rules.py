@@ -180,13 +180,14 @@ def test_the_rules_and_the_example_config_are_valid() -> None:
     names = {rule["alert"] for rule in rules}
     assert {"HafoNodeDown", "HafoGpuUnhealthy", "HafoWorkloadFailed", "HafoWorkloadFlapping",
             "HafoNoLeader", "HafoEtcdErrors", "HafoFailsafeActive",
-            "HafoCheckpointStale"} <= names
+            "HafoCheckpointStale", "HafoQueueStarved"} <= names
     for rule in rules:
         assert rule.get("for"), f"{rule['alert']}: no for:"
         assert rule["labels"]["severity"] in ("warning", "critical"), rule["alert"]
         assert rule["annotations"].keys() == {"summary", "description"}, rule["alert"]
     about = {"HafoNodeDown": "$labels.node", "HafoGpuUnhealthy": "$labels.UUID",
-             "HafoWorkloadFailed": "$labels.workload", "HafoCheckpointStale": "$labels.workload"}
+             "HafoWorkloadFailed": "$labels.workload", "HafoCheckpointStale": "$labels.workload",
+             "HafoQueueStarved": "$labels.queue"}
     for alert, label in about.items():
         rule = next(r for r in rules if r["alert"] == alert)
         assert label in rule["annotations"]["summary"], alert
@@ -223,7 +224,8 @@ async def test_every_metric_used_is_exported(tmp_path: Path) -> None:
     names = await exported(tmp_path)
     assert {"hafo_node_state", "hafo_workload_state", "hafo_workload_restarts_total",
             "hafo_failsafe_active", "hafo_workload_checkpoint_age_seconds",
-            "hafo_detection_seconds_bucket", "DCGM_FI_DEV_GPU_UTIL"} <= names
+            "hafo_detection_seconds_bucket", "DCGM_FI_DEV_GPU_UTIL", "hafo_queue_gpus",
+            "hafo_queue_pending_seconds"} <= names
     known = names | PROMETHEUS_SERIES
     used: dict[str, set[str]] = {}
     for rule in load_rules():
@@ -295,7 +297,8 @@ def test_the_dashboard_structure() -> None:
         refs = [t["refId"] for t in panel.get("targets", [])]
         assert len(set(refs)) == len(refs), panel["title"]
     rows = [p["title"] for p in panels if p["type"] == "row"]
-    assert rows == ["Cluster", "Nodes and GPUs", "Failover latency", "Control plane and etcd"]
+    assert rows == ["Cluster", "Nodes and GPUs", "Failover latency", "Control plane and etcd",
+                    "Queues"]
     kinds = {p["type"] for p in panels}
     assert "heatmap" in kinds
     defined = {f"${v['name']}" for v in board["templating"]["list"]}

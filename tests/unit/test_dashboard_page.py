@@ -111,10 +111,12 @@ async def test_data_reaches_the_dom_as_text_only() -> None:
 
 async def test_polls_the_controllers_own_read_api() -> None:
     _status, _headers, html = await fetch_page()
-    for path in ('"/v1/status"', '"/v1/nodes"', '"/v1/workloads"', '"/v1/events?limit=20"'):
+    for path in ('"/v1/status"', '"/v1/nodes"', '"/v1/workloads"', '"/v1/queues"',
+                 '"/v1/events?limit=20"'):
         assert path in html
     assert "REFRESH_MS = 2000" in html
-    for hook in ('id="summary"', 'id="nodes"', 'id="workloads"', 'id="events"', 'id="error"',
+    for hook in ('id="summary"', 'id="nodes"', 'id="workloads"', 'id="queues"', 'id="events"',
+                 'id="error"',
                  'id="updated"', "dataset.loaded", "dataset.node", "dataset.workload"):
         assert hook in html
 
@@ -161,3 +163,25 @@ async def test_degraded_gpus_are_filled_in_the_legend_and_counted() -> None:
     assert '["degraded", g.degraded, "s-degraded"]' in script, "the GPU card counts them"
     assert "else if (gpu.degraded) { c.degraded += 1; }" in script
     assert 'square.dataset.degraded = "1"' in script
+
+
+async def test_the_queues_panel_is_hidden_until_a_queue_is_declared() -> None:
+    _status, _headers, html = await fetch_page()
+    assert '<section class="panel" id="queues-panel" hidden>' in html
+    heads = re.search(r'<table id="queues">\s*<thead>(.*?)</thead>', html, re.DOTALL)
+    assert heads is not None
+    assert re.findall(r"<th[^>]*>([^<]+)</th>", heads.group(1)) == [
+        "Queue", "Quota", "Used", "Borrowed", "Lent", "Pending", "Share", "Cohort"]
+    (script,) = re.findall(r"<script>(.*?)</script>", html, re.DOTALL)
+    render = script[script.index("function renderQueues"):]
+    render = render[:render.index("\n  }\n")]
+    assert "panel.hidden = !queues.length" in render
+    assert 'emptyRow(8, "no queues declared")' in render
+    assert "tr.dataset.queue" in render and "renderQueues();" in script
+    for kind in ("used", "borrowed", "lent", "pending"):
+        assert f'queueCell("{kind}", use.{kind}' in render
+    # a controller without the route (an older version during an upgrade): no queues, no
+    # error banner
+    assert 'paths[i] === "/v1/queues" && r.reason && /^HTTP 404/' in script
+    (style,) = re.findall(r"<style>(.*?)</style>", html, re.DOTALL)
+    assert "section.panel[hidden] { display: none; }" in style

@@ -1,6 +1,6 @@
 """The documentation in docs/ and README.md against the code: the contract names every CLI
-command and flag, every config and spec field, every HTTP route; relative links resolve; no
-file cites the design document that no longer exists."""
+command and flag, every config and spec field, every HTTP route and every metric; relative
+links resolve; no file cites the design document that no longer exists."""
 
 from __future__ import annotations
 
@@ -16,9 +16,12 @@ from prometheus_client import CollectorRegistry
 
 import hafo.model.config as config_module
 import hafo.model.spec as spec_module
+from hafo.agent.daemon import Agent
 from hafo.api import make_agent_app, make_controller_app
 from hafo.cli import build_parser
+from hafo.controller.daemon import Controller
 from hafo.model.cluster import ClusterSnapshot, Event
+from hafo.model.config import parse_config
 from hafo.store import Keys
 
 REPO = Path(__file__).resolve().parents[2]
@@ -188,6 +191,31 @@ def test_every_http_route_is_in_the_contract(app: str) -> None:
     text = contract()
     missing = sorted(r for r in routes if f"`{r}`" not in text)
     assert not missing, f"docs/contract.md lacks the {app} route(s) {missing}"
+
+
+async def test_every_metric_is_in_the_contract(tmp_path: Path) -> None:
+    """Every family a real controller's and a real agent's ``/metrics`` export (built
+    without etcd; a counter under its ``_total`` name) is in the contract's Metrics
+    section."""
+    etcd = {"endpoints": ["http://127.0.0.1:1"]}
+    controller = Controller(parse_config({"etcd": etcd, "controller": {"name": "ctl-1"}},
+                                         "controller"))
+    agent = Agent(parse_config({"etcd": etcd, "checkpoint": {"root": str(tmp_path / "ck")},
+                                "node": {"name": "node-a", "state_dir": str(tmp_path / "st"),
+                                         "gpus": {"simulate": {"count": 1}}}}, "agent"))
+    try:
+        names = {family.name + ("_total" if family.type == "counter" else "")
+                 for registry in (controller.registry, agent.registry)
+                 for family in registry.collect()}
+    finally:
+        await controller.store.close()
+        await agent.close()
+    text = contract()
+    section = text[text.index("\n## Metrics\n"):text.index("\n## Monitoring\n")]
+    assert {"hafo_leader", "hafo_queue_gpus", "hafo_queue_pending_seconds",
+            "DCGM_FI_DEV_GPU_UTIL"} <= names
+    missing = sorted(name for name in names if f"| `{name}` |" not in section)
+    assert not missing, f"docs/contract.md's Metrics lacks {missing}"
 
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
