@@ -132,3 +132,25 @@ async def test_the_demand_route_answers(api: tuple[TestClient[Any, Any], Control
     assert resp.status == 200
     body = await resp.json()
     assert body["pending"] == [] and body["removable"] == [] and body["leader"] is True
+
+
+def test_timeout_without_drain_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from hafo.cli import main
+
+    assert main(["node", "remove", "gone", "--timeout", "5"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "hafo node remove: --timeout: only with --drain (see --help)")
+    assert main(["node", "remove", "gone", "--drain", "--timeout", "0"]) == 2
+
+
+def test_hafo_demand_renders_shapes() -> None:
+    from hafo.commands.demand import render_demand
+
+    data = {"pending": [{"queue": "r", "gpu_model": "*H100*", "gpu_profile": None, "nodes": 4,
+                         "gpus_per_node": 8, "count": 2},
+                        {"queue": "default", "gpu_model": None, "gpu_profile": "1g.10gb",
+                         "nodes": 1, "gpus_per_node": 1, "count": 3}], "removable": []}
+    assert render_demand(data).splitlines() == [
+        "2 x gang 4 nodes x 8 GPUs (*H100*) in queue r",
+        "3 x 1 GPU(s) (any model, MIG 1g.10gb) in queue default"]
+    assert render_demand({"pending": []}) == "no pending work that more nodes would run"
