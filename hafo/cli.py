@@ -27,10 +27,10 @@ __all__ = ["EXIT_NOT_FOUND", "EXIT_REFUSED", "EXIT_TIMEOUT", "EXIT_UNAVAILABLE",
            "CliError", "build_parser", "dispatch", "etcd_settings", "load_config", "main"]
 
 #: The modules of hafo.commands, in the order ``hafo --help`` lists their subcommands.
-COMMAND_MODULES = ("agent", "controller", "guard", "submit", "status", "nodes", "workloads",
-                   "endpoints", "lb", "delete", "drain", "migrate", "cordon", "sim", "demo",
-                   "logs", "show", "dev", "completion", "events", "backup", "restore",
-                   "recover", "queue", "queues")
+COMMAND_MODULES = ("agent", "controller", "guard", "submit", "status", "nodes", "node",
+                   "workloads", "endpoints", "lb", "delete", "drain", "migrate", "cordon",
+                   "sim", "demo", "logs", "show", "dev", "completion", "events", "backup",
+                   "restore", "recover", "queue", "queues", "demand")
 
 #: Subcommands run by a module of another name.
 MODULE_OF = {"uncordon": "cordon"}

@@ -93,6 +93,17 @@ class NodeChange(TypedDict):
     moving: NotRequired[list[str]]
 
 
+class NodeRemoved(TypedDict):
+    """``DELETE /v1/nodes/{name}``: the node was ``removed`` (200), or (with ``drain=true``,
+    202) a drain started: ``moving``, the workloads asked to move off it; remove it again
+    once it is empty and its agent stopped."""
+
+    node: str
+    removed: bool
+    draining: bool
+    moving: list[str]
+
+
 class QueueSet(TypedDict):
     """A queue declared (``PUT /v1/queues/{name}``): its declaration, every field present,
     and what the write did (``created``, ``updated`` or ``unchanged``)."""

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from hafo.api.auth import agreed_auth, bearer_auth
 from hafo.api.dashboard import add_dashboard
+from hafo.api.demand_routes import demand_routes
 from hafo.api.errors import MAX_BODY, error, json_errors
 from hafo.api.openapi import controller_document
 from hafo.api.probes import probe_routes
@@ -106,6 +107,7 @@ def make_controller_app(source: ControllerSource, token: str | None = None,
     app.add_routes(read_routes(source))
     app.add_routes(write_routes(source))
     app.add_routes(queue_routes(source))
+    app.add_routes(demand_routes(source))
     ready, not_ready = source.ready, source.not_ready_reason
     if auth_refusal is not None:
         refusal = auth_refusal

@@ -16,7 +16,16 @@ import functools
 from typing import Any
 
 from hafo import __version__
-from hafo.api.body import MIGRATE, Deleted, Health, Moving, NodeChange, QueueDeleted, QueueSet
+from hafo.api.body import (
+    MIGRATE,
+    Deleted,
+    Health,
+    Moving,
+    NodeChange,
+    NodeRemoved,
+    QueueDeleted,
+    QueueSet,
+)
 from hafo.api.errors import ErrorBody
 from hafo.model.cluster import Event
 from hafo.model.endpoints import Endpoints
@@ -84,6 +93,7 @@ def schemas() -> dict[str, Any]:
         "Deleted": (Schema(Deleted, "deleted"), "serialization"),
         "Moving": (Schema(Moving, "moving"), "serialization"),
         "NodeChange": (Schema(NodeChange, "node"), "serialization"),
+        "NodeRemoved": (Schema(NodeRemoved, "node"), "serialization"),
         "Health": (Schema(Health, "health"), "serialization"),
         "Endpoints": (schema_of(Endpoints), "serialization"),
         "History": (Schema(ShowView, "history"), "serialization"),
@@ -207,6 +217,32 @@ def _queues() -> dict[str, Any]:
     }
 
 
+_NULLABLE_TEXT = {"anyOf": [{"type": "string"}, {"type": "null"}]}
+DEMAND = {"type": "object", "required": ["pending", "removable", "at"], "properties": {
+    "pending": {"type": "array", "items": {
+        "type": "object",
+        "required": ["queue", "gpu_model", "gpu_profile", "nodes", "gpus_per_node", "count"],
+        "properties": {"queue": {"type": "string"}, "gpu_model": _NULLABLE_TEXT,
+                       "gpu_profile": _NULLABLE_TEXT, "nodes": {"type": "integer"},
+                       "gpus_per_node": {"type": "integer"}, "count": {"type": "integer"}}}},
+    "removable": {"type": "array", "items": {
+        "type": "object", "required": ["node", "idle_seconds"],
+        "properties": {"node": {"type": "string"}, "idle_seconds": {"type": "number"}}}},
+    "at": {"type": "number"}, "leader": {"type": "boolean"}}}
+
+
+def _remove_node(node: list[dict[str, Any]]) -> dict[str, Any]:
+    op = _mutation("retire a down node with no work (200): its record, cordon, per-node "
+                   "copies and reports go; 409 while an assignment holds it (naming the "
+                   "workloads) or its agent is alive; with drain=true a busy node is drained "
+                   "instead (202, what moves): ask again once it is empty and its agent "
+                   "stopped", 200, _ref("NodeRemoved"), 400, 404, 409,
+                   params=[*node, {"name": "drain", "in": "query", "required": False,
+                                   "schema": {"type": "boolean", "default": False}}])
+    op["responses"]["202"] = _json(_ref("NodeRemoved"), "drain started")
+    return op
+
+
 def controller_document() -> dict[str, Any]:
     """The controller API's OpenAPI document."""
     limit = {"name": "limit", "in": "query", "required": False,
@@ -221,7 +257,11 @@ def controller_document() -> dict[str, Any]:
                                      {"type": "object"})},
         "/v1/status": {"get": _get("cluster summary", _ref("Status"))},
         "/v1/nodes": {"get": _get("every node", {"type": "array", "items": _ref("Node")})},
-        "/v1/nodes/{name}": {"get": _get("one node", _ref("Node"), 404, params=node)},
+        "/v1/nodes/{name}": {"get": _get("one node", _ref("Node"), 404, params=node),
+                             "delete": _remove_node(node)},
+        "/v1/demand": {"get": _get("the pending work more nodes would let run, as shapes "
+                                   "(a gang: nodes x GPUs per node), and the nodes idle for "
+                                   "longer than autoscale.idle_after", DEMAND)},
         "/v1/nodes/{name}/drain": {"post": _mutation(
             "cordon the node and move its workloads off (checkpoint first)", 200,
             _ref("NodeChange"), 400, 404, params=node)},

@@ -41,6 +41,7 @@ _NODE_ROUTES = {
     ("POST", "/v1/nodes/{name}/drain"): Action.DRAIN,
     ("POST", "/v1/nodes/{name}/cordon"): Action.CORDON,
     ("POST", "/v1/nodes/{name}/uncordon"): Action.UNCORDON,
+    ("DELETE", "/v1/nodes/{name}"): Action.REMOVE,
 }
 #: Every mutation under it is a queue's (``PUT``/``DELETE /v1/queues/{name}``): the admin's.
 QUEUES_PREFIX = "/v1/queues"

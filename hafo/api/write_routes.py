@@ -1,4 +1,5 @@
-"""The controller API's mutations: submit, delete, migrate, drain, cordon, uncordon.
+"""The controller API's mutations: submit, delete, migrate, drain, cordon, uncordon, and
+removing a node (``DELETE /v1/nodes/{name}``).
 
 Each is a user intent written to etcd through ``hafo.store.intents`` (the same calls the CLI
 makes); the leader acts on it. Bodies are validated by the model's parsers, whose errors name
@@ -12,7 +13,7 @@ from typing import Protocol
 
 from aiohttp import web
 
-from hafo.api.body import MIGRATE, Deleted, Moving, NodeChange, json_object
+from hafo.api.body import MIGRATE, Deleted, Moving, NodeChange, NodeRemoved, json_object
 from hafo.api.errors import NotFound, error
 from hafo.api.scopes import authorize, authorize_submit
 from hafo.checks.registry import available_types
@@ -152,6 +153,27 @@ def write_routes(target: WriteTarget) -> web.RouteTableDef:
         except intents.NotFound as exc:
             return error(404, str(exc))
         return web.json_response(NodeChange(node=name, cordoned=cordoned))
+
+    @routes.delete("/v1/nodes/{name}")
+    async def remove_node(request: web.Request) -> web.Response:
+        # 200 removed; 409 busy (naming the workloads) or its agent alive; with drain=true a
+        # busy node is drained instead (202, what moves): ask again once it is empty.
+        drain_first = _flag(request, "drain")
+        name = node_name(request)
+        try:
+            await intents.remove_node(target.store, target.keys, name)
+        except intents.NotFound as exc:
+            return error(404, str(exc))
+        except intents.RemovalRefused as exc:
+            if exc.refusal.kind != "busy" or not drain_first:
+                return error(409, str(exc))
+            moving = await intents.drain(target.store, target.keys, name)
+            return web.json_response(NodeRemoved(node=name, removed=False, draining=True,
+                                                 moving=moving), status=202)
+        except intents.Refused as exc:
+            return error(409, str(exc), exc.field)
+        return web.json_response(NodeRemoved(node=name, removed=True, draining=False,
+                                             moving=[]))
 
     @routes.post("/v1/nodes/{name}/cordon")
     async def cordon(request: web.Request) -> web.Response:

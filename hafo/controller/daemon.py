@@ -17,11 +17,14 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from hafo.controller.apply import apply_plan
+from hafo.controller.autoscale import Autoscaler
 from hafo.controller.conditions import ClusterConditions
+from hafo.controller.demand_metrics import register_demand_metrics
 from hafo.controller.failsafe import ControllerFailsafe
 from hafo.controller.history import HistoryWriter
 from hafo.controller.metrics import ControllerMetrics
 from hafo.decisions.api_auth import api_auth_of
+from hafo.decisions.demand import Demand, demand, observe_idle
 from hafo.decisions.observed import Observations, observe
 from hafo.decisions.reconcile import reconcile
 from hafo.model.clocks import SteadyClock
@@ -103,6 +106,13 @@ class Controller:
                                          api_auth_mismatch=lambda: self.api_auth.mismatch)
         self.store.observer = self.metrics.observe_etcd
         self.conditions = ClusterConditions(self.events, self.leading, self.registry)
+        # -- elastic capacity (hafo.decisions.demand, hafo.controller.autoscale) --
+        #: node -> when this controller, leading, first saw it idle, on ``clock``
+        self.idle_since: dict[str, float] = {}
+        #: the demand of the leader's last cycle (None: not leading, or no cycle yet)
+        self.last_demand: Demand | None = None
+        self.autoscaler = Autoscaler(config.autoscale, self.registry)
+        register_demand_metrics(self.registry, self.current_demand)
 
     # -- read side (HTTP API) -------------------------------------------------------------
 
@@ -156,6 +166,35 @@ class Controller:
     async def recent_events(self, limit: int = 100) -> list[Event]:
         """The newest events."""
         return await read_events(self.store, self.keys, limit)
+
+    def current_demand(self) -> Demand:
+        """The demand as this controller knows it: the leader's of its last cycle; else the
+        pending shapes of its cache, and no removable node (a standby observes no idle
+        node). Never raises (read at scrape time)."""
+        if self.leading() and self.last_demand is not None:
+            return self.last_demand
+        try:
+            return demand(self.snapshot(), {}, self.clock(), 0.0)
+        except Exception:  # a metrics scrape must not fail on a bug here
+            log.exception("demand not computed")
+            return Demand()
+
+    def demand_view(self) -> dict[str, Any]:
+        """``GET /v1/demand``'s body (docs/contract.md, "Elastic capacity")."""
+        return {**self.current_demand().to_dict(time.time()), "leader": self.leading()}
+
+    def _elastic_step(self, snapshot: ClusterSnapshot, now: float) -> None:
+        """The leader's cycle, for elastic capacity: idle sightings, the demand, and a call
+        of the autoscale hook when it is due (in the background). Never raises: deciding
+        goes on whatever happens here."""
+        try:
+            self.idle_since = observe_idle(self.idle_since, snapshot, now)
+            self.last_demand = demand(snapshot, self.idle_since, now,
+                                      self.config.autoscale.idle_after,
+                                      self.config.placement.spares)
+            self.autoscaler.step(self.last_demand, now)
+        except Exception:
+            log.exception("demand not computed")
 
     # -- loops --------------------------------------------------------------------------
 
@@ -243,6 +282,8 @@ class Controller:
         self.metrics.new_term()
         self.history.new_term()
         self.conditions.new_term()
+        self.idle_since, self.last_demand = {}, None
+        self.autoscaler.new_term()
         while True:
             if not self.keeper.valid():
                 self.election.token = None
@@ -295,6 +336,7 @@ class Controller:
                 # After the plan: recording what happened never delays deciding about it.
                 await self.history.step(self.election, snapshot, now)
                 await self.conditions.say()
+                self._elastic_step(snapshot, now)
                 if plan:
                     continue
             await wait_event(self.cache.changed, TICK)
@@ -354,6 +396,7 @@ class Controller:
 
     async def close(self) -> None:
         """Resign leadership and release the lease (clean shutdown)."""
+        await self.autoscaler.close()
         with contextlib.suppress(*TRANSIENT, NotLeader):
             await self.election.resign()
         with contextlib.suppress(*TRANSIENT):

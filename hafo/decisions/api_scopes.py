@@ -43,6 +43,7 @@ class Action(StrEnum):
     DRAIN = "drain"  # a node
     CORDON = "cordon"
     UNCORDON = "uncordon"
+    REMOVE = "remove"  # a node (DELETE /v1/nodes/{name})
     QUEUE_SET = "set"  # a queue (PUT /v1/queues/{name})
     QUEUE_DELETE = "delete queue"  # DELETE /v1/queues/{name}
     OTHER = "change"  # any other mutation: cluster-wide, the admin's
@@ -50,7 +51,7 @@ class Action(StrEnum):
 
 #: The actions on one workload, which a team may take on the workloads of its queues.
 WORKLOAD_ACTIONS = frozenset({Action.SUBMIT, Action.DELETE, Action.MIGRATE})
-_NODE_ACTIONS = frozenset({Action.DRAIN, Action.CORDON, Action.UNCORDON})
+_NODE_ACTIONS = frozenset({Action.DRAIN, Action.CORDON, Action.UNCORDON, Action.REMOVE})
 _QUEUE_ACTIONS = frozenset({Action.QUEUE_SET, Action.QUEUE_DELETE})
 
 

@@ -22,6 +22,7 @@ from hafo.model.paths import DEFAULT_CHECKPOINT_ROOT, DEFAULT_STATE_DIR
 from hafo.model.schema import (
     INTEGER,
     OMIT_DEFAULT,
+    Argv,
     Expect,
     Matches,
     MigProfile,
@@ -38,8 +39,8 @@ from hafo.model.schema import (
 from hafo.model.strategy import STRATEGIES, Strategy
 
 __all__ = ["ELECTION_ROUND_TRIPS", "ETCD_ELECTION_TIMEOUT_MS", "ETCD_HEARTBEAT_INTERVAL_MS",
-           "STRATEGIES", "ApiConfig", "Config", "EtcdConfig", "GpuSource", "NodeConfig",
-           "NodeLogs",
+           "STRATEGIES", "ApiConfig", "AutoscaleSection", "Config", "EtcdConfig", "GpuSource",
+           "NodeConfig", "NodeLogs",
            "SimulatedGpus", "TimingConfig", "check_etcd_security", "election_problem",
            "election_slack", "parse_config", "parse_endpoints", "state_dir_problem"]
 
@@ -385,6 +386,36 @@ class FairSharingSection(Section):
     min_runtime: NonNegative = 300.0
 
 
+#: An autoscale hook's URL.
+HookUrl = Annotated[str, Strict(), Matches(r"https?://[^\s/]+(/\S*)?", "must be an http:// "
+                                           "or https:// URL")]
+
+
+@dataclass(frozen=True)
+class AutoscaleSection(Section):
+    """``autoscale``: the hook the leader tells the pending demand and the removable nodes
+    (docs/contract.md, "Elastic capacity"): ``command`` (an argv list, the demand's JSON on
+    its stdin) or ``url`` (an HTTP POST of it), at most once per ``interval`` seconds, when
+    either changed; ``idle_after``: seconds a ready node has had no work before it is
+    removable; ``timeout``: seconds a call may take (a command is then killed). Neither
+    ``command`` nor ``url``: no hook (``GET /v1/demand`` and the metrics still say it)."""
+
+    command: Annotated[Argv | None, OMIT_DEFAULT] = None
+    url: Annotated[HookUrl | None, OMIT_DEFAULT] = None
+    interval: Positive = 30.0
+    idle_after: NonNegative = 600.0
+    timeout: Positive = 30.0
+
+    def _check(self) -> None:
+        if self.command is not None and self.url is not None:
+            invalid("url", "give command or url, not both", self.url)
+
+    @property
+    def enabled(self) -> bool:
+        """A hook is configured."""
+        return self.command is not None or self.url is not None
+
+
 @dataclass(frozen=True)
 class Config(Section):
     """One daemon's configuration."""
@@ -401,6 +432,7 @@ class Config(Section):
     health: HealthConfig = field(default_factory=HealthConfig)
     placement: PlacementSection = PlacementSection()
     fair_sharing: FairSharingSection = FairSharingSection()
+    autoscale: AutoscaleSection = AutoscaleSection()
 
     def _check(self) -> None:
         problem = election_problem(self.etcd.election_timeout, self.timing)

@@ -32,7 +32,7 @@ EVENT_KINDS: tuple[str, ...] = (
     "deleted", "replica-created", "replica-retiring", "replica-deleted", "leader-elected",
     "health", "stopped", "fenced", "node-reregistered", "node-resumed", "duplicate-node",
     "store-untrusted", "store-trusted", "cluster-condition", "api-auth-mismatch",
-    "queue-set", "queue-deleted",
+    "queue-set", "queue-deleted", "node-removed",
 )
 
 

@@ -1,6 +1,7 @@
 """Writes made on a user's behalf (CLI, HTTP API): submit, delete, migrate, drain, cordon,
-uncordon, and declaring or deleting a queue (docs/design.md, "Data flow"). Their events share
-the process's event lease (``EventLog``): a write grants no lease of its own."""
+uncordon, removing a node, and declaring or deleting a queue (docs/design.md, "Data flow").
+Their events share the process's event lease (``EventLog``): a write grants no lease of its
+own."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Literal
 
 from hafo.decisions.drain import workloads_to_drain
 from hafo.decisions.moves import MoveRefusal, requested_move_refusal
+from hafo.decisions.removal import RemovalRefusal, removal_refusal
 from hafo.model.cluster import ClusterSnapshot, Event, MoveRequest, Submission
 from hafo.model.endpoints import resolve
 from hafo.model.queues import DEFAULT_QUEUE, QueueSpec
@@ -294,6 +296,47 @@ async def set_cordon(store: Store, keys: Keys, node: str, cordoned: bool) -> Non
                                              kind="cordoned" if cordoned else "uncordoned",
                                              node=node, message=f"node {node} "
                                              f"{'cordoned' if cordoned else 'uncordoned'}"))
+
+
+class RemovalRefused(Refused):
+    """A node cannot be removed now (``refusal`` says why: busy, or its agent is alive)."""
+
+    def __init__(self, refusal: RemovalRefusal) -> None:
+        super().__init__(refusal.message, field="name")
+        self.refusal = refusal
+
+
+async def remove_node(store: Store, keys: Keys, node: str) -> None:
+    """Retire ``node``: delete, in one transaction, its record, its cordon, its per-node
+    assignment copies, the instance reports that name it and its recovery report, with a
+    ``node-removed`` event; the workloads' histories stay. Guarded: its agent still has no
+    liveness key and its record is as read (a down node takes no new work, so none lands
+    on it meanwhile). NotFound: no such node; RemovalRefused: an assignment holds it, or its
+    agent is alive (``hafo.decisions.removal``)."""
+    for _attempt in range(10):
+        snapshot = await read_snapshot(store, keys)
+        refusal = removal_refusal(snapshot, node)
+        if refusal is not None:
+            if refusal.kind == "unknown":
+                raise NotFound(refusal.message)
+            raise RemovalRefused(refusal)
+        record = await store.get(keys.node(node))
+        compares = [Compare(keys.alive(node), "create", "==", 0)]
+        compares.append(Compare(keys.node(node), "mod", "==", record.mod_revision)
+                        if record is not None else Compare(keys.node(node), "create", "==", 0))
+        ops: list[Put | Delete] = [Delete(keys.node(node)), Delete(keys.cordon(node)),
+                                   Delete(keys.node_assignments(node), prefix=True),
+                                   Delete(keys.report(node))]
+        ops += [Delete(keys.status(wid, name)) for wid, name in sorted(snapshot.statuses)
+                if name == node]
+        event = Event(ts=time.time(), kind="node-removed", node=node,
+                      message=f"node {node} removed: its record, cordon and reports are "
+                      "gone; an agent of that name registers as a new node")
+        result = await EventLog(store, keys).txn(compares, ops, event)
+        if result.succeeded:
+            return
+    raise Refused(f"node {node} kept changing while it was being removed: try again",
+                  field="name")
 
 
 # --- queues ----------------------------------------------------------------------------------
