@@ -10,7 +10,8 @@ unless the query says ``allow_unknown_checks=true`` (which types are installed i
 the schema): a body with another type is sent with that query.
 
 A queue's declaration has rules of the same kind (``PUT /v1/queues/{name}``): a body's
-``name`` is the path's, ``lending_limit`` is at most ``gpus``, and limits need a ``cohort``.
+``name`` is the path's, ``lending_limit`` is at most ``gpus``, limits need a ``cohort``, and
+a ``cohort`` needs ``gpus``.
 """
 
 from __future__ import annotations
@@ -53,12 +54,18 @@ def _negative(case: Any) -> bool:
 def _consistent_queue(body: dict[str, Any], name: Any) -> None:
     if "name" in body:
         body["name"] = name
-    gpus, lending = body.get("gpus"), body.get("lending_limit")
-    if isinstance(gpus, int) and isinstance(lending, int) and gpus >= 0 and lending > gpus:
-        body["lending_limit"] = gpus
     limits = body.get("borrowing_limit") is not None or body.get("lending_limit") is not None
     if limits and body.get("cohort") is None:
         body["cohort"] = "fuzz"
+    lending = body.get("lending_limit")
+    number = (int, float)  # the schema's integers: 5710.0 is one too
+    if body.get("cohort") is not None and body.get("gpus") is None:  # a cohort needs a quota
+        body["gpus"] = lending if isinstance(lending, number) and not isinstance(
+            lending, bool) and lending >= 0 else 1
+    gpus = body.get("gpus")
+    if isinstance(gpus, number) and isinstance(lending, number) and not isinstance(
+            gpus, bool) and not isinstance(lending, bool) and gpus >= 0 and lending > gpus:
+        body["lending_limit"] = gpus
 
 
 @schemathesis.hook
