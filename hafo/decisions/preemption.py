@@ -47,17 +47,22 @@ class WaitingPreemptor:
 
 
 def waiting_preemptors(snapshot: ClusterSnapshot) -> dict[str, WaitingPreemptor]:
-    """preemptor -> the node and victims (phase ``moving`` for it) it waits for."""
-    found: dict[str, tuple[str, list[str]]] = {}
-    for wid, assignment in snapshot.assignments.items():
+    """preemptor -> the node and victims (phase ``moving`` for it) it waits for. The node is
+    the one every victim holds GPUs on (victims are chosen on one node; a gang victim holds
+    several, so its rank 0's node is not enough), the lowest-named if several; for a gang
+    reclaimer's victims, which may share none, the first victim's node."""
+    found: dict[str, list[tuple[str, frozenset[str], str]]] = {}
+    for wid, assignment in sorted(snapshot.assignments.items()):
         owner = assignment.preempted_for
         if owner is None or assignment.phase != "moving" or assignment.node is None:
             continue
-        node, victims = found.setdefault(owner, (assignment.node, []))
-        if node == assignment.node:
-            victims.append(wid)
-    return {owner: WaitingPreemptor(node, tuple(sorted(victims)))
-            for owner, (node, victims) in found.items()}
+        found.setdefault(owner, []).append((wid, frozenset(assignment.nodes), assignment.node))
+    out = {}
+    for owner, victims in found.items():
+        common = frozenset.intersection(*(nodes for _w, nodes, _n in victims))
+        node = min(common) if common else victims[0][2]
+        out[owner] = WaitingPreemptor(node, tuple(w for w, _nodes, _n in victims))
+    return out
 
 
 def reserve(request: PlacementRequest, node: str,
