@@ -263,3 +263,17 @@ def test_random_traces_come_to_rest_without_ping_pong(seed: int) -> None:
                 assert any(at < c <= later for c in changes), \
                     f"ping-pong: {victim} -> {reclaimer} at {at}, back at {later}, no change"
     assert seed or reclaims, "the first trace reclaims (the test exercises reclaim)"
+
+
+def test_a_reclaimer_waits_on_the_node_its_gang_victims_share() -> None:
+    """Two gang victims moving for a1, with rank 0 on different nodes (n1, n3): the room
+    held for a1 is on n3, the node both hold GPUs on."""
+    from hafo.decisions.preemption import waiting_preemptors
+
+    g1 = Assignment("g1", "moving", "n1", (0,), preempted_for="a1", members=(
+        Member(rank=0, node="n1", gpus=(0,)), Member(rank=1, node="n3", gpus=(0,))))
+    g2 = Assignment("g2", "moving", "n3", (1,), preempted_for="a1", members=(
+        Member(rank=0, node="n3", gpus=(1,)), Member(rank=1, node="n4", gpus=(1,))))
+    snapshot = dataclasses.replace(make_snapshot([]), assignments={"g1": g1, "g2": g2})
+    wait = waiting_preemptors(snapshot)["a1"]
+    assert (wait.node, wait.victims) == ("n3", ("g1", "g2"))
