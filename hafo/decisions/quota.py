@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hafo.decisions.placement_rules import PlacementRequest
 from hafo.model.cluster import ClusterSnapshot
@@ -268,13 +268,13 @@ class Quotas:
             return None if after <= nominal + _EPSILON else refused
         if queue.borrowing_limit is not None \
                 and after > nominal + queue.borrowing_limit + _EPSILON:
-            return _with(refused, at_borrowing_limit=True)
+            return replace(refused, at_borrowing_limit=True)
         extra = self._from_pool(queue, after) - self._from_pool(queue, used)
         pool, pool_used = self.pool(queue.cohort), self.pool_used(queue.cohort)
         if pool_used + extra <= pool + _EPSILON:
             return None
-        return _with(refused, pool=pool, pool_free=pool - pool_used,
-                     users=self._pool_users(queue.cohort), needs_from_pool=extra)
+        return replace(refused, pool=pool, pool_free=pool - pool_used,
+                       users=self._pool_users(queue.cohort), needs_from_pool=extra)
 
     def _pool_users(self, cohort: str) -> tuple[tuple[str, float, float], ...]:
         """The queues of ``cohort`` that use its pool, most first (name, usage, quota);
@@ -337,11 +337,6 @@ class Quotas:
             return 0.0
         borrowed, idle_all = totals[cohort]
         return min(idle, borrowed * idle / idle_all) if idle_all > 0 else 0.0
-
-
-def _with(refusal: QuotaRefusal, **changes: object) -> QuotaRefusal:
-    from dataclasses import replace
-    return replace(refusal, **changes)  # type: ignore[arg-type]
 
 
 def standings(snapshot: ClusterSnapshot) -> dict[str, QueueStanding]:
