@@ -26,6 +26,7 @@ from hafo.api.probes import probe_routes
 from hafo.api.queue_routes import queue_routes
 from hafo.api.scopes import route_scopes
 from hafo.api.write_routes import node_name, resolved, write_routes
+from hafo.decisions.quota import with_live_reasons
 from hafo.model.cluster import ClusterSnapshot, Event
 from hafo.model.endpoints import agent_targets, endpoints_of, prometheus_targets, resolve
 from hafo.model.history_view import show_view
@@ -184,13 +185,15 @@ def read_routes(source: ControllerSource) -> web.RouteTableDef:
     @routes.get("/v1/workloads")
     async def workloads(_request: web.Request) -> web.Response:
         now = time.time()
-        return await json_off_loop(lambda s: all_workloads(s, now), source.snapshot())
+        return await json_off_loop(lambda s: with_live_reasons(all_workloads(s, now), s),
+                                   source.snapshot())
 
     @routes.get("/v1/workloads/{id}")
     async def workload(request: web.Request) -> web.Response:
         snapshot = source.snapshot()
         wid = resolved(request, snapshot)
-        return web.json_response(workload_view(snapshot, wid, time.time()))
+        return web.json_response(with_live_reasons(workload_view(snapshot, wid, time.time()),
+                                                   snapshot))
 
     @routes.get("/v1/workloads/{id}/endpoints")
     async def endpoints(request: web.Request) -> web.Response:

@@ -50,7 +50,7 @@ def queue_rows(snapshot: Any) -> list[list[Any]]:
 
 def render_queue(snapshot: Any, name: str) -> str:
     """``hafo queues NAME``: the declaration, then the workloads naming the queue."""
-    from hafo.decisions.quota import usage_views
+    from hafo.decisions.quota import usage_views, with_live_reasons
     from hafo.model.queue_view import queue_view
     from hafo.model.views import workload_view
     from hafo.render import table
@@ -68,7 +68,8 @@ def render_queue(snapshot: Any, name: str) -> str:
              f"weight:          {q['weight']:g}"]
     if not q["workloads"]:
         return "\n".join([*lines, "workloads:       none"])
-    views = [workload_view(snapshot, wid) for wid in q["workloads"]]
+    views = with_live_reasons([workload_view(snapshot, wid) for wid in q["workloads"]],
+                              snapshot)
     # Running first, then the waiting ones in their order in the queue (their reason says
     # their place), then the rest.
     rank = {"running": 0, "starting": 0, "updating": 0, "degraded": 0, "stopping": 1,

@@ -21,6 +21,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``hafo workloads``."""
     from hafo import render
+    from hafo.decisions.quota import with_live_reasons
     from hafo.model import views
     from hafo.model.endpoints import resolve
 
@@ -30,9 +31,9 @@ def run(args: argparse.Namespace) -> int:
             wid, why = resolve(snapshot, args.workload)
             if wid is None:
                 raise CliError(why, EXIT_NOT_FOUND)
-            data = views.workload_view(snapshot, wid)
+            data = with_live_reasons(views.workload_view(snapshot, wid), snapshot)
             return data, render.render_workload(data)
-        data = views.all_workloads(snapshot)
+        data = with_live_reasons(views.all_workloads(snapshot), snapshot)
         return data, render.render_workloads(data, width) if data else "no workloads"
 
     return run_view(args, view)

@@ -143,7 +143,7 @@ def place_in_order(requests: Sequence[PlacementRequest],
     for request in requests:
         refusal = quotas.refusal(request) if quotas is not None else None
         if quotas is not None and refusal is not None:
-            waits = Unplaceable(refusal.render())
+            waits = Unplaceable(refusal.summary())
             if refusal.reclaimable and unplaceable is not None \
                     and request.workload in quotas.entitled:
                 for name in unplaceable(replace(request, reclaim=True), waits):

@@ -38,19 +38,24 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from hafo.decisions.placement_rules import PlacementRequest
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.queue_view import QueueUsage
 from hafo.model.queues import QueueSpec
 from hafo.model.spec import WorkloadSpec
+from hafo.model.views import WorkloadView
 
 __all__ = ["MAX_NAMED", "MIG_SLICES", "QueueStanding", "QuotaRefusal", "Quotas", "admission_order",
-           "charge", "ordinal", "standings", "usage", "usage_views"]
+           "charge", "live_reasons", "ordinal", "standings", "usage", "usage_views",
+           "with_live_reasons"]
 
 #: A whole GPU's compute slices in MIG mode (A100, H100, H200: 7).
 MIG_SLICES = 7
 _SLICES = re.compile(r"([0-9]+)g\.")
+_Views = TypeVar("_Views", WorkloadView, list[WorkloadView])
+
 #: The most queues a pending reason names (those using the most of the pool first).
 MAX_NAMED = 3
 #: Slack for sums of MIG fractions.
@@ -125,6 +130,20 @@ class QuotaRefusal:
     def pool_short(self) -> float:
         """How much the cohort's pool lacks for the request."""
         return max(self.needs_from_pool - self.pool_free, 0.0)
+
+    def summary(self) -> str:
+        """What a pending workload's stored reason says: only what changes when the quotas
+        or the request do (no live usage, no place in the queue), so that the controller
+        does not rewrite every waiting workload whenever anything of its cohort is placed;
+        readers see ``render`` (``live_reasons``)."""
+        if not self.known:
+            return self.render()
+        text = f"queue {self.queue}: needs {_amount(self.needs)}"
+        if self.at_borrowing_limit and self.borrowing_limit is not None:
+            return f"{text}; at its borrowing limit ({_amount(self.borrowing_limit)})"
+        if self.cohort is None:
+            return f"{text}, more than its quota of {_amount(self.nominal)} GPUs leaves"
+        return f"{text}; cohort {self.cohort} has too little to lend"
 
     def render(self) -> str:
         """One sentence, in tiers: the queue, then the cohort, then who holds the pool."""
@@ -397,3 +416,53 @@ def admission_order(requests: Sequence[PlacementRequest],
                            request.workload), request))
     keyed.sort(key=lambda pair: pair[0])
     return [request for _key, request in keyed]
+
+
+def live_reasons(snapshot: ClusterSnapshot) -> dict[str, str]:
+    """workload -> why it waits, with the live figures, for every pending workload of a queue
+    with a quota: its queue's usage now, the cohort's pool and who holds it, then its place
+    among its queue's waiting workloads in the order they are tried (``admission_order``).
+    The stored reason holds only ``QuotaRefusal.summary``; the API and the CLI show this.
+    Read-only and pure (the same snapshot, the same text)."""
+    quotas = Quotas.of(snapshot)
+    if quotas is None:
+        return {}
+    requests = []
+    for wid, submission in snapshot.workloads.items():
+        if submission.spec.is_service and submission.service is None:
+            continue  # a service: its replicas wait, each on its own
+        assignment = snapshot.assignments.get(wid)
+        if assignment is not None and assignment.phase != "pending":
+            continue
+        queue = quotas.queues.get(submission.spec.queue)
+        if queue is None or queue.gpus is None:
+            continue
+        requests.append(PlacementRequest(workload=wid, spec=submission.spec,
+                                         submitted_at=submission.submitted_at))
+    ordered = admission_order(sorted(requests, key=_within_queue_key), quotas)
+    by_queue: dict[str, list[str]] = {}
+    for request in ordered:
+        by_queue.setdefault(request.spec.queue, []).append(request.workload)
+    out: dict[str, str] = {}
+    for request in ordered:
+        wid, name = request.workload, request.spec.queue
+        assignment = snapshot.assignments.get(wid)
+        stored = assignment.reason if assignment is not None else ""
+        refusal = quotas.refusal(request)
+        if refusal is not None and stored.startswith(refusal.summary()):
+            stored = refusal.render() + stored[len(refusal.summary()):]
+        waiting = by_queue[name]
+        place = f"{ordinal(waiting.index(wid) + 1)} of {len(waiting)} waiting in queue {name}"
+        out[wid] = f"{stored}; {place}" if stored else place
+    return out
+
+
+def with_live_reasons(views: _Views, snapshot: ClusterSnapshot) -> _Views:
+    """Workload views (``hafo.model.views``: one, or a list) with each waiting workload's
+    ``reason`` as ``live_reasons`` says it (the same object, changed in place)."""
+    live = live_reasons(snapshot)
+    if live:
+        for view in views if isinstance(views, list) else [views]:
+            if view["id"] in live:
+                view["reason"] = live[view["id"]]
+    return views

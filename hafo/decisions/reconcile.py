@@ -46,7 +46,7 @@ from hafo.decisions.preemption import (
     waiting_preemptors,
 )
 from hafo.decisions.preemption_policy import PRIORITY_ONLY, PreemptionPolicy, QueueScoped
-from hafo.decisions.quota import Quotas, ordinal
+from hafo.decisions.quota import Quotas
 from hafo.decisions.reclaim import DEFAULT_MIN_RUNTIME, Reclaiming
 from hafo.decisions.services import ReplicaChange, apart_from, decide_services
 from hafo.model.cluster import Assignment, ClusterSnapshot, Member
@@ -229,13 +229,12 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
                                     now, min_runtime)
     placing = _place(snapshot, needs, admitted, assessed.settled, now, default,  # 3. place
                      spares, preemption, reclaims)
-    positions = _positions(admitted, placing.results) if quotas is not None else {}
+    notes: dict[str, str] = {}
     if isinstance(preemption, Reclaiming):
         for wid in preemption.held_young - set(placing.preemptions):
-            positions[wid] = (f"it takes back its lent quota once the borrowed work has run "
-                              f"fair_sharing.min_runtime ({min_runtime:g} s)"
-                              + (f"; {positions[wid]}" if wid in positions else ""))
-    actions += _placement_actions(snapshot, needs, placing, positions)  # 4. actions
+            notes[wid] = ("it takes back its lent quota once the borrowed work has run "
+                          f"fair_sharing.min_runtime ({min_runtime:g} s)")
+    actions += _placement_actions(snapshot, needs, placing, notes)  # 4. actions
     actions += _victim_actions(snapshot, placing.preemptions)
     return Plan(tuple(actions), replicas)
 
@@ -256,28 +255,13 @@ def _gone(snapshot: ClusterSnapshot) -> list[Action]:
     return actions
 
 
-def _positions(admitted: Admitted, results: Mapping[str, Placed | Unplaceable],
-               ) -> dict[str, str]:
-    """workload -> where it waits in its queue ("2nd of 3 waiting in queue research"), for
-    the admitted requests not placed this cycle, in the order they were tried; none for a
-    queue without a quota (it is as a pool without queues)."""
-    quotas = admitted.quotas
-    waiting: dict[str, list[str]] = {}
-    for request in admitted.requests:
-        queue = quotas.queues.get(request.spec.queue) if quotas is not None else None
-        if queue is None or queue.gpus is None:
-            continue
-        if not isinstance(results.get(request.workload), Placed):
-            waiting.setdefault(request.spec.queue, []).append(request.workload)
-    return {wid: f"{ordinal(i)} of {len(wids)} waiting in queue {queue}"
-            for queue, wids in waiting.items() for i, wid in enumerate(wids, 1)}
-
-
 def _placement_actions(snapshot: ClusterSnapshot, needs: tuple[Need, ...],
-                       placing: _Placing, positions: Mapping[str, str]) -> list[Action]:
+                       placing: _Placing, notes: Mapping[str, str]) -> list[Action]:
     """Stage 4, **actions**: each need's place, final failure or pending (in workload
-    order; nothing for one already pending for the same reason). ``positions``: where each
-    pending one waits in its queue (while queues are declared), and what it waits for."""
+    order; nothing for one already pending for the same reason). ``notes``: what
+    else a pending one waits for (a reclaim held back by ``fair_sharing.min_runtime``). Its
+    place in its queue and the live figures are not stored (they would change every cycle):
+    readers get them from ``hafo.decisions.quota.live_reasons``."""
     results, preemptions = placing.results, placing.preemptions
     waiting, releasing, spare_nodes = placing.waiting, placing.releasing, placing.spares
     actions: list[Action] = []
@@ -320,8 +304,8 @@ def _placement_actions(snapshot: ClusterSnapshot, needs: tuple[Need, ...],
         reason = _waiting_reason(wid, preemptions, waiting, releasing) or result.reason
         if spare_nodes and not need.request.spec.is_gang:
             reason += f"; {len(spare_nodes)} spare node(s) kept for gang failover"
-        if wid in positions:
-            reason += f"; {positions[wid]}"
+        if wid in notes:
+            reason += f"; {notes[wid]}"
         unchanged = previous is not None and previous.phase == "pending" \
             and previous.reason == reason
         if unchanged:

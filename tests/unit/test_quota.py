@@ -11,7 +11,16 @@ import pytest
 
 from hafo.decisions.admission import admit
 from hafo.decisions.placement_rules import PlacementRequest
-from hafo.decisions.quota import Quotas, admission_order, charge, ordinal, standings, usage
+from hafo.decisions.quota import (
+    Quotas,
+    admission_order,
+    charge,
+    live_reasons,
+    ordinal,
+    standings,
+    usage,
+    with_live_reasons,
+)
 from hafo.decisions.reconcile import reconcile
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.queues import QueueSpec
@@ -152,6 +161,19 @@ def pool(queues: tuple[QueueSpec, ...], *, nodes: int = 2, gpus: int = 4,
     return dataclasses.replace(snapshot, queues={x.name: x for x in queues})
 
 
+def applied(snapshot: ClusterSnapshot) -> ClusterSnapshot:
+    """The snapshot once the plan of one cycle is written (placed instances running)."""
+    assignments = dict(snapshot.assignments)
+    statuses = dict(snapshot.statuses)
+    for action in reconcile(snapshot, now=1000.0).actions:
+        if action.assignment is not None:
+            assignments[action.workload] = dataclasses.replace(action.assignment, epoch=50)
+            if action.assignment.phase == "placed" and action.assignment.node is not None:
+                statuses[(action.workload, action.assignment.node)] = status(
+                    action.workload, action.assignment.node, 50)
+    return dataclasses.replace(snapshot, assignments=assignments, statuses=statuses)
+
+
 def kinds(snapshot: ClusterSnapshot) -> dict[str, str]:
     return {a.workload: a.kind for a in reconcile(snapshot, now=1000.0).actions}
 
@@ -177,10 +199,17 @@ def test_an_idle_queue_lends_all_its_quota_and_the_limit_holds() -> None:
     work = tuple(submit(f"b{i}", 1, queue="b", submitted_at=i) for i in range(10))
     found = kinds(pool(COHORT_AB, workloads=work))
     assert sorted(w for w, k in found.items() if k == "place") == [f"b{i}" for i in range(8)]
-    said = reasons(pool(COHORT_AB, workloads=work))
-    assert said["b8"].endswith("queue b: 8 of 4 GPUs used, needs 1; cohort c lends 0 of 8; "
-                               "1st of 2 waiting in queue b")
-    assert said["b9"].endswith("2nd of 2 waiting in queue b")
+    snapshot = pool(COHORT_AB, workloads=work)
+    said = reasons(snapshot)
+    # What is stored changes only with the quotas or the request (no rewrite each cycle) ...
+    assert said["b8"].endswith("queue b: needs 1; cohort c has too little to lend")
+    # ... and what a reader sees is live, with its place in the queue.
+    after = applied(snapshot)
+    live = live_reasons(after)
+    assert live["b8"] == ("queue b: 8 of 4 GPUs used, needs 1; cohort c lends 0 of 8; "
+                          "1st of 2 waiting in queue b")
+    assert live["b9"].endswith("2nd of 2 waiting in queue b")
+    assert reconcile(after, now=1001.0).actions == (), "nothing rewritten the next cycle"
 
 
 def test_a_queue_within_its_quota_goes_before_a_borrower() -> None:
@@ -201,7 +230,10 @@ def test_a_gang_is_admitted_whole_or_not_at_all() -> None:
     """A 2x4 gang in a queue of 6: never placed in part, and it holds no node."""
     snapshot = pool((q("a", 6),), workloads=(submit("g", 4, queue="a", nodes=2),))
     assert kinds(snapshot) == {"g": "pending"}
-    assert "queue a: 0 of 6 GPUs used, needs 8" in reasons(snapshot)["g"]
+    assert reasons(snapshot)["g"].endswith(
+        "queue a: needs 8, more than its quota of 6 GPUs leaves")
+    assert live_reasons(applied(snapshot))["g"] == ("queue a: 0 of 6 GPUs used, needs 8; 1st "
+                                                    "of 1 waiting in queue a")
     # The nodes are still free for a smaller job of the queue.
     smaller = pool((q("a", 6),), workloads=(submit("g", 4, queue="a", nodes=2),
                                             submit("s", 4, queue="a", submitted_at=9)))
@@ -301,3 +333,20 @@ def test_a_reason_names_at_most_three_queues_most_first() -> None:
     assert refusal.render() == ("queue a: 0 of 2 GPUs used, needs 2; cohort c lends 0 of 12 "
                                 "(b3 uses 4 of its 2, b1 uses 3 of its 2, b4 uses 3 of its 2, "
                                 "2 more)")
+
+
+def test_readers_see_the_live_reason_in_the_workload_views() -> None:
+    """``hafo workloads`` and the API overlay the live figures on the stored summary; a
+    workload of a queue without a quota, or placed, keeps its own reason."""
+    from hafo.model.views import all_workloads, workload_view
+
+    work = (*(submit(f"b{i}", 1, queue="b", submitted_at=i) for i in range(9)),
+            submit("free", 1, queue="free", submitted_at=20))
+    snapshot = applied(pool((*COHORT_AB, q("free", None)), nodes=3, workloads=work))
+    views = with_live_reasons(all_workloads(snapshot), snapshot)
+    reasons_now = {v["id"]: v["reason"] for v in views}
+    assert reasons_now["b8"] == ("queue b: 8 of 4 GPUs used, needs 1; cohort c lends 0 of 8; "
+                                 "1st of 1 waiting in queue b")
+    assert "waiting in queue" not in reasons_now["free"]
+    one = with_live_reasons(workload_view(snapshot, "b8"), snapshot)
+    assert one["reason"] == reasons_now["b8"]
