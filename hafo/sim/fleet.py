@@ -344,10 +344,16 @@ class SimFleet:
         plan = plan_instances(desired, running, may_start=node.alive)
         for workload, epoch in plan.stop:
             self._stop(node, workload, epoch, now, ops)
+        reported = {self.keys.status(w, node.name) for w, _epoch in plan.stop}
+        reported |= {op.key for op in ops}
         for workload, epoch in list(node.exited.items()):
             if workload not in node.desired and (workload, epoch) not in plan.stop:
+                key = self.keys.status(workload, node.name)
+                if key in reported:  # reported exited in this pass: gone in the next one
+                    self._at(now, node.name)
+                    continue
                 del node.exited[workload]
-                ops.append(Delete(self.keys.status(workload, node.name)))
+                ops.append(Delete(key))
         for workload, epoch in plan.start:
             node.exited.pop(workload, None)
             node.running[workload] = epoch
