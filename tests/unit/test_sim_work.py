@@ -134,3 +134,19 @@ async def test_an_urgent_stop_exits_at_once_and_loses_the_work(
     finally:
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
+
+
+def test_an_instance_done_as_its_copy_goes_is_reported_once_per_pass() -> None:
+    """Its work done in the pass that finds its copy gone: the exit is written in this pass,
+    the report's deletion in the next (one key twice in a txn: etcd refuses the txn)."""
+    fleet = SimFleet(cast(EtcdStore, MemoryStore()), KEYS, 1, prefix="s",
+                     runtime={"w": 1.0}.get)
+    node = next(iter(fleet.nodes.values()))
+    node.running["w"] = 7
+    fleet.started["w"] = 100.0
+    first = fleet._pass(node, 101.5)
+    assert [op.key for op in first] == [KEYS.status("w", node.name)]
+    assert node.exited == {"w": 7} and fleet._due  # a pass is due to delete it
+    second = fleet._pass(node, 101.6)
+    assert [(type(op).__name__, op.key) for op in second] == [
+        ("Delete", KEYS.status("w", node.name))]
