@@ -6,17 +6,26 @@ record and liveness key (``NodeRecord``, ``Liveness``), the simulated GPU invent
 the per-node instance decision (``hafo.decisions.instances.plan_instances``) and the instance
 reports (``InstanceStatus`` under the node's lease). What is simulated: workloads are not
 processes; an instance "starts" and "stops" the moment the agent would launch or stop its
-guard. Keepalives of all nodes are multiplexed over a few LeaseKeepAlive streams
-(``EtcdStore.keepalive_many``), as etcd's Go client does, and writes are batched into
-transactions: one process can then carry 10,000 nodes at the real heartbeat.
+guard, and by default runs until it is stopped. Given ``runtime`` (workload -> seconds of
+work), an instance completes (reports exited with code 0) once its workload has done that
+much work, counting the work its earlier instances checkpointed; given ``checkpoint``
+(seconds), a planned stop (a move or a preemption, not urgent) reports ``stopping`` for that
+long, then exits with a checkpoint of all the work done until the stop was asked
+(``CheckpointInfo.step``: whole seconds of work), as a guard does on SIGUSR1; an urgent stop
+exits at once and loses the work since the last checkpoint. Keepalives of all nodes are
+multiplexed over a few LeaseKeepAlive streams (``EtcdStore.keepalive_many``), as etcd's Go
+client does, and writes are batched into transactions: one process can then carry 10,000
+nodes at the real heartbeat.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -24,7 +33,15 @@ import structlog
 from hafo.agent.assignments import for_node
 from hafo.decisions.instances import plan_instances
 from hafo.gpu.simulated import SimulatedGpus
-from hafo.model.cluster import Assignment, FailsafeSet, Gpu, InstanceStatus, Liveness, NodeRecord
+from hafo.model.cluster import (
+    Assignment,
+    CheckpointInfo,
+    FailsafeSet,
+    Gpu,
+    InstanceStatus,
+    Liveness,
+    NodeRecord,
+)
 from hafo.retry import Retry, RetryPolicy
 from hafo.store import (
     TRANSIENT,
@@ -63,6 +80,9 @@ class SimNode:
     desired: dict[str, Assignment] = field(default_factory=dict)
     running: dict[str, int] = field(default_factory=dict)  # workload -> epoch
     exited: dict[str, int] = field(default_factory=dict)   # reported exited, not yet gone
+    #: workload -> (epoch, when its checkpoint commits, its work then): a planned stop
+    stopping: dict[str, tuple[int, float, float]] = field(default_factory=dict)
+    urgent: set[str] = field(default_factory=set)  # workloads to stop at once, no checkpoint
 
     def record(self, failsafe_seen: int) -> NodeRecord:
         """Its node record, as the agent writes it."""
@@ -71,12 +91,25 @@ class SimNode:
 
 
 class SimFleet:
-    """``count`` simulated nodes named ``<prefix>-00001``..."""
+    """``count`` simulated nodes named ``<prefix>-00001``... ``runtime``: workload -> the
+    seconds of work it does before it completes (None, or no ``runtime``: it runs until
+    stopped); ``checkpoint``: seconds a planned stop takes (module docstring);
+    ``on_report``: called with every instance report as it is written."""
 
     def __init__(self, store: EtcdStore, keys: Keys, count: int, gpus_per_node: int = 8,
                  ttl: int = 3, heartbeat: float = 1.0, prefix: str = "sim",
-                 model: str = "NVIDIA H100 80GB HBM3", memory_mib: int = 81559) -> None:
+                 model: str = "NVIDIA H100 80GB HBM3", memory_mib: int = 81559,
+                 runtime: Callable[[str], float | None] | None = None,
+                 checkpoint: float = 0.0,
+                 on_report: Callable[[InstanceStatus], None] | None = None) -> None:
         self.store = store
+        self.runtime = runtime
+        self.checkpoint = checkpoint
+        self.on_report = on_report
+        self.progress: dict[str, float] = {}  # workload -> seconds of work checkpointed
+        self.finished: dict[str, float] = {}  # workload -> wall time it completed
+        self._due: list[tuple[float, str]] = []  # (wall time, node): a pass is due then
+        self._timer_changed = asyncio.Event()
         self.keys = keys
         self.ttl = ttl
         self.heartbeat = heartbeat
@@ -169,6 +202,7 @@ class SimFleet:
             for node in lost:
                 node.running.clear()
                 node.exited.clear()
+                node.stopping.clear()
                 node.lease = 0  # no keepalives, no reports until it is registered again
             self._lost += lost
             if self._rejoiner is None or self._rejoiner.done():
@@ -216,46 +250,137 @@ class SimFleet:
             return
         node_name = node.name
         self._dirty.add(node_name)
-        placed = None
+        placed = urgent = None
         if assignment is not None:
-            placed, _urgent = for_node(assignment, node_name)
+            placed, urgent = for_node(assignment, node_name)
             if placed is not None:
                 node.desired[workload] = placed
                 self.placed_on[workload] = node_name
         if placed is None:
             node.desired.pop(workload, None)
+        if urgent is not None:
+            node.urgent.add(workload)
+        else:
+            node.urgent.discard(workload)
 
     async def _follow_assignments(self) -> None:
         """One watch over every node's copies (a real agent watches only its own)."""
         await self.copies.load()
         await self.copies.follow()
 
+    def _status(self, ops: list[Put | Delete], node: SimNode, status: InstanceStatus) -> None:
+        """Report ``status`` (under the node's lease), and tell ``on_report``."""
+        ops.append(Put(self.keys.status(status.workload, node.name),
+                       codec.encode(status.to_dict()), lease=node.lease))
+        if self.on_report is not None:
+            self.on_report(status)
+
+    def _at(self, when: float, node: str) -> None:
+        """A pass of ``node`` is due at ``when`` (wall time)."""
+        heapq.heappush(self._due, (when, node))
+        self._timer_changed.set()
+
+    def _work_done(self, workload: str, now: float) -> float:
+        """Seconds of work ``workload`` has done by ``now`` (its running instance's too)."""
+        return self.progress.get(workload, 0.0) + max(0.0, now - self.started[workload])
+
+    def _complete(self, node: SimNode, now: float, ops: list[Put | Delete]) -> None:
+        """Running instances whose workload has done its ``runtime`` of work exit 0."""
+        if self.runtime is None:
+            return
+        for workload, epoch in list(node.running.items()):
+            total = self.runtime(workload)
+            if total is None or self._work_done(workload, now) < total - 1e-6:
+                continue
+            del node.running[workload]
+            node.exited[workload] = epoch
+            self.progress[workload] = total
+            self.finished[workload] = now
+            self._status(ops, node, InstanceStatus(workload, node.name, epoch, "exited",
+                                                   exit_code=0, finished_at=now))
+
+    def _stop(self, node: SimNode, workload: str, epoch: int, now: float,
+              ops: list[Put | Delete]) -> None:
+        """Stop one instance: at once if urgent (its work since the last checkpoint lost)
+        or without a checkpoint time; else ``stopping`` until its checkpoint commits."""
+        if workload in node.stopping:
+            _epoch, due, work = node.stopping[workload]
+            if due > now and workload not in node.urgent:
+                return  # still checkpointing
+            del node.stopping[workload]
+            node.exited[workload] = epoch
+            self.progress[workload] = work
+            self._status(ops, node, InstanceStatus(
+                workload, node.name, epoch, "exited", exit_code=-15, finished_at=now,
+                checkpoint=CheckpointInfo(step=int(work), epoch=epoch,
+                                          path=f"sim://{workload}/{epoch}")))
+            return
+        if workload not in node.running:
+            return  # it completed in this pass
+        del node.running[workload]
+        planned = workload not in node.urgent
+        if planned and workload in self.started:
+            work = self._work_done(workload, now)
+            if self.checkpoint > 0:
+                node.stopping[workload] = (epoch, now + self.checkpoint, work)
+                self._at(now + self.checkpoint, node.name)
+                self._status(ops, node, InstanceStatus(workload, node.name, epoch, "stopping",
+                                                       started_at=self.started[workload]))
+                return
+            self.progress[workload] = work
+        node.exited[workload] = epoch
+        self._status(ops, node, InstanceStatus(workload, node.name, epoch, "exited",
+                                               exit_code=-15, finished_at=now))
+
     def _pass(self, node: SimNode, now: float) -> list[Put | Delete]:
-        """One agent pass for one node: the instances to stop and start, and the reports."""
+        """One agent pass for one node: the instances that completed, those to stop and to
+        start, and the reports."""
         ops: list[Put | Delete] = []
+        self._complete(node, now, ops)
         desired = [(w, a.epoch) for w, a in node.desired.items()]
         running = {(w, e): True for w, e in node.running.items()}
         running.update({(w, e): False for w, e in node.exited.items()})
+        running.update({(w, e): True for w, (e, _due, _work) in node.stopping.items()})
         plan = plan_instances(desired, running, may_start=node.alive)
         for workload, epoch in plan.stop:
-            del node.running[workload]
-            node.exited[workload] = epoch
-            status = InstanceStatus(workload, node.name, epoch, "exited", exit_code=-15,
-                                    finished_at=now)
-            ops.append(Put(self.keys.status(workload, node.name),
-                           codec.encode(status.to_dict()), lease=node.lease))
+            self._stop(node, workload, epoch, now, ops)
+        reported = {self.keys.status(w, node.name) for w, _epoch in plan.stop}
+        reported |= {op.key for op in ops}
         for workload, epoch in list(node.exited.items()):
             if workload not in node.desired and (workload, epoch) not in plan.stop:
+                key = self.keys.status(workload, node.name)
+                if key in reported:  # reported exited in this pass: gone in the next one
+                    self._at(now, node.name)
+                    continue
                 del node.exited[workload]
-                ops.append(Delete(self.keys.status(workload, node.name)))
+                ops.append(Delete(key))
         for workload, epoch in plan.start:
             node.exited.pop(workload, None)
             node.running[workload] = epoch
             self.started[workload] = now
-            status = InstanceStatus(workload, node.name, epoch, "running", started_at=now)
-            ops.append(Put(self.keys.status(workload, node.name),
-                           codec.encode(status.to_dict()), lease=node.lease))
+            if self.runtime is not None and (total := self.runtime(workload)) is not None:
+                self._at(now + max(0.0, total - self.progress.get(workload, 0.0)), node.name)
+            self._status(ops, node, InstanceStatus(workload, node.name, epoch, "running",
+                                                   started_at=now))
         return ops
+
+    async def _timers(self) -> None:
+        """Wake the supervisor when a pass is due: an instance's work done, a checkpoint
+        committed."""
+        while True:
+            self._timer_changed.clear()
+            if not self._due:
+                await self._timer_changed.wait()
+                continue
+            delay = self._due[0][0] - time.time()
+            if delay > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._timer_changed.wait(), delay)
+                continue
+            now = time.time()
+            while self._due and self._due[0][0] <= now:
+                self._dirty.add(heapq.heappop(self._due)[1])
+            self._wake.set()
 
     async def _supervise(self) -> None:
         retry = Retry("sim reports", REPORT_POLICY, logger=log)
@@ -298,6 +423,7 @@ class SimFleet:
                 node = self.nodes[name]
                 node.running.clear()
                 node.exited.clear()
+                node.stopping.clear()
                 fenced += 1
         if fenced:
             log.warning("simulated nodes whose lease is gone lost their instances",
@@ -330,7 +456,8 @@ class SimFleet:
     async def run(self) -> None:
         """Keep leases, follow assignments and report instances until cancelled."""
         await run_all(leases=self._leases(), assignments=self._follow_assignments(),
-                      supervise=self._supervise(), failsafe=self._follow_failsafe())
+                      supervise=self._supervise(), failsafe=self._follow_failsafe(),
+                      timers=self._timers())
 
     # -- faults ------------------------------------------------------------------------
 
@@ -345,6 +472,7 @@ class SimFleet:
             node.alive = False
             node.running.clear()
             node.exited.clear()
+            node.stopping.clear()
         log.warning("simulated nodes crashed", nodes=len(victims))
         return victims
 
