@@ -751,12 +751,12 @@ async def run(p: Params, base: Path, rec: Recorder) -> tuple[list[TraceItem], Jo
                 task.cancel()
                 await asyncio.wait({task}, timeout=10)
         finally:
+            with contextlib.suppress(Exception):  # first: its watcher ends while etcd answers
+                await store.close()
             if controller is not None:
                 stop_process(controller, grace=10)
             etcd.stop()
             shutil.rmtree(base / "etcd", ignore_errors=True)
-            with contextlib.suppress(Exception):
-                await store.close()
 
 
 # -- report --------------------------------------------------------------------------------
