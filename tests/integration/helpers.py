@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,3 +102,32 @@ def started_cluster(base_dir: Path, **kwargs: Any) -> Iterator[LocalCluster]:
     finally:
         local.stop()
         assert not local.leftover_pids()
+
+
+def api_call(port: int, method: str, path: str, body: Any = None,
+             token: str | None = None) -> tuple[int, Any]:
+    """One JSON call of a controller's API on 127.0.0.1:``port`` (``token``: the bearer
+    token, if any): the status and the decoded body, errors included."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
+                                     method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def api_until(port: int, path: str, check: Any, timeout: float = 20.0) -> Any:
+    """GET ``path`` until ``check(body)`` holds (a controller's cache follows etcd a moment
+    later); the body."""
+    deadline = time.monotonic() + timeout
+    while True:
+        code, body = api_call(port, "GET", path)
+        if code == 200 and check(body):
+            return body
+        assert time.monotonic() < deadline, f"{path} never satisfied: {code} {body}"
+        time.sleep(0.05)

@@ -5,15 +5,13 @@ token can."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 import pytest
 
 from tests.integration.conftest import ClusterFactory
+from tests.integration.helpers import api_call
 
 pytestmark = pytest.mark.timeout(90)
 ADMIN = "integration-admin-0123456789"
@@ -23,17 +21,7 @@ TEAM_B = "integration-team-b-0123456789"
 
 def call(port: int, method: str, path: str, token: str | None, body: Any = None,
          ) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
-                                     method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+    return api_call(port, method, path, body, token)
 
 
 async def test_a_team_token_cannot_delete_another_team_s_workload(

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ from typing import Any
 import pytest
 
 from hafo.local.cluster import LocalCluster, demo_workload_spec
-from tests.integration.helpers import started_cluster
+from tests.integration.helpers import api_call, api_until, started_cluster
 
 pytestmark = pytest.mark.timeout(150)
 TOKEN = "integration-token-0123456789"
@@ -30,27 +29,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 def call(port: int, method: str, path: str, body: Any = None,
          token: str | None = TOKEN) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
-                                     method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+    return api_call(port, method, path, body, token)
 
 
-def until(port: int, path: str, check: Any, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        code, body = call(port, "GET", path)
-        if code == 200 and check(body):
-            return body
-        assert time.monotonic() < deadline, f"{path} never satisfied: {body}"
-        time.sleep(0.05)
+until = api_until
 
 
 def spec(name: str) -> dict[str, Any]:

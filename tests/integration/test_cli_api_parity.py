@@ -13,8 +13,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,7 @@ import yaml
 from hafo.local.cluster import LocalCluster, demo_workload_spec
 from hafo.model.cluster import ClusterSnapshot
 from hafo.store import read_events
-from tests.integration.helpers import running, started_cluster
+from tests.integration.helpers import api_call, running, started_cluster
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -48,15 +46,7 @@ def hafo(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
 def api(cluster: LocalCluster, method: str, path: str,
         body: Any = None) -> tuple[int, Any]:
     port = next(iter(cluster.controller_handles.values())).api_port
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
-                                     method=method,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+    return api_call(port, method, path, body)
 
 
 def wait_for(cluster: LocalCluster, check: Callable[[ClusterSnapshot], Any], timeout: float,

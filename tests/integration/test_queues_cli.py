@@ -8,9 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +15,7 @@ import pytest
 
 from hafo.local.cluster import LocalCluster, demo_workload_spec
 from tests.integration.conftest import ClusterFactory
+from tests.integration.helpers import api_call, api_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -30,26 +28,10 @@ def hafo(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def call(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
-                                     method=method,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+    return api_call(port, method, path, body)
 
 
-def until(port: int, path: str, check: Any, timeout: float = 20.0) -> Any:
-    """GET until ``check(body)`` holds: the controller's cache follows etcd a moment later."""
-    deadline = time.monotonic() + timeout
-    while True:
-        code, body = call(port, "GET", path)
-        if code == 200 and check(body):
-            return body
-        assert time.monotonic() < deadline, f"{path} never satisfied: {code} {body}"
-        time.sleep(0.05)
+until = api_until
 
 
 async def test_queues_from_the_cli_and_the_api(local_cluster: ClusterFactory,
