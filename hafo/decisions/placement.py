@@ -162,6 +162,9 @@ def place_in_order(requests: Sequence[PlacementRequest],
                     groups.setdefault(request.group, set()).update(m.node for m in gang.members)
             else:
                 gangs.hold_for(request)
+                if unplaceable is not None and quotas is not None \
+                        and request.workload in quotas.entitled:  # its lent quota, in use
+                    unplaceable(replace(request, reclaim=True), gang)
             results[request.workload] = gang
             continue
         outcome = index.place(request)
@@ -172,7 +175,12 @@ def place_in_order(requests: Sequence[PlacementRequest],
             if request.group is not None:
                 groups.setdefault(request.group, set()).add(outcome.node)
         elif unplaceable is not None:
-            for name in unplaceable(request, outcome):
+            changed = unplaceable(request, outcome)
+            if not changed and quotas is not None and request.workload in quotas.entitled:
+                # Within its quota, but the room it needs is held by borrowers (free GPUs
+                # scattered over nodes they fill): it takes it back as when the quota is.
+                changed = unplaceable(replace(request, reclaim=True), outcome)
+            for name in changed:
                 index.refresh(name)
         results[request.workload] = outcome
     return results

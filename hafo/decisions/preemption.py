@@ -27,6 +27,7 @@ from hafo.decisions.placement_rules import (
     NodeCapacity,
     PlacementRequest,
     Unplaceable,
+    count_matching,
     gpu_matches,
 )
 from hafo.decisions.preemption_policy import PRIORITY_ONLY, PreemptionPolicy
@@ -40,10 +41,22 @@ __all__ = ["Preempting", "Preemption", "Victim", "VictimIndex", "WaitingPreempto
 
 @dataclass(frozen=True)
 class WaitingPreemptor:
-    """A preemptor whose victims are still being stopped on ``node``."""
+    """A preemptor whose victims are still being stopped on ``node``. ``candidates``: every
+    node all its victims hold GPUs on (a gang victim holds several; which of them the room
+    was made on is the one where the preemptor fits: ``room_for``)."""
 
     node: str
     victims: tuple[str, ...]
+    candidates: tuple[str, ...] = ()
+
+    def room_for(self, request: PlacementRequest,
+                 capacity: Mapping[str, NodeCapacity]) -> str:
+        """The candidate with the most free GPUs of ``request``'s kind (then by name):
+        where its victims' stop made the room; ``node`` when there is no choice."""
+        ready = [n for n in self.candidates if n in capacity]
+        if len(ready) <= 1:
+            return ready[0] if ready else self.node
+        return min(ready, key=lambda n: (-count_matching(request.spec, capacity[n].free), n))
 
 
 def waiting_preemptors(snapshot: ClusterSnapshot) -> dict[str, WaitingPreemptor]:
@@ -61,7 +74,8 @@ def waiting_preemptors(snapshot: ClusterSnapshot) -> dict[str, WaitingPreemptor]
     for owner, victims in found.items():
         common = frozenset.intersection(*(nodes for _w, nodes, _n in victims))
         node = min(common) if common else victims[0][2]
-        out[owner] = WaitingPreemptor(node, tuple(w for w, _nodes, _n in victims))
+        out[owner] = WaitingPreemptor(node, tuple(w for w, _nodes, _n in victims),
+                                      tuple(sorted(common)))
     return out
 
 

@@ -1,13 +1,14 @@
 """Reclaim: a queue takes back the quota it lent to its cohort, checkpoint first. Pure.
 
-A request that does not fit its queue's quota only because its cohort's pool is used up,
-that would keep its queue within its nominal quota (``QuotaRefusal.reclaimable``), and that
-the cycle's order counted within that quota (``Quotas.entitled``: so it is tried before any
-borrower, the victims' own requests included), may stop borrowed work
-(``PlacementRequest.reclaim``). It goes through the preemption path
-(``hafo.decisions.preemption``: victims on one node, the fewest, then the lowest total
-priority; the victims are moved checkpoint first, a planned stop, and the room on that node
-is held for the reclaimer until they have stopped), under ``Reclaiming``'s rules:
+A request that the cycle's order counted within its queue's nominal quota
+(``Quotas.entitled``: so it is tried before any borrower, the victims' own requests
+included) may stop borrowed work (``PlacementRequest.reclaim``) when it does not fit either
+its quota, only because its cohort's pool is used up (``QuotaRefusal.reclaimable``), or the
+GPUs, although its quota has room (its free GPUs scattered over nodes that borrowers fill).
+It goes through the preemption path (``hafo.decisions.preemption``: victims on one node, the
+fewest, then the lowest total priority; the victims are moved checkpoint first, a planned
+stop, and the room on that node is held for the reclaimer until they have stopped), under
+``Reclaiming``'s rules:
 
 - a victim is placed work of another queue of the same cohort that uses more than its
   nominal quota, and stopping it (with the other victims of its queue) leaves that queue at
@@ -108,16 +109,15 @@ class Reclaiming:
         they free what the pool lacks."""
         if not request.reclaim:
             return self.inner.accepts(request, victims)
-        refusal = self.quotas.refusal(request)
-        if refusal is None:
-            return True
         per_queue: dict[str, float] = {}
         for victim in victims:
             per_queue[victim.queue] = per_queue.get(victim.queue, 0.0) + self._charge(victim)
         if any(self._above_nominal(queue) < freed - _EPSILON
                for queue, freed in per_queue.items()):
-            return False
-        return sum(per_queue.values()) >= refusal.pool_short - _EPSILON
+            return False  # together they would take their queue below its quota
+        refusal = self.quotas.refusal(request)
+        short = refusal.pool_short if refusal is not None else 0.0  # else: room, not quota
+        return sum(per_queue.values()) >= short - _EPSILON
 
     def chosen(self, request: PlacementRequest, victims: tuple[Victim, ...]) -> None:
         """Remember what was taken from each queue, for the reclaims after it."""
@@ -151,8 +151,9 @@ def gang_reclaim(request: PlacementRequest, policy: Reclaiming, index: VictimInd
     """Victims for a gang that takes back its queue's lent quota (module docstring), taken
     in ``index`` and told to ``policy``; None when no set of them lets it fit."""
     refusal = policy.quotas.refusal(request)
-    if refusal is None or not refusal.reclaimable:
+    if refusal is not None and not refusal.reclaimable:
         return None
+    short = refusal.pool_short if refusal is not None else 0.0  # else: room, not quota
     snapshot, capacity = policy.snapshot, index.capacity
     candidates: dict[str, Victim] = {}
     on_node: dict[str, list[Victim]] = {}
@@ -183,7 +184,7 @@ def gang_reclaim(request: PlacementRequest, policy: Reclaiming, index: VictimInd
             missing -= len(victim.gpus)
     freed = sum(policy._charge(candidates[w]) for w in chosen)
     for victim in sorted(candidates.values(), key=order):  # then the pool's shortage
-        if freed >= refusal.pool_short:
+        if freed >= short:
             break
         if victim.workload not in chosen:
             chosen.append(victim.workload)

@@ -78,8 +78,9 @@ def _reserved(admitted: Admitted, waiting: Mapping[str, WaitingPreemptor],
         wait = waiting.get(request.workload)
         # A gang that reclaimed holds nothing: its victims free several nodes, and it is
         # first in its cohort's order once they have stopped.
-        reserved = wait is not None and not request.spec.is_gang
-        requests.append(reserve(request, wait.node, capacity) if reserved and wait else request)
+        if wait is not None and not request.spec.is_gang:
+            request = reserve(request, wait.room_for(request, capacity), capacity)
+        requests.append(request)
     return requests
 
 
