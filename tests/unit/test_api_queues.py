@@ -9,54 +9,13 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from prometheus_client import CollectorRegistry
 
 from hafo.api import make_controller_app
 from hafo.api.openapi import controller_document, schemas
-from hafo.model.cluster import ClusterSnapshot, Event
-from hafo.store import Keys
-from hafo.store.memory import MemoryStore
-from hafo.store.state import read_snapshot
 
+from .memory_controller import MemoryController
 
-class Controller:
-    """A controller whose cache is what ``refresh`` last read from its in-memory store."""
-
-    name = "ctl-1"
-    keys = Keys("unit")
-    failsafe_hold = 3.5
-
-    def __init__(self) -> None:
-        self.store = MemoryStore()
-        self.registry = CollectorRegistry()
-        self.cached = ClusterSnapshot(0, {}, {}, frozenset(), {}, {}, {})
-
-    async def refresh(self) -> None:
-        self.cached = await read_snapshot(self.store, self.keys)
-
-    def snapshot(self) -> ClusterSnapshot:
-        return self.cached
-
-    def ready(self) -> bool:
-        return True
-
-    def etcd_contact_age(self) -> float:
-        return 0.1
-
-    def stale_seconds(self) -> float | None:
-        return None
-
-    def not_ready_reason(self) -> str:
-        return ""
-
-    def leading(self) -> bool:
-        return True
-
-    async def recent_events(self, limit: int = 100) -> list[Event]:
-        return []
-
-    async def failsafe_probe(self, cluster: str | None = None) -> str:
-        return "available"
+Controller = MemoryController
 
 
 @pytest.fixture

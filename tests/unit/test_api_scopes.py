@@ -14,18 +14,15 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from prometheus_client import CollectorRegistry
 
 from hafo.api import make_controller_app
 from hafo.api.auth import identify, load_team_tokens
 from hafo.decisions.api_scopes import ADMIN, ANONYMOUS, Action, Caller, Intent, refusal, team
-from hafo.model.cluster import ClusterSnapshot, Event
 from hafo.model.config import parse_config
 from hafo.model.errors import ValidationError
 from hafo.model.teams import parse_team_tokens
-from hafo.store import Keys
-from hafo.store.memory import MemoryStore
-from hafo.store.state import read_snapshot
+
+from .memory_controller import MemoryController
 
 ADMIN_TOKEN = "admin-token-0123456789"
 TOKEN_A = "team-a-token-0123456789"
@@ -183,44 +180,7 @@ def test_identify(header: str | None, caller: Caller | None) -> None:
 # -- the API --------------------------------------------------------------------------------
 
 
-class Controller:
-    """A controller over an in-memory store; its snapshot is read again by ``refresh``."""
-
-    name = "ctl-1"
-    keys = Keys("unit")
-    failsafe_hold = 3.5
-
-    def __init__(self) -> None:
-        self.store = MemoryStore()
-        self.registry = CollectorRegistry()
-        self.snap = ClusterSnapshot(1, {}, {}, frozenset(), {}, {}, {})
-
-    async def refresh(self) -> None:
-        self.snap = await read_snapshot(self.store, self.keys)
-
-    def snapshot(self) -> ClusterSnapshot:
-        return self.snap
-
-    def ready(self) -> bool:
-        return True
-
-    def etcd_contact_age(self) -> float:
-        return 0.1
-
-    def stale_seconds(self) -> float | None:
-        return None
-
-    def not_ready_reason(self) -> str:
-        return ""
-
-    def leading(self) -> bool:
-        return True
-
-    async def recent_events(self, limit: int = 100) -> list[Event]:
-        return []
-
-    async def failsafe_probe(self, cluster: str | None = None) -> str:
-        return "available"
+Controller = MemoryController
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -18,7 +18,7 @@ from hafo.store.memory import MemoryStore
 from hafo.store.state import read_events, read_snapshot
 
 from .conftest import make_node, placed, submit
-from .test_api_queues import Controller
+from .memory_controller import MemoryController as Controller
 
 KEYS = Keys("unit")
 
