@@ -182,5 +182,10 @@ def place_in_order(requests: Sequence[PlacementRequest],
                 changed = unplaceable(replace(request, reclaim=True), outcome)
             for name in changed:
                 index.refresh(name)
+            if not changed and quotas is not None:
+                # Shared by queues: the first request of the pass that fits its quota but
+                # no node holds the node closest to fitting it against the rest of the pass
+                # (smaller, later work), as a waiting gang does; it fills as that drains.
+                gangs.hold_for(request)
         results[request.workload] = outcome
     return results
