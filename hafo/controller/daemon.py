@@ -21,7 +21,7 @@ from hafo.controller.autoscale import Autoscaler
 from hafo.controller.conditions import ClusterConditions
 from hafo.controller.demand_metrics import register_demand_metrics
 from hafo.controller.failsafe import ControllerFailsafe
-from hafo.controller.fair_share import FairShareHistory
+from hafo.controller.fair_share import FairShareHistory, register_history_metrics
 from hafo.controller.history import HistoryWriter
 from hafo.controller.metrics import ControllerMetrics
 from hafo.decisions.api_auth import api_auth_of
@@ -117,6 +117,7 @@ class Controller:
         self.last_demand: Demand | None = None
         self.autoscaler = Autoscaler(config.autoscale, self.registry)
         register_demand_metrics(self.registry, self.current_demand)
+        register_history_metrics(self.registry, self.fair_share, self.leading)
 
     # -- read side (HTTP API) -------------------------------------------------------------
 

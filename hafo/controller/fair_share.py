@@ -13,9 +13,12 @@ by usage now, as without the setting. Nothing here ever delays or fails a cycle.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import structlog
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from hafo.decisions.plan import Plan
 from hafo.decisions.usage_history import UsageHistory, admitted, penalized, sampled
@@ -93,3 +96,30 @@ class FairShareHistory:
         self.saved_at = now
         self.writes += 1
         return True
+
+
+class _HistoryCollector(Collector):
+    """``hafo_queue_usage_history_gpus{queue}``: each queue's effective usage by decayed
+    history, the leader's (no samples on a standby, or with the setting off)."""
+
+    def __init__(self, source: FairShareHistory, leading: Callable[[], bool]) -> None:
+        self.source = source
+        self.leading = leading
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(
+            "hafo_queue_usage_history_gpus", "Each queue's effective usage by decayed "
+            "history (fair_sharing.usage_half_life): decayed average GPUs plus the entry "
+            "penalty of recent admissions; the leader's", labels=["queue"])
+        history = self.source.history
+        if history is not None and self.leading():
+            for name, value in sorted(history.effective().items()):
+                family.add_metric([name], round(value, 4))
+        yield family
+
+
+def register_history_metrics(registry: CollectorRegistry, source: FairShareHistory,
+                             leading: Callable[[], bool]) -> None:
+    """Serve ``hafo_queue_usage_history_gpus`` on ``registry`` (``leading``: read at each
+    scrape)."""
+    registry.register(_HistoryCollector(source, leading))

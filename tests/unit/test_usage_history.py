@@ -322,3 +322,22 @@ async def test_the_entry_penalty_of_an_applied_plan() -> None:
     effective = await keeper.before_cycle(running, NOW + 5)
     assert effective is not None and effective["a"] == pytest.approx(3.0)
     assert sampled(keeper.history, running, NOW + 5, T).effective()["a"] == pytest.approx(3.0)
+
+
+async def test_the_metric_is_the_leaders_effective_usage() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from hafo.controller.fair_share import register_history_metrics
+
+    store, keys = MemoryStore(), Keys("unit")
+    keeper = FairShareHistory(store, keys, T)
+    leads = [True]
+    registry = CollectorRegistry()
+    register_history_metrics(registry, keeper, lambda: leads[0])
+    name = "hafo_queue_usage_history_gpus"
+    assert registry.get_sample_value(name, {"queue": "b"}) is None  # nothing read yet
+    await keeper.before_cycle(pool(COHORT_AB, workloads=(submit("b1", 2, queue="b"),),
+                                   assignments=(placed("b1", "n1", (0, 1)),)), NOW)
+    assert registry.get_sample_value(name, {"queue": "b"}) == 2.0
+    leads[0] = False
+    assert registry.get_sample_value(name, {"queue": "b"}) is None
