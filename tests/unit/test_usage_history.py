@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from typing import Any
 
 import pytest
@@ -149,6 +150,27 @@ def test_history_does_not_change_who_is_within_its_quota() -> None:
     order = admission_order(requests, state, history={"a": 50.0, "b": 0.0})
     assert [r.workload for r in order] == ["a1", "b1"]
     assert state.entitled == {"a1"}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_history_changes_the_order_between_queues_only(seed: int) -> None:
+    """Each queue's own requests come in the same order with or without a history (so a
+    waiting workload's place in its queue, and who is entitled, are the same)."""
+    rng = random.Random(seed)
+    queues = (q("a", 4, cohort="c"), q("b", 2, cohort="c", weight=2), q("d", 6, cohort="c"))
+    requests = [request(f"r{i}", rng.choice("abd"), rng.choice([1, 2, 4, 9]),
+                        priority=rng.choice([0, 0, 5]), at=float(rng.randrange(50)))
+                for i in range(12)]
+    used = {name: float(rng.randrange(8)) for name in "abd"}
+    plain = quotas(used, *queues)
+    without = admission_order(requests, plain)
+    with_history = quotas(used, *queues)
+    history = {name: rng.uniform(0, 12) for name in "abd"}
+    by_history = admission_order(requests, with_history, history=history)
+    for name in "abd":
+        assert [r.workload for r in without if r.spec.queue == name] \
+            == [r.workload for r in by_history if r.spec.queue == name]
+    assert plain.entitled == with_history.entitled
 
 
 def test_a_burst_does_not_all_get_in_before_another_queue() -> None:
