@@ -70,7 +70,7 @@ def decay_factor(dt: float, half_life: float) -> float:
         raise ValueError(f"half_life must be a positive number of seconds, not {half_life!r}")
     if math.isnan(dt) or dt <= 0:
         return 1.0
-    return 2.0 ** (-dt / half_life) if math.isfinite(dt) else 0.0
+    return math.exp(-dt / half_life * math.log(2.0)) if math.isfinite(dt) else 0.0
 
 
 @dataclass(frozen=True)
