@@ -21,6 +21,7 @@ from hafo.controller.autoscale import Autoscaler
 from hafo.controller.conditions import ClusterConditions
 from hafo.controller.demand_metrics import register_demand_metrics
 from hafo.controller.failsafe import ControllerFailsafe
+from hafo.controller.fair_share import FairShareHistory, register_history_metrics
 from hafo.controller.history import HistoryWriter
 from hafo.controller.metrics import ControllerMetrics
 from hafo.decisions.api_auth import api_auth_of
@@ -84,6 +85,9 @@ class Controller:
         self.cache = ClusterCache(self.store, self.keys)
         self.events = EventLog(self.store, self.keys)
         self.history = HistoryWriter(self.store, self.keys)
+        #: the queues' decayed usage while leading (``fair_sharing.usage_half_life``)
+        self.fair_share = FairShareHistory(self.store, self.keys,
+                                           config.fair_sharing.usage_half_life)
         self.trust = StoreTrust(self.store, self.keys, f"controller {self.name}")
         self.api_auth = ApiAuthAgreement(self.store, self.keys, self.name, api_auth_of(
             api_token, config.api.scheme == "https", config.cluster, api_teams), self.events)
@@ -113,6 +117,7 @@ class Controller:
         self.last_demand: Demand | None = None
         self.autoscaler = Autoscaler(config.autoscale, self.registry)
         register_demand_metrics(self.registry, self.current_demand)
+        register_history_metrics(self.registry, self.fair_share, self.leading)
 
     # -- read side (HTTP API) -------------------------------------------------------------
 
@@ -281,6 +286,7 @@ class Controller:
         written = 0
         self.metrics.new_term()
         self.history.new_term()
+        self.fair_share.new_term()
         self.conditions.new_term()
         self.idle_since, self.last_demand = {}, None
         self.autoscaler.new_term()
@@ -303,6 +309,7 @@ class Controller:
                 now = self.clock()
                 snapshot = self.conditions.decide(snapshot, now)  # shared faults
                 self.seen = observe(self.seen, snapshot, now)
+                usage_history = await self.fair_share.before_cycle(snapshot, now)
                 # In a thread: a big cycle (thousands of placements) must not starve the
                 # lease keepalives on this loop. The snapshot is frozen.
                 plan = await asyncio.to_thread(
@@ -310,7 +317,8 @@ class Controller:
                     allow_failover=self.failsafe.failover_allowed(),
                     strategy=self.config.placement_strategy,
                     spares=self.config.placement.spares, seen=self.seen,
-                    min_runtime=self.config.fair_sharing.min_runtime)
+                    min_runtime=self.config.fair_sharing.min_runtime,
+                    usage_history=usage_history)
                 self.cycles += 1
                 try:
                     await self.failsafe.maintain_set(self.election, snapshot)
@@ -333,6 +341,8 @@ class Controller:
                             raise
                         log.warning("apply failed: the event lease is gone; granted anew")
                 self.metrics.cycle(snapshot, now, applied, time.monotonic() - started)
+                self.fair_share.after_plan(applied, snapshot)
+                await self.fair_share.save(self.election, now)
                 # After the plan: recording what happened never delays deciding about it.
                 await self.history.step(self.election, snapshot, now)
                 await self.conditions.say()

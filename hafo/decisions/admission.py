@@ -12,7 +12,7 @@ also the order in which a waiting gang holds nodes and a preemptor picks victims
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from hafo.decisions.placement_rules import PlacementRequest
@@ -35,13 +35,15 @@ def admission_key(request: PlacementRequest) -> tuple[int, float, str]:
     return (-request.spec.priority, request.submitted_at, request.workload)
 
 
-def admit(requests: Iterable[PlacementRequest], quotas: Quotas | None = None) -> Admitted:
+def admit(requests: Iterable[PlacementRequest], quotas: Quotas | None = None,
+          history: Mapping[str, float] | None = None) -> Admitted:
     """Admit ``requests`` in the global order (``admission_key``), or with ``quotas`` in the
-    queues' fair order (``hafo.decisions.quota.admission_order``)."""
+    queues' fair order (``hafo.decisions.quota.admission_order``; ``history``: the queues'
+    effective usage by decayed history, ``fair_sharing.usage_half_life``)."""
     ordered = sorted(requests, key=admission_key)
     if quotas is None:
         return Admitted(tuple(ordered))
-    return Admitted(tuple(admission_order(ordered, quotas)), quotas)
+    return Admitted(tuple(admission_order(ordered, quotas, history)), quotas)
 
 
 def batch_order(requests: Iterable[PlacementRequest]) -> list[PlacementRequest]:

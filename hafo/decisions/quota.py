@@ -383,12 +383,15 @@ def _within_queue_key(request: PlacementRequest) -> tuple[int, float, str]:
     return (-request.spec.priority, request.submitted_at, request.workload)
 
 
-def admission_order(requests: Sequence[PlacementRequest],
-                    quotas: Quotas) -> list[PlacementRequest]:
+def admission_order(requests: Sequence[PlacementRequest], quotas: Quotas,
+                    history: Mapping[str, float] | None = None) -> list[PlacementRequest]:
     """The requests in the order they are tried (see the module docstring): per queue by
     priority and age; those within their queue's nominal quota first, then the borrowers by
     their queue's weighted dominant share once admitted; requests of undeclared queues
-    last."""
+    last. ``history``: queue -> its effective usage by decayed history
+    (``fair_sharing.usage_half_life``: ``hafo.decisions.usage_history``), which the
+    borrowers' shares count instead of the usage now (a queue not in it: its usage now);
+    who is within its nominal quota is decided by the usage now either way."""
     by_queue: dict[str, list[PlacementRequest]] = {}
     for request in requests:
         by_queue.setdefault(request.spec.queue, []).append(request)
@@ -396,7 +399,8 @@ def admission_order(requests: Sequence[PlacementRequest],
     quotas.entitled.clear()
     for name, members in by_queue.items():
         members.sort(key=_within_queue_key)
-        used = quotas.used.get(name, 0.0)
+        used = start = quotas.used.get(name, 0.0)
+        basis = start if history is None else history.get(name, start)
         ceiling = quotas.ceiling(name) if name in quotas.queues else 0.0
         for request in members:
             if name not in quotas.queues:
@@ -409,7 +413,8 @@ def admission_order(requests: Sequence[PlacementRequest],
             else:
                 used = after
                 borrowing = not quotas.within_nominal(name, used)
-                tier, share = (1, quotas.share(name, used)) if borrowing else (0, 0.0)
+                tier, share = (1, quotas.share(name, basis + used - start)) if borrowing \
+                    else (0, 0.0)
             if tier == 0:
                 quotas.entitled.add(request.workload)
             keyed.append(((tier, share, -request.spec.priority, request.submitted_at,

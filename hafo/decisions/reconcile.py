@@ -189,7 +189,8 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
               strategy: str = "spread", spares: int = 0,
               seen: Observations | None = None,
               preemption: PreemptionPolicy = PRIORITY_ONLY,
-              min_runtime: float = DEFAULT_MIN_RUNTIME) -> Plan:
+              min_runtime: float = DEFAULT_MIN_RUNTIME,
+              usage_history: Mapping[str, float] | None = None) -> Plan:
     """Compute the plan for one reconcile cycle. ``now`` is the deciding controller's clock
     (``hafo.model.clocks.SteadyClock``: wall-clock seconds, advanced monotonically).
 
@@ -202,6 +203,9 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
     seen first now. ``preemption``: who may preempt whom (``PriorityOnly``: hafo's rule;
     while queues are declared, within a queue). ``min_runtime``: how long borrowed work runs
     before a lender may take its quota back (``fair_sharing.min_runtime``).
+    ``usage_history``: queue -> effective usage by decayed history, which orders the
+    borrowers instead of their usage now (``fair_sharing.usage_half_life``;
+    ``hafo.decisions.usage_history``); None: the usage now.
 
     The pipeline: assess every workload (``hafo.decisions.assessment``), admit the
     placement requests in order (``hafo.decisions.admission``), place them in that order
@@ -219,7 +223,7 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
         return Plan(tuple(actions), replicas)  # nothing to place: no capacity to compute
     needs = tuple(_kept_apart(snapshot, need) for need in assessed.needs)
     quotas = Quotas.of(snapshot, {n.request.workload for n in needs})
-    admitted = admit((n.request for n in needs), quotas)  # 2. admit
+    admitted = admit((n.request for n in needs), quotas, usage_history)  # 2. admit
     reclaims = False
     if quotas is not None:
         if preemption is PRIORITY_ONLY:

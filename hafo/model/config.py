@@ -376,14 +376,26 @@ class PlacementSection(Section):
     spares: Annotated[int, Field(ge=0, le=100000), INTEGER] = 0
 
 
+#: The longest ``fair_sharing.usage_half_life`` accepted: 30 days, in seconds.
+MAX_HALF_LIFE = 30 * 24 * 3600.0
+
+
 @dataclass(frozen=True)
 class FairSharingSection(Section):
     """``fair_sharing``: how queues share the pool (docs/design.md, "Queues and fair
     share"). ``min_runtime``: seconds borrowed work runs before the queue that lent the
     quota may take it back (checkpoint first), unless the borrower is over its borrowing
-    limit."""
+    limit. ``usage_half_life``: seconds; given, borrowers are ordered by their queue's
+    decayed usage history, with that half-life, instead of their usage now
+    (``hafo.decisions.usage_history``); none: by their usage now."""
 
     min_runtime: NonNegative = 300.0
+    usage_half_life: Annotated[Positive | None, OMIT_DEFAULT] = None
+
+    def _check(self) -> None:
+        if self.usage_half_life is not None and self.usage_half_life > MAX_HALF_LIFE:
+            invalid("usage_half_life", f"is {self.usage_half_life:g} s; at most "
+                    f"{MAX_HALF_LIFE:.0f} s (30 days)", self.usage_half_life)
 
 
 #: An autoscale hook's URL.

@@ -40,7 +40,8 @@ FORMAT = "hafo-backup/1"
 _SKIPPED = {"alive", "leader", "controller", "event", "status", "identity", "report",
             "unknown"}
 #: kept in a backup, but written again by the daemons on any store: no sign of a state
-_REWRITTEN = {"api-auth"}
+#: (the fair-share history: the leader's, rewritten every few seconds while it leads)
+_REWRITTEN = {"api-auth", "fair-share"}
 
 
 class BackupError(ValueError):

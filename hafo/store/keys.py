@@ -18,7 +18,7 @@ from typing import Literal, NamedTuple
 #: (``Keys.node_assignment``); ``unknown`` is any key that is not one of this cluster's.
 KeyKind = Literal["leader", "failsafe", "node", "alive", "cordon", "workload", "assignment",
                   "node-assignment", "move", "status", "controller", "event", "history",
-                  "identity", "api-auth", "report", "queue", "unknown"]
+                  "identity", "api-auth", "report", "queue", "fair-share", "unknown"]
 
 
 class ParsedKey(NamedTuple):
@@ -84,6 +84,13 @@ class Keys:
         """The API auth settings the cluster's controllers run with (``hafo.store.api_auth``):
         written by the first controller to find none; no token in it, a slow hash."""
         return f"{self.root}api-auth"
+
+    @property
+    def fair_share(self) -> str:
+        """The queues' decayed usage history (``fair_sharing.usage_half_life``;
+        ``hafo.store.fair_share``), written by the leader at most every few seconds so that
+        a new leader goes on from it. Apart from the state prefix: no watch reads it."""
+        return f"{self.root}fair-share"
 
     def report(self, node: str) -> str:
         """A node's recovery report (``hafo.agent.recovery_report``): what its agent runs,
@@ -245,6 +252,8 @@ class Keys:
             return ParsedKey("identity")
         if area == "api-auth" and count == 1:
             return ParsedKey("api-auth")
+        if area == "fair-share" and count == 1:
+            return ParsedKey("fair-share")
         if area == "events" and count == 2:
             return ParsedKey("event", name=parts[1])
         return UNKNOWN

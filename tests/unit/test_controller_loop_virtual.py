@@ -149,3 +149,40 @@ def test_decisions_are_written_under_a_new_event_lease_when_the_old_one_is_gone(
         await node.power_off()
 
     run(main)
+
+
+def test_the_leader_keeps_the_fair_share_history_in_the_store() -> None:
+    """With ``fair_sharing.usage_half_life``: the leader's cycles advance the queues' usage
+    history, charge an admission at once, and write it to its key."""
+    from hafo.decisions.usage_history import UsageHistory
+    from hafo.model.queues import QueueSpec
+
+    async def main() -> None:
+        store = MemoryStore()
+        config = parse_config({"etcd": {"endpoints": ["http://127.0.0.1:1"]},
+                               "controller": {"name": "ctl-1"},
+                               "timing": {"lease_ttl": TTL, "failsafe_max": 0},
+                               "fair_sharing": {"usage_half_life": 600}}, "controller")
+        controller = Controller(config, clock=asyncio.get_running_loop().time, store=store)
+        keys = controller.keys
+        node = FakeNode(store, keys, "a")
+        await node.start()
+        await intents.set_queue(store, keys, QueueSpec(name="default", gpus=2))
+        task = asyncio.create_task(controller.run())
+        await intents.submit(store, keys, parse_spec(
+            {"name": "train", "command": ["python", "train.py"], "gpus": 1}))
+
+        async def stored() -> Any:
+            kv = await store.get(keys.fair_share)
+            if kv is None:
+                return None
+            found = UsageHistory.from_dict(codec.decode(kv.value))
+            used = found.effective().get("default", 0.0)
+            return found if used > 0.5 else None
+
+        history = await wait_for(stored, 30.0)
+        assert abs(history.effective()["default"] - 1.0) < 1e-9  # its charge, from admission
+        await stop(task)
+        await node.power_off()
+
+    run(main)

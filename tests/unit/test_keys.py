@@ -28,6 +28,7 @@ WORKLOAD = "train-x.y-0a1b2c"
     (K.controller("ctl-1.example.com"), ParsedKey("controller", name="ctl-1.example.com")),
     (K.controller("a/b"), ParsedKey("controller", name="a/b")),  # free-form: the whole rest
     (K.report(NODE), ParsedKey("report", node=NODE)),
+    (K.fair_share, ParsedKey("fair-share")),
 ])
 def test_every_builder_parses_back(key: str, expected: ParsedKey) -> None:
     assert K.parse(key) == expected
