@@ -13,9 +13,9 @@ stop, and the room on that node is held for the reclaimer until they have stoppe
 - a victim is placed work of another queue of the same cohort that uses more than its
   nominal quota, and stopping it (with the other victims of its queue) leaves that queue at
   or above its nominal quota: reclaim never takes a borrower below its own quota;
-- a victim that has run less than ``min_runtime`` (``fair_sharing.min_runtime``, from when
-  this controller first saw it running) is left alone, unless its queue is over its
-  borrowing limit (a limit lowered since);
+- a victim that has run less than ``min_runtime`` (``fair_sharing.min_runtime``, from its
+  agent's start of the instance, or from when this controller first saw it running) is
+  left alone, unless its queue is over its borrowing limit (a limit lowered since);
 - the victims together free at least what the pool lacks for the request, besides room on
   the node: no victim is stopped for nothing.
 
@@ -56,7 +56,8 @@ _EPSILON = 1e-9
 class Reclaiming:
     """``inner`` for ordinary preemptors; the reclaim rules (module docstring) for requests
     with ``reclaim`` set. ``quotas``: the pass's quota state; ``running_since``: workload ->
-    when this controller first saw its instance running; ``now``; ``min_runtime``."""
+    since when its instance runs (``hafo.decisions.reconcile``: the agent's start, or when
+    this controller first saw it running); ``now``; ``min_runtime``."""
 
     inner: PreemptionPolicy
     snapshot: ClusterSnapshot

@@ -19,6 +19,7 @@ preemption policy (``hafo.decisions.preemption_policy``); 4. turn the results in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
@@ -107,10 +108,17 @@ def _victim_actions(snapshot: ClusterSnapshot,
     return actions
 
 
-def _running_since(seen: Observations) -> dict[str, float]:
-    """workload -> when this controller first saw an instance of it running (its latest)."""
+def _running_since(seen: Observations, snapshot: ClusterSnapshot) -> dict[str, float]:
+    """workload -> since when its latest instance runs: when this controller first saw it
+    running, or earlier when its agent says it started earlier (``started_at``: a leader
+    that took office after the start, or restarted, would count all borrowed work as young
+    for ``fair_sharing.min_runtime`` otherwise)."""
     since: dict[str, float] = {}
-    for (wid, _node, _epoch), at in seen.running.items():
+    for (wid, node, epoch), at in seen.running.items():
+        reported = snapshot.statuses.get((wid, node))
+        if reported is not None and reported.epoch == epoch \
+                and reported.started_at is not None and math.isfinite(reported.started_at):
+            at = min(at, reported.started_at)
         since[wid] = max(since.get(wid, at), at)
     return since
 
@@ -230,7 +238,7 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
             preemption = QueueScoped(preemption)
         reclaims = any(spec.cohort is not None for spec in quotas.queues.values())
         if reclaims:
-            preemption = Reclaiming(preemption, snapshot, quotas, _running_since(seen),
+            preemption = Reclaiming(preemption, snapshot, quotas, _running_since(seen, snapshot),
                                     now, min_runtime)
     placing = _place(snapshot, needs, admitted, assessed.settled, now, default,  # 3. place
                      spares, preemption, reclaims)

@@ -101,6 +101,21 @@ def test_young_borrowed_work_is_left_alone() -> None:
     assert sum(1 for k, _ in decide(snapshot, 300, old).values() if k == "move") == 4
 
 
+@pytest.mark.parametrize(("started", "moves"), [(NOW - 400, 4), (NOW - 10, 0), (None, 0),
+                                                (float("nan"), 0)])
+def test_a_new_leader_counts_runtime_from_the_agents_start(started: float | None,
+                                                           moves: int) -> None:
+    """A controller that took office just now (it saw the borrowed work running only now)
+    counts its runtime from the agent's ``started_at``: work started 400 s ago is reclaimed
+    at once, work started 10 s ago (or of no or no sane start time) is young."""
+    snapshot = world(AB, b_fills_both_nodes(), (submit("a1", 4, queue="a"),))
+    snapshot = dataclasses.replace(snapshot, statuses={
+        key: dataclasses.replace(st, started_at=started) for key, st in snapshot.statuses.items()})
+    fresh = observe(Observations(), snapshot, NOW)
+    found = decide(snapshot, min_runtime=300, seen=fresh)
+    assert sum(1 for k, _ in found.values() if k == "move") == moves
+
+
 def test_young_work_over_the_borrowing_limit_is_reclaimed() -> None:
     """A borrowing limit lowered under running work: that work is fair game at once."""
     queues = (AB[0], QueueSpec(name="b", gpus=4, cohort="c", borrowing_limit=1))
