@@ -14,11 +14,11 @@ that do not fit (preemption: ``hafo.decisions.preemption``, under its policy).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from hafo.decisions.admission import admit, batch_order
 from hafo.decisions.gang_placement import GangPlacer
-from hafo.decisions.placement_index import PlacementIndex
+from hafo.decisions.placement_index import PlacementIndex, SignatureKey, signature
 from hafo.decisions.placement_rules import (
     NodeCapacity,
     Placed,
@@ -140,52 +140,110 @@ def place_in_order(requests: Sequence[PlacementRequest],
     gangs = GangPlacer(index, dict(spares or {}))
     results: dict[str, Placed | Unplaceable] = {}
     groups: dict[str, set[str]] = {}  # service -> nodes its replicas got in this pass
+    # A request like an earlier one of the pass that was not placed, with nothing placed,
+    # charged, freed or held since, meets the same outcome (``_repeat_key``): thousands of
+    # waiting requests of a few shapes cost one try per shape between two placements.
+    changes = 0
+    repeats: dict[_RepeatKey, tuple[int, Unplaceable]] = {}
     for request in requests:
-        refusal = quotas.refusal(request) if quotas is not None else None
-        if quotas is not None and refusal is not None:
-            waits = Unplaceable(refusal.summary())
-            if refusal.reclaimable and unplaceable is not None \
-                    and request.workload in quotas.entitled:
-                for name in unplaceable(replace(request, reclaim=True), waits):
-                    index.refresh(name)
-            results[request.workload] = waits
-            continue
-        if request.group is not None and groups.get(request.group):
-            request = replace(request, apart=request.apart | groups[request.group])
-        if request.spec.is_gang:
-            gang = gangs.place(request)
-            if isinstance(gang, Placed):
-                gangs.commit(gang)
-                if quotas is not None:
-                    quotas.charge(request)
-                if request.group is not None:
-                    groups.setdefault(request.group, set()).update(m.node for m in gang.members)
-            else:
-                gangs.hold_for(request)
-                if unplaceable is not None and quotas is not None \
-                        and request.workload in quotas.entitled:  # its lent quota, in use
-                    unplaceable(replace(request, reclaim=True), gang)
-            results[request.workload] = gang
-            continue
-        outcome = index.place(request)
+        key = _repeat_key(request, quotas)
+        if key is not None:
+            earlier = repeats.get(key)
+            if earlier is not None and earlier[0] == changes:
+                results[request.workload] = earlier[1]
+                continue
+        held = (index.held_by, len(index.held))
+        outcome = _place_one_request(request, index, gangs, groups, unplaceable, quotas)
         if isinstance(outcome, Placed):
-            index.commit(outcome)
+            results[request.workload] = outcome
+            changes += 1
+            continue
+        results[request.workload] = outcome.result
+        if outcome.changed or (index.held_by, len(index.held)) != held:
+            changes += 1
+        elif key is not None:
+            repeats[key] = (changes, outcome.result)
+    return results
+
+
+#: What makes two requests meet the same outcome in one state of a pass.
+_RepeatKey = tuple[str, SignatureKey, int, int, str | None, bool]
+
+
+def _repeat_key(request: PlacementRequest, quotas: Quotas | None) -> _RepeatKey | None:
+    """For a plain request (one node, no history, no cool-downs, no service, not one that
+    may reclaim: its refusals and the fallback's answers depend only on this and on the
+    room and quotas left), what two such requests share; None for any other."""
+    spec = request.spec
+    if spec.is_gang or request.members or request.prefer is not None \
+            or request.only is not None or request.exclude or request.avoid \
+            or request.apart or request.group is not None or request.reclaim \
+            or (quotas is not None and request.workload in quotas.entitled):
+        return None
+    return (spec.queue, signature(spec), spec.gpus, spec.priority, spec.placement,
+            quotas is not None)
+
+
+@dataclass(frozen=True)
+class _Tried:
+    """A request's outcome in ``place_in_order``, and whether trying it changed the room
+    (the fallback freed some: preemption)."""
+
+    result: Unplaceable
+    changed: bool
+
+
+def _place_one_request(request: PlacementRequest, index: PlacementIndex, gangs: GangPlacer,
+                       groups: dict[str, set[str]], unplaceable: Fallback | None,
+                       quotas: Quotas | None) -> Placed | _Tried:
+    """One request of ``place_in_order``'s pass: placed (and committed, charged), or why
+    not, after its fallback (preemption, reclaim) and the hold."""
+    refusal = quotas.refusal(request) if quotas is not None else None
+    if quotas is not None and refusal is not None:
+        waits = Unplaceable(refusal.summary())
+        changed: tuple[str, ...] = ()
+        if refusal.reclaimable and unplaceable is not None \
+                and request.workload in quotas.entitled:
+            changed = tuple(unplaceable(replace(request, reclaim=True), waits))
+            for name in changed:
+                index.refresh(name)
+        return _Tried(waits, bool(changed))
+    if request.group is not None and groups.get(request.group):
+        request = replace(request, apart=request.apart | groups[request.group])
+    if request.spec.is_gang:
+        gang = gangs.place(request)
+        if isinstance(gang, Placed):
+            gangs.commit(gang)
             if quotas is not None:
                 quotas.charge(request)
             if request.group is not None:
-                groups.setdefault(request.group, set()).add(outcome.node)
-        elif unplaceable is not None:
-            changed = unplaceable(request, outcome)
-            if not changed and quotas is not None and request.workload in quotas.entitled:
-                # Within its quota, but the room it needs is held by borrowers (free GPUs
-                # scattered over nodes they fill): it takes it back as when the quota is.
-                changed = unplaceable(replace(request, reclaim=True), outcome)
-            for name in changed:
-                index.refresh(name)
-            if not changed and quotas is not None:
-                # Shared by queues: the first request of the pass that fits its quota but
-                # no node holds the node closest to fitting it against the rest of the pass
-                # (smaller, later work), as a waiting gang does; it fills as that drains.
-                gangs.hold_for(request)
-        results[request.workload] = outcome
-    return results
+                groups.setdefault(request.group, set()).update(m.node for m in gang.members)
+            return gang
+        gangs.hold_for(request)
+        if unplaceable is not None and quotas is not None \
+                and request.workload in quotas.entitled:  # its lent quota, in use
+            unplaceable(replace(request, reclaim=True), gang)
+        return _Tried(gang, True)  # a gang is never repeated
+    outcome = index.place(request)
+    if isinstance(outcome, Placed):
+        index.commit(outcome)
+        if quotas is not None:
+            quotas.charge(request)
+        if request.group is not None:
+            groups.setdefault(request.group, set()).add(outcome.node)
+        return outcome
+    changed = ()
+    if unplaceable is not None:
+        changed = tuple(unplaceable(request, outcome))
+        if not changed and quotas is not None and request.workload in quotas.entitled:
+            # Within its quota, but the room it needs is held by borrowers (free GPUs
+            # scattered over nodes they fill): it takes it back as when the quota is.
+            changed = tuple(unplaceable(replace(request, reclaim=True), outcome))
+        for name in changed:
+            index.refresh(name)
+        if not changed and quotas is not None:
+            # Shared by queues: the first request of the pass that fits its quota but
+            # no node holds the node closest to fitting it against the rest of the pass
+            # (smaller, later work), as a waiting gang does; it fills as that drains.
+            gangs.hold_for(request)
+    return _Tried(outcome, bool(changed))
