@@ -135,7 +135,9 @@ def place_in_order(requests: Sequence[PlacementRequest],
     failed members first (``hafo.decisions.gang_placement``). ``quotas``: each request must
     fit its queue's quota first (a request that does not is not tried: it holds no node, and
     only takes back quota its queue lent, through ``unplaceable`` with ``reclaim`` set:
-    ``hafo.decisions.reclaim``), and is charged once placed (``hafo.decisions.quota``)."""
+    ``hafo.decisions.reclaim``), is kept off the nodes whose GPUs are of a flavor its
+    queue has no room in (``Quotas.constrain``), and is charged once placed, in the flavor
+    of the GPUs it got (``hafo.decisions.quota``)."""
     index = PlacementIndex(capacity, now, strategy)
     gangs = GangPlacer(index, dict(spares or {}))
     results: dict[str, Placed | Unplaceable] = {}
@@ -150,6 +152,8 @@ def place_in_order(requests: Sequence[PlacementRequest],
                     index.refresh(name)
             results[request.workload] = waits
             continue
+        if quotas is not None:
+            request = quotas.constrain(request)  # only nodes of flavors with room
         if request.group is not None and groups.get(request.group):
             request = replace(request, apart=request.apart | groups[request.group])
         if request.spec.is_gang:
@@ -157,7 +161,7 @@ def place_in_order(requests: Sequence[PlacementRequest],
             if isinstance(gang, Placed):
                 gangs.commit(gang)
                 if quotas is not None:
-                    quotas.charge(request)
+                    quotas.charge(request, gang)
                 if request.group is not None:
                     groups.setdefault(request.group, set()).update(m.node for m in gang.members)
             else:
@@ -171,7 +175,7 @@ def place_in_order(requests: Sequence[PlacementRequest],
         if isinstance(outcome, Placed):
             index.commit(outcome)
             if quotas is not None:
-                quotas.charge(request)
+                quotas.charge(request, outcome)
             if request.group is not None:
                 groups.setdefault(request.group, set()).add(outcome.node)
         elif unplaceable is not None:

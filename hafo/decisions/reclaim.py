@@ -17,7 +17,10 @@ stop, and the room on that node is held for the reclaimer until they have stoppe
   this controller first saw it running) is left alone, unless its queue is over its
   borrowing limit (a limit lowered since);
 - the victims together free at least what the pool lacks for the request, besides room on
-  the node: no victim is stopped for nothing.
+  the node: no victim is stopped for nothing;
+- neither the reclaimer's queue nor the victim's is declared with ``models`` (per-GPU-model
+  quotas): reclaim is not accounted per flavor yet, so it does not act there rather than
+  act wrongly (such a queue's requests are never ``entitled``, and its work is no victim).
 
 Requests that are not reclaiming keep the priority rule of ``inner`` (``QueueScoped``),
 which never stops a gang. A reclaim may: a gang is a victim whole (all its members stop,
@@ -91,6 +94,8 @@ class Reclaiming:
         if mine is None or theirs is None or theirs.gpus is None or mine.cohort is None \
                 or theirs.cohort != mine.cohort or victim.queue == request.spec.queue:
             return False
+        if mine.models or theirs.models:
+            return False  # reclaim is not per flavor yet: never across flavored queues
         if self._above_nominal(victim.queue) < self._charge(victim) - _EPSILON:
             return False
         young = self.now - self.running_since.get(victim.workload, self.now) < self.min_runtime
