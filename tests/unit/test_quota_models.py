@@ -383,3 +383,65 @@ def test_hafo_queues_name_shows_each_flavor() -> None:
     text = render_queue(snapshot, "a")
     assert "  *H100*: 4 of 2 used (borrowed 2)" in text
     assert "  other: 0 of 6 used (borrowed 0)" in text
+
+
+# -- random traces -------------------------------------------------------------------------
+
+def cycle(snapshot: ClusterSnapshot, now: float) -> tuple[ClusterSnapshot, list[Any]]:
+    """One reconcile cycle applied; placed instances run, moving ones stop at once."""
+    plan = reconcile(snapshot, now, min_runtime=0.0)
+    assignments = dict(snapshot.assignments)
+    for action in plan.actions:
+        if action.assignment is None:
+            assignments.pop(action.workload, None)
+        else:
+            assignments[action.workload] = dataclasses.replace(action.assignment, epoch=50)
+    statuses = {}
+    for wid, a in assignments.items():
+        if a.node is not None and a.phase == "placed":
+            statuses[(wid, a.node)] = status(wid, a.node, a.epoch)
+        elif a.node is not None and a.phase == "moving":
+            statuses[(wid, a.node)] = status(wid, a.node, a.stopping, "exited", exit_code=0)
+    return dataclasses.replace(snapshot, assignments=assignments, statuses=statuses), \
+        list(plan.actions)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_traces_keep_every_flavor_within_its_limits(seed: int) -> None:
+    """Random submissions (any model, H100s only, A100s only; gangs too) and completions on
+    a cohort of two queues with models and one without, and a queue alone: after every
+    cycle each queue's usage of each flavor is within its ceiling there, no cohort's pool
+    of a flavor is overdrawn, and no work of a queue with models is reclaimed."""
+    import random
+
+    rng = random.Random(seed)
+    queues = (q("a", 6, models={H: 3}, cohort="c"),
+              q("b", 6, models={H: 2}, cohort="c", lending_limit=2, borrowing_limit=3),
+              q("c", 4, cohort="c"),
+              q("d", 4, models={H: 2}))
+    snapshot = cluster(*queues)
+    limits = quotas(snapshot)
+    for step in range(30):
+        workloads = dict(snapshot.workloads)
+        for _ in range(rng.randint(0, 3)):
+            wid = f"w{step}x{rng.randint(0, 10**6)}"
+            workloads[wid] = submit(wid, rng.choice((1, 1, 2, 4)), queue=rng.choice("abcd"),
+                                    submitted_at=step, priority=rng.randint(0, 2),
+                                    nodes=rng.choice((1, 1, 1, 2)),
+                                    gpu_model=rng.choice((None, None, "*H100*", "*A100*")))
+        for wid, a in snapshot.assignments.items():
+            if a.phase == "placed" and rng.random() < 0.1:
+                workloads.pop(wid, None)
+        snapshot = dataclasses.replace(snapshot, workloads=workloads)
+        snapshot, actions = cycle(snapshot, 1000.0 + step)
+        for action in actions:
+            if "reclaimed by" in action.why:
+                victim = workloads[action.workload].spec.queue
+                assert not snapshot.queues[victim].models, action.why
+        state = quotas(snapshot)
+        for queue in queues:
+            for flavor in queue.flavors:
+                assert state.used_in(queue.name, flavor) \
+                    <= limits.ceiling(queue.name, flavor) + 1e-9, (queue.name, flavor)
+        for flavor in (H, REST):
+            assert state.pool_used("c", flavor) <= limits.pool("c", flavor) + 1e-9, flavor
