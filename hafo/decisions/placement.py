@@ -120,6 +120,19 @@ def place_batch(requests: Iterable[PlacementRequest], capacity: Mapping[str, Nod
                           spares)
 
 
+def _place_single(index: PlacementIndex, request: PlacementRequest,
+                  quotas: Quotas | None) -> Placed | Unplaceable:
+    """One workload's place: for a queue with ``models``, first on the nodes of the flavor
+    the order counted it in (``Quotas.in_counted_flavor``), else wherever a flavor has
+    room."""
+    preferred = quotas.in_counted_flavor(request) if quotas is not None else None
+    if preferred is not None:
+        found = index.place(preferred)
+        if isinstance(found, Placed):
+            return found
+    return index.place(request)
+
+
 def place_in_order(requests: Sequence[PlacementRequest],
                    capacity: Mapping[str, NodeCapacity], now: float,
                    strategy: Strategy = "spread", unplaceable: Fallback | None = None,
@@ -146,9 +159,9 @@ def place_in_order(requests: Sequence[PlacementRequest],
         refusal = quotas.refusal(request) if quotas is not None else None
         if quotas is not None and refusal is not None:
             waits = Unplaceable(refusal.summary())
-            if refusal.reclaimable and unplaceable is not None \
-                    and request.workload in quotas.entitled:
-                for name in unplaceable(replace(request, reclaim=True), waits):
+            if unplaceable is not None and request.workload in quotas.entitled \
+                    and quotas.reclaim_need(request) is not None:
+                for name in unplaceable(quotas.for_reclaim(request), waits):
                     index.refresh(name)
             results[request.workload] = waits
             continue
@@ -168,10 +181,10 @@ def place_in_order(requests: Sequence[PlacementRequest],
                 gangs.hold_for(request)
                 if unplaceable is not None and quotas is not None \
                         and request.workload in quotas.entitled:  # its lent quota, in use
-                    unplaceable(replace(request, reclaim=True), gang)
+                    unplaceable(quotas.for_reclaim(request), gang)
             results[request.workload] = gang
             continue
-        outcome = index.place(request)
+        outcome = _place_single(index, request, quotas)
         if isinstance(outcome, Placed):
             index.commit(outcome)
             if quotas is not None:
@@ -183,7 +196,7 @@ def place_in_order(requests: Sequence[PlacementRequest],
             if not changed and quotas is not None and request.workload in quotas.entitled:
                 # Within its quota, but the room it needs is held by borrowers (free GPUs
                 # scattered over nodes they fill): it takes it back as when the quota is.
-                changed = unplaceable(replace(request, reclaim=True), outcome)
+                changed = unplaceable(quotas.for_reclaim(request), outcome)
             for name in changed:
                 index.refresh(name)
         results[request.workload] = outcome

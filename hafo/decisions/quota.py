@@ -151,8 +151,9 @@ class QuotaRefusal:
     @property
     def reclaimable(self) -> bool:
         """Only the cohort's pool stops it, and it would stay within its queue's nominal
-        quota: the quota it lent out may be taken back (``hafo.decisions.reclaim``). Never
-        for a queue with ``models`` (reclaim is not per flavor yet)."""
+        quota: the quota it lent out may be taken back (``hafo.decisions.reclaim``). For a
+        queue with ``models`` (``flavor`` set) the question is asked of the flavor it may
+        reclaim in: ``Quotas.reclaim_need``."""
         return (self.known and self.cohort is not None and not self.at_borrowing_limit
                 and self.flavor is None
                 and self.used + self.needs <= self.nominal + _EPSILON)
@@ -261,6 +262,12 @@ class Quotas:
     entitled: set[str] = field(default_factory=set)
     #: (queue, flavor) -> usage, for the queues declared with ``models``
     flavor_used: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: of the ``entitled`` requests of queues with ``models``: the flavor they were counted
+    #: within quota in, the one they may take back lent quota of
+    entitled_in: dict[str, str] = field(default_factory=dict)
+    #: requests of queues with ``models`` -> the flavor the order counted them in (where
+    #: placement tries them first)
+    counted_in: dict[str, str] = field(default_factory=dict)
     nodes: Mapping[str, NodeRecord] = field(default_factory=dict)
     _members: dict[str, list[str]] = field(default_factory=dict)
     _pools: dict[tuple[str, str], float] = field(default_factory=dict)
@@ -269,6 +276,7 @@ class Quotas:
         default_factory=dict)
     _node_flavors: dict[str, dict[str, frozenset[str]]] = field(default_factory=dict)
     _full_nodes: dict[tuple[str, frozenset[str]], frozenset[str]] = field(default_factory=dict)
+    _outside: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
     _models: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
@@ -404,13 +412,39 @@ class Quotas:
                 for name, record in self.nodes.items()}
         return found
 
+    def _only_in(self, queue: QueueSpec, flavor: str) -> frozenset[str]:
+        """The nodes with GPUs of any flavor of ``queue`` but ``flavor``."""
+        key = (queue.name, flavor)
+        nodes = self._outside.get(key)
+        if nodes is None:
+            nodes = self._outside[key] = frozenset(
+                n for n, flavors in self._flavors_of_nodes(queue).items()
+                if flavors != {flavor})
+        return nodes
+
+    def in_counted_flavor(self, request: PlacementRequest) -> PlacementRequest | None:
+        """``request`` kept to the nodes of the flavor the order counted it in, while that
+        flavor has room for it (placement tries it so first); None otherwise."""
+        queue = self.queues.get(request.spec.queue)
+        flavor = self.counted_in.get(request.workload)
+        if queue is None or not queue.models or flavor is None \
+                or self._refusal_in(request.spec, queue, flavor, flavor) is not None:
+            return None
+        return replace(request, flavor_full=request.flavor_full | self._only_in(queue, flavor))
+
     def constrain(self, request: PlacementRequest) -> PlacementRequest:
         """``request``, kept off the nodes with GPUs of a flavor its queue has no room in
         for it (``PlacementRequest.flavor_full``); unchanged for a queue without
-        ``models``. A node with GPUs of several flavors is used only if all have room."""
+        ``models``. A node with GPUs of several flavors is used only if all have room. A
+        request the order counted within its quota in a flavor (``entitled_in``) is kept to
+        the nodes of that flavor alone: it never borrows in another (which would let work
+        ordered as within quota borrow ahead of the borrowers, and be reclaimed, in turn)."""
         queue = self.queues.get(request.spec.queue)
         if queue is None or not queue.models or queue.gpus is None:
             return request
+        counted = self.entitled_in.get(request.workload)
+        if counted is not None:  # within its quota there: placed there only, never borrows
+            return replace(request, flavor_full=self._only_in(queue, counted))
         full = frozenset(f for f in queue.flavors
                          if self._refusal_in(request.spec, queue, f, f) is not None)
         if not full:
@@ -422,11 +456,53 @@ class Quotas:
                 n for n, flavors in self._flavors_of_nodes(queue).items() if flavors & full)
         return replace(request, flavor_full=nodes)
 
+    # -- reclaim -----------------------------------------------------------------------
+
+    def reclaim_flavor(self, request: PlacementRequest) -> str | None:
+        """The flavor in which ``request`` may take back lent quota (``REST`` for a queue
+        without ``models``); None when it may not (not ``entitled``)."""
+        if request.workload not in self.entitled:
+            return None
+        queue = self.queues.get(request.spec.queue)
+        if queue is None or not queue.models:
+            return REST
+        return self.entitled_in.get(request.workload)
+
+    def reclaim_need(self, request: PlacementRequest) -> float | None:
+        """What the cohort's pool lacks for ``request`` in the flavor it may reclaim in (0:
+        that flavor has room, the GPUs do not); None when it may not reclaim: not
+        ``entitled``, or the quota, not the pool, stops it there (a borrowing limit, or more
+        than its nominal quota)."""
+        flavor = self.reclaim_flavor(request)
+        queue = self.queues.get(request.spec.queue)
+        if flavor is None or queue is None or queue.cohort is None:
+            return None
+        found = self._refusal_in(request.spec, queue, flavor, flavor)
+        if found is None:
+            return 0.0
+        if found.at_borrowing_limit or found.used + found.needs > found.nominal + _EPSILON:
+            return None
+        return found.pool_short
+
+    def for_reclaim(self, request: PlacementRequest) -> PlacementRequest:
+        """``request`` as it takes back lent quota (``reclaim`` set): for a queue with
+        ``models``, kept to the nodes whose GPUs are all of the flavor it reclaims in."""
+        queue = self.queues.get(request.spec.queue)
+        flavor = self.reclaim_flavor(request)
+        if queue is None or not queue.models or flavor is None:
+            return replace(request, reclaim=True)
+        return replace(request, reclaim=True, flavor_full=self._only_in(queue, flavor))
+
     # -- refusals ----------------------------------------------------------------------
 
     def refusal(self, request: PlacementRequest) -> QuotaRefusal | None:
         """Why ``request`` does not fit its queue's quota now; None when it does (for a
-        queue with ``models``: in at least one of the flavors it could be placed in)."""
+        queue with ``models``: in at least one of the flavors it could be placed in; for
+        one the order counted within its quota in a flavor, in that flavor)."""
+        counted = self.entitled_in.get(request.workload)
+        queue = self.queues.get(request.spec.queue)
+        if counted is not None and queue is not None and queue.models:
+            return self._refusal_in(request.spec, queue, counted, counted)
         return self.refusal_for(request.spec)
 
     def refusal_for(self, spec: WorkloadSpec) -> QuotaRefusal | None:
@@ -522,6 +598,8 @@ class Quotas:
                         placed: Placed | None, amount: float) -> list[tuple[str, float]]:
         """(flavor, charge) of each instance of ``request`` placed at ``placed``."""
         if placed is None:
+            if request.workload in self.counted_in:
+                return [(self.counted_in[request.workload], amount)]
             options = self.flavors_for(queue, request.spec)
             room = [f for f in options
                     if self._refusal_in(request.spec, queue, f, f) is None]
@@ -637,6 +715,8 @@ def admission_order(requests: Sequence[PlacementRequest],
         by_queue.setdefault(request.spec.queue, []).append(request)
     keyed: list[tuple[tuple[int, float, int, float, str], PlacementRequest]] = []
     quotas.entitled.clear()
+    quotas.entitled_in.clear()
+    quotas.counted_in.clear()
     for name, members in by_queue.items():
         members.sort(key=_within_queue_key)
         flavored = quotas.queues.get(name)
@@ -670,8 +750,8 @@ def _flavored_keys(members: Sequence[PlacementRequest], queue: QueueSpec, quotas
     """``admission_order``'s keys for the requests of a queue with ``models`` (by priority
     and age): each counts in the first flavor it could use where it stays within the
     nominal quota, else in the one with room where its queue's dominant share stays lowest;
-    one with room in none can never fit now. Reclaim is not per flavor yet: none of them is
-    ``entitled``."""
+    one with room in none can never fit now. One counted within the quota is ``entitled``
+    to take back lent quota of that flavor (``Quotas.entitled_in``)."""
     name = queue.name
     used = {f: quotas.used_in(name, f) for f in queue.flavors}
     ceilings = {f: quotas.ceiling(name, f) for f in queue.flavors}
@@ -685,11 +765,15 @@ def _flavored_keys(members: Sequence[PlacementRequest], queue: QueueSpec, quotas
         if within:
             used[within[0]] += needs
             tier, share = 0, 0.0
+            quotas.entitled.add(request.workload)
+            quotas.entitled_in[request.workload] = quotas.counted_in[request.workload] = \
+                within[0]
         elif room:
             best = min(room, key=lambda f: (quotas.dominant_share(
                 name, {**used, f: used[f] + needs}), room.index(f)))
             used[best] += needs
             share = quotas.dominant_share(name, used)
+            quotas.counted_in[request.workload] = best
         keyed.append(((tier, share, -request.spec.priority, request.submitted_at,
                        request.workload), request))
     return keyed

@@ -196,7 +196,8 @@ def test_admission_order_counts_each_request_in_a_flavor_with_room() -> None:
         request("a1", "a", 4, at=1), request("a2", "a", 4, at=2), request("a3", "a", 4, at=3),
         request("a4", "a", 8, at=4, gpu_model="*H100*"), request("b1", "b", 4, at=5)], state)
     assert [r.workload for r in order] == ["a1", "a2", "b1", "a3", "a4"]
-    assert state.entitled == {"b1"}  # reclaim is not per flavor: a's are never entitled
+    assert state.entitled == {"a1", "a2", "b1"}  # within quota: they may reclaim ...
+    assert state.entitled_in == {"a1": H, "a2": REST}  # ... in the flavor counted in
 
 
 # -- placement, through reconcile ----------------------------------------------------------
@@ -268,26 +269,71 @@ def test_a_gang_is_charged_per_member_in_its_nodes_flavors() -> None:
 
 # -- reclaim -------------------------------------------------------------------------------
 
-def test_reclaim_does_not_act_for_queues_with_models() -> None:
-    """b borrowed all of the cohort's H100s; a's request within its own quota waits (no
-    stop): reclaim is not per flavor yet, so it does not act rather than act wrongly."""
-    a = q("a", 8, models={H: 4}, cohort="c")
-    b = q("b", 8, models={H: 4}, cohort="c")
-    work = (submit("b1", 4, queue="b"), submit("b2", 4, queue="b"),
-            submit("a1", 4, queue="a", gpu_model="*H100*", submitted_at=5))
-    snapshot = cluster(a, b, workloads=work,
-                       assignments=(placed("b1", "h1", (0, 1, 2, 3)),
-                                    placed("b2", "h2", (0, 1, 2, 3))),
-                       statuses=(status("b1", "h1"), status("b2", "h2")))
-    plan = reconcile(snapshot, now=10_000.0, min_runtime=0.0)
-    assert [a.kind for a in plan.actions] == ["pending"]
-    # Nor does a queue without models reclaim from one with them.
+def b_borrows_everything() -> tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]:
+    """b (H100 quota 4, rest 4) holds all 16 GPUs: 8 H100s (h1, h2) and 8 A100s (x1, x2)."""
+    nodes = ("h1", "h2", "x1", "x2")
+    work = tuple(submit(f"b{i}", 4, queue="b") for i in range(4))
+    held = tuple(placed(f"b{i}", n, (0, 1, 2, 3)) for i, n in enumerate(nodes))
+    running = tuple(status(f"b{i}", n) for i, n in enumerate(nodes))
+    return work, held, running
+
+
+def stops(snapshot: ClusterSnapshot) -> dict[str, str]:
+    """victim -> its node, for the reclaims of one cycle."""
+    return {a.workload: snapshot.assignments[a.workload].node or ""
+            for a in reconcile(snapshot, now=10_000.0, min_runtime=0.0).actions
+            if a.kind == "move" and "reclaimed by" in a.why}
+
+
+FLAVORED = (q("a", 8, models={H: 4}, cohort="c"), q("b", 8, models={H: 4}, cohort="c"))
+
+
+@pytest.mark.parametrize(("wanted", "nodes"), [
+    ("*H100*", {"h1", "h2"}),  # a's H100 quota, back from b's H100 work only
+    ("*A100*", {"x1", "x2"}),  # a's rest, back from b's A100 work only
+])
+def test_a_queue_reclaims_in_the_flavor_it_is_within_quota_in(wanted: str,
+                                                             nodes: set[str]) -> None:
+    work, held, running = b_borrows_everything()
+    snapshot = cluster(*FLAVORED, workloads=(*work, submit("a1", 4, queue="a",
+                                                           gpu_model=wanted, submitted_at=5)),
+                       assignments=held, statuses=running)
+    found = stops(snapshot)
+    assert len(found) == 1 and set(found.values()) <= nodes, found
+
+
+def test_reclaim_never_takes_a_queue_below_its_quota_in_the_flavor() -> None:
+    """b borrows 4 A100s only (its H100s are within its quota): a's H100 request frees
+    nothing of b's H100 work; it waits."""
+    work, held, running = b_borrows_everything()
+    snapshot = cluster(*FLAVORED, workloads=(*work[:1], *work[2:], submit(
+        "a1", 4, queue="a", gpu_model="*H100*", submitted_at=5)),
+        assignments=(held[0], *held[2:]), statuses=(running[0], *running[2:]))
+    # b: 4 H100s on h1 (its quota), 8 A100s; a1 fits h2: placed, nothing stopped.
+    assert stops(snapshot) == {}
+    assert placements(snapshot) == {"a1": "h2"}
+    work2 = (*work[:1], *work[2:], submit("h", 4, queue="b", gpu_model="*H100*"),
+             submit("a1", 8, queue="a", gpu_model="*H100*", submitted_at=5))
+    snapshot = cluster(*FLAVORED, workloads=work2,
+                       assignments=(held[0], *held[2:], placed("h", "h2", (0, 1, 2, 3))),
+                       statuses=(running[0], *running[2:], status("h", "h2")))
+    # a1 wants 8 H100s, above its H100 quota of 4: a borrower there, it reclaims nothing.
+    assert stops(snapshot) == {}
+
+
+def test_a_queue_without_models_reclaims_only_gpus_counted_in_the_rest() -> None:
+    """c (no models, rest only) reclaims from b's A100 work (b's rest), never its H100s."""
+    work, held, running = b_borrows_everything()
     c = q("c", 8, cohort="c")
-    work = (*work[:2], submit("c1", 4, queue="c", gpu_model="*H100*", submitted_at=5))
-    snapshot = dataclasses.replace(snapshot, queues={x.name: x for x in (a, b, c)},
-                                   workloads={s.id: s for s in work})
-    plan = reconcile(snapshot, now=10_000.0, min_runtime=0.0)
-    assert [a.kind for a in plan.actions] == ["pending"]
+    snapshot = cluster(FLAVORED[1], c, workloads=(*work, submit("c1", 4, queue="c",
+                                                               submitted_at=5)),
+                       assignments=held, statuses=running)
+    found = stops(snapshot)
+    assert len(found) == 1 and set(found.values()) <= {"x1", "x2"}, found
+    snapshot = cluster(FLAVORED[1], c, workloads=(*work, submit(
+        "c1", 4, queue="c", gpu_model="*H100*", submitted_at=5)),
+        assignments=held, statuses=running)
+    assert stops(snapshot) == {}  # an H100 on b's nodes counts in b's H100 flavor
 
 
 # -- the views -----------------------------------------------------------------------------
@@ -406,12 +452,14 @@ def cycle(snapshot: ClusterSnapshot, now: float) -> tuple[ClusterSnapshot, list[
         list(plan.actions)
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(16))
 def test_random_traces_keep_every_flavor_within_its_limits(seed: int) -> None:
     """Random submissions (any model, H100s only, A100s only; gangs too) and completions on
-    a cohort of two queues with models and one without, and a queue alone: after every
-    cycle each queue's usage of each flavor is within its ceiling there, no cohort's pool
-    of a flavor is overdrawn, and no work of a queue with models is reclaimed."""
+    a cohort of two queues with models and one without, and a queue alone, for 30 cycles,
+    then none: after every cycle each queue's usage of each flavor is within its ceiling
+    there and no cohort's pool of a flavor is overdrawn; no reclaim takes a queue back and
+    forth without a change in between; 12 quiet cycles after the last change nothing is
+    reclaimed any more."""
     import random
 
     rng = random.Random(seed)
@@ -421,23 +469,31 @@ def test_random_traces_keep_every_flavor_within_its_limits(seed: int) -> None:
               q("d", 4, models={H: 2}))
     snapshot = cluster(*queues)
     limits = quotas(snapshot)
-    for step in range(30):
+    reclaims: list[tuple[int, str, str]] = []
+    changes: set[int] = set()
+    for step in range(42):
         workloads = dict(snapshot.workloads)
-        for _ in range(rng.randint(0, 3)):
-            wid = f"w{step}x{rng.randint(0, 10**6)}"
-            workloads[wid] = submit(wid, rng.choice((1, 1, 2, 4)), queue=rng.choice("abcd"),
-                                    submitted_at=step, priority=rng.randint(0, 2),
-                                    nodes=rng.choice((1, 1, 1, 2)),
-                                    gpu_model=rng.choice((None, None, "*H100*", "*A100*")))
-        for wid, a in snapshot.assignments.items():
-            if a.phase == "placed" and rng.random() < 0.1:
-                workloads.pop(wid, None)
+        if step < 30:
+            for _ in range(rng.randint(0, 3)):
+                wid = f"w{step}x{rng.randint(0, 10**6)}"
+                workloads[wid] = submit(wid, rng.choice((1, 1, 2, 4)),
+                                        queue=rng.choice("abcd"), submitted_at=step,
+                                        priority=rng.randint(0, 2),
+                                        nodes=rng.choice((1, 1, 1, 2)),
+                                        gpu_model=rng.choice((None, None, "*H100*",
+                                                              "*A100*")))
+                changes.add(step)
+            for wid, a in snapshot.assignments.items():
+                if a.phase == "placed" and rng.random() < 0.1:
+                    workloads.pop(wid, None)
+                    changes.add(step)
         snapshot = dataclasses.replace(snapshot, workloads=workloads)
         snapshot, actions = cycle(snapshot, 1000.0 + step)
         for action in actions:
-            if "reclaimed by" in action.why:
-                victim = workloads[action.workload].spec.queue
-                assert not snapshot.queues[victim].models, action.why
+            if action.kind == "move" and "reclaimed by " in action.why:
+                reclaimer = action.why.split("reclaimed by ", 1)[1].split(":", 1)[0]
+                reclaims.append((step, workloads[action.workload].spec.queue,
+                                 workloads[reclaimer].spec.queue))
         state = quotas(snapshot)
         for queue in queues:
             for flavor in queue.flavors:
@@ -445,3 +501,9 @@ def test_random_traces_keep_every_flavor_within_its_limits(seed: int) -> None:
                     <= limits.ceiling(queue.name, flavor) + 1e-9, (queue.name, flavor)
         for flavor in (H, REST):
             assert state.pool_used("c", flavor) <= limits.pool("c", flavor) + 1e-9, flavor
+    last = max(changes, default=0)
+    assert not [r for r in reclaims if r[0] >= last + 12], reclaims
+    for i, (at, victim, reclaimer) in enumerate(reclaims):
+        for later, back_victim, back_reclaimer in reclaims[i + 1:]:
+            if (back_victim, back_reclaimer) == (reclaimer, victim) and later > at:
+                assert any(at < c <= later for c in changes), reclaims
