@@ -383,12 +383,11 @@ class Quotas:
         return self._models
 
     def flavors_for(self, queue: QueueSpec, spec: WorkloadSpec) -> tuple[str, ...]:
-        """The flavors of ``queue`` that ``spec`` could be placed in, in order: all, unless
-        its ``gpu_model`` selects models (of those the nodes list) that only some hold."""
-        if spec.gpu_model is None:
-            return queue.flavors
+        """The flavors of ``queue`` that ``spec`` could be placed in, in order: those of the
+        GPU models the nodes list (that its ``gpu_model`` selects); all while none does."""
         glob = spec.gpu_model
-        fits = {queue.flavor_of(m) for m in self.known_models() if fnmatchcase(m, glob)}
+        fits = {queue.flavor_of(m) for m in self.known_models()
+                if glob is None or fnmatchcase(m, glob)}
         return tuple(f for f in queue.flavors if f in fits) or queue.flavors
 
     def flavor_at(self, queue: QueueSpec, node: str, gpus: Sequence[int] = ()) -> str:
