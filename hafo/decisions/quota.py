@@ -26,6 +26,15 @@ once per cycle from the usage at its start (``admission_order``); the quota is t
 again, request by request, as placements are made (``Quotas.refusal`` before trying one,
 ``Quotas.charge`` once placed), so the limits hold exactly whatever the order.
 
+**Flavors.** A queue declared with ``models`` (GPU model glob -> GPUs, the rest of
+``gpus`` for the GPUs of no named model) is accounted per flavor: each glob, and ``REST``.
+All of the above then holds per flavor (usage by the model of the GPUs held, the cohort's
+pool of a flavor, the limits per flavor); the dominant share is the largest over the
+flavors. A request passes the gate when a flavor it could use has room; placement is kept
+off the nodes of the others (``Quotas.constrain``) and the charge goes to the flavor of the
+GPUs it got. A request counted within its quota in a flavor (``Quotas.entitled_in``) is
+gated on, placed in and reclaims in that flavor only.
+
 **No ping-pong.** Nothing here stops a running workload: a request that does not fit its
 quota waits. The only stops are priority preemption within one queue
 (``hafo.decisions.preemption_policy.QueueScoped``) and reclaim by a request counted within
