@@ -160,11 +160,10 @@ class QuotaRefusal:
     @property
     def reclaimable(self) -> bool:
         """Only the cohort's pool stops it, and it would stay within its queue's nominal
-        quota: the quota it lent out may be taken back (``hafo.decisions.reclaim``). For a
-        queue with ``models`` (``flavor`` set) the question is asked of the flavor it may
-        reclaim in: ``Quotas.reclaim_need``."""
+        quota: the quota it lent out may be taken back (``hafo.decisions.reclaim``). With
+        ``flavor`` set, of that flavor only (placement asks ``Quotas.reclaim_need``, which
+        knows the flavor a request may reclaim in)."""
         return (self.known and self.cohort is not None and not self.at_borrowing_limit
-                and self.flavor is None
                 and self.used + self.needs <= self.nominal + _EPSILON)
 
     @property

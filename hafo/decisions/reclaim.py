@@ -3,7 +3,7 @@
 A request that the cycle's order counted within its queue's nominal quota
 (``Quotas.entitled``: so it is tried before any borrower, the victims' own requests
 included) may stop borrowed work (``PlacementRequest.reclaim``) when it does not fit either
-its quota, only because its cohort's pool is used up (``QuotaRefusal.reclaimable``), or the
+its quota, only because its cohort's pool is used up (``Quotas.reclaim_need``), or the
 GPUs, although its quota has room (its free GPUs scattered over nodes that borrowers fill).
 It goes through the preemption path (``hafo.decisions.preemption``: victims on one node, the
 fewest, then the lowest total priority; the victims are moved checkpoint first, a planned

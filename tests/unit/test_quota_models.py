@@ -148,7 +148,7 @@ def test_a_request_is_refused_only_when_no_flavor_it_could_use_has_room(
     assert (refusal.render() if refusal is not None else None) == reason
     if refusal is not None:
         assert refusal.summary().startswith("queue a: needs")
-        assert not refusal.reclaimable  # reclaim is not per flavor yet
+        assert not refusal.reclaimable  # no cohort: nothing to take back
 
 
 def test_a_cohort_pools_each_flavor_apart() -> None:
