@@ -126,7 +126,7 @@ def _place_single(index: PlacementIndex, request: PlacementRequest,
     the order counted it in (``Quotas.in_counted_flavor``), else wherever a flavor has
     room."""
     preferred = quotas.in_counted_flavor(request) if quotas is not None else None
-    if preferred is not None:
+    if preferred is not None and preferred.flavor_full != request.flavor_full:
         found = index.place(preferred)
         if isinstance(found, Placed):
             return found
