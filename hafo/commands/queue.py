@@ -79,7 +79,7 @@ def models_from_args(values: list[str]) -> dict[str, Any]:
         glob, sep, number = value.rpartition("=")
         if not sep or not glob or not number.strip():
             raise CliError(f"hafo queue set: --model: {value!r} is not GLOB=N (a GPU model "
-                           "glob, '=', its quota in GPUs; e.g. --model 'H100*=4')", EXIT_USAGE)
+                           "glob, '=', its quota in GPUs; e.g. --model '*H100*=4')", EXIT_USAGE)
         if glob in models:
             raise CliError(f"hafo queue set: --model: {glob!r} is given twice", EXIT_USAGE)
         models[glob] = _number(number.strip())

@@ -446,7 +446,7 @@ def test_the_command_line_refuses_a_bad_model_flag_before_asking_etcd(
     out, err = capsys.readouterr()
     assert (code, out) == (2, "")
     assert err.strip() == ("hafo queue set: --model: 'H100' is not GLOB=N (a GPU model glob, "
-                           "'=', its quota in GPUs; e.g. --model 'H100*=4')")
+                           "'=', its quota in GPUs; e.g. --model '*H100*=4')")
 
 
 def test_hafo_queues_name_shows_each_flavor() -> None:
