@@ -115,6 +115,7 @@ class QueueSet(TypedDict):
     lending_limit: int | None
     weight: float
     change: str
+    models: NotRequired[dict[str, int]]
 
 
 class QueueDeleted(TypedDict):

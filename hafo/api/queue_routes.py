@@ -65,6 +65,8 @@ def queue_routes(target: WriteTarget) -> web.RouteTableDef:
         done = QueueSet(name=spec.name, gpus=spec.gpus, cohort=spec.cohort,
                         borrowing_limit=spec.borrowing_limit, lending_limit=spec.lending_limit,
                         weight=spec.weight, change=change)
+        if spec.models:
+            done["models"] = dict(spec.models)
         return web.json_response(done,
                                  status=201 if change == "created" else 200,
                                  headers={"Location": f"/v1/queues/{name}"})

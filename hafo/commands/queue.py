@@ -1,6 +1,7 @@
 """``hafo queue set NAME --gpus N ...`` / ``hafo queue delete NAME``: declare a team's queue
-(its GPU quota, cohort, limits and weight) or forget one (``hafo.store.intents.set_queue`` and
-``delete_queue``, the calls ``PUT`` and ``DELETE /v1/queues/{name}`` make).
+(its GPU quota, per GPU model too with ``--model GLOB=N``, cohort, limits and weight) or
+forget one (``hafo.store.intents.set_queue`` and ``delete_queue``, the calls ``PUT`` and
+``DELETE /v1/queues/{name}`` make).
 
 The flags are validated by ``hafo.model.queues.parse_queue``, as the API's body is: a bad
 value is one line naming its flag (exit 2). ``set`` writes the whole declaration: a flag left
@@ -25,7 +26,7 @@ from hafo.commands.base import (
 #: A field of the queue's declaration -> the flag (or argument) that gives it.
 FLAGS = {"name": "NAME", "gpus": "--gpus", "cohort": "--cohort",
          "borrowing_limit": "--borrowing-limit", "lending_limit": "--lending-limit",
-         "weight": "--weight"}
+         "weight": "--weight", "models": "--model"}
 
 
 def register(sub: Any) -> None:
@@ -46,6 +47,10 @@ def register(sub: Any) -> None:
                    help="the most of its unused quota it lends (default: all of it)")
     p.add_argument("--weight", metavar="W",
                    help="its fair-share weight among queues that borrow (default 1)")
+    p.add_argument("--model", metavar="GLOB=N", action="append", default=[],
+                   help="a part of its quota for GPUs whose model matches GLOB (a flavor; "
+                        "repeatable, first match wins; GPUs of no named model share what "
+                        "is left of --gpus)")
     store_args(p)
     p = actions.add_parser("delete", help="forget a queue (refused while workloads name it)")
     p.add_argument("queue", metavar="NAME", help="the queue's name")
@@ -65,6 +70,22 @@ def _number(text: str | None) -> Any:
     return text
 
 
+def models_from_args(values: list[str]) -> dict[str, Any]:
+    """``--model GLOB=N`` flags as the ``models`` mapping (in the order given); CliError
+    (exit 2) naming ``--model`` for one that is not GLOB=N or names a glob twice (the
+    number itself is judged by ``parse_queue``)."""
+    models: dict[str, Any] = {}
+    for value in values:
+        glob, sep, number = value.rpartition("=")
+        if not sep or not glob or not number.strip():
+            raise CliError(f"hafo queue set: --model: {value!r} is not GLOB=N (a GPU model "
+                           "glob, '=', its quota in GPUs; e.g. --model '*H100*=4')", EXIT_USAGE)
+        if glob in models:
+            raise CliError(f"hafo queue set: --model: {glob!r} is given twice", EXIT_USAGE)
+        models[glob] = _number(number.strip())
+    return models
+
+
 def queue_from_args(args: argparse.Namespace) -> Any:
     """The QueueSpec the flags declare; CliError (exit 2) naming each bad flag otherwise."""
     from hafo.model.errors import ValidationError
@@ -77,6 +98,9 @@ def queue_from_args(args: argparse.Namespace) -> Any:
                          ("weight", _number(args.weight))):
         if value is not None:
             raw[field] = value
+    models = models_from_args(getattr(args, "model", None) or [])
+    if models:
+        raw["models"] = models
     try:
         return parse_queue(raw)
     except ValidationError as exc:
@@ -106,6 +130,8 @@ async def _set(args: argparse.Namespace, spec: Any) -> int:
             print(f"unchanged: queue {spec.name} already has this declaration")
         else:
             quota = "no quota" if spec.gpus is None else f"{spec.gpus} GPU(s)"
+            if spec.models:
+                quota += ", " + ", ".join(f"{g}: {n}" for g, n in spec.models.items())
             print(f"{change} queue {spec.name} ({quota})")
         return 0
 

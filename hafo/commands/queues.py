@@ -66,6 +66,10 @@ def render_queue(snapshot: Any, name: str) -> str:
              f"borrowing limit: {'-' if q['borrowing_limit'] is None else q['borrowing_limit']}",
              f"lending limit:   {'-' if q['lending_limit'] is None else q['lending_limit']}",
              f"weight:          {q['weight']:g}"]
+    if "models" in use and "other" in use:
+        for glob, each in [*use["models"].items(), ("other", use["other"])]:
+            lines.append(f"  {glob}: {_gpus(each['used'])} of {_gpus(each['nominal'])} used "
+                         f"(borrowed {_gpus(each['borrowed'])})")
     if not q["workloads"]:
         return "\n".join([*lines, "workloads:       none"])
     views = with_live_reasons([workload_view(snapshot, wid) for wid in q["workloads"]],

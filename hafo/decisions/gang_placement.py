@@ -263,8 +263,9 @@ class GangPlacer:
 
 
 def _memo_key(request: PlacementRequest, now: float) -> _MemoKey | None:
-    """What makes two plain gang requests (no history, no cool-downs) equal for this pass."""
-    if request.members or request.prefer is not None or any(
+    """What makes two plain gang requests (no history, no cool-downs, no nodes kept off for
+    their queue's flavors) equal for this pass."""
+    if request.members or request.prefer is not None or request.flavor_full or any(
             t > now for t in (*request.avoid.values(), *request.exclude.values())):
         return None
     spec: WorkloadSpec = request.spec

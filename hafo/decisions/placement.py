@@ -120,6 +120,19 @@ def place_batch(requests: Iterable[PlacementRequest], capacity: Mapping[str, Nod
                           spares)
 
 
+def _place_single(index: PlacementIndex, request: PlacementRequest,
+                  quotas: Quotas | None) -> Placed | Unplaceable:
+    """One workload's place: for a queue with ``models``, first on the nodes of the flavor
+    the order counted it in (``Quotas.in_counted_flavor``), else wherever a flavor has
+    room."""
+    preferred = quotas.in_counted_flavor(request) if quotas is not None else None
+    if preferred is not None and preferred.flavor_full != request.flavor_full:
+        found = index.place(preferred)
+        if isinstance(found, Placed):
+            return found
+    return index.place(request)
+
+
 def place_in_order(requests: Sequence[PlacementRequest],
                    capacity: Mapping[str, NodeCapacity], now: float,
                    strategy: Strategy = "spread", unplaceable: Fallback | None = None,
@@ -135,7 +148,9 @@ def place_in_order(requests: Sequence[PlacementRequest],
     failed members first (``hafo.decisions.gang_placement``). ``quotas``: each request must
     fit its queue's quota first (a request that does not is not tried: it holds no node, and
     only takes back quota its queue lent, through ``unplaceable`` with ``reclaim`` set:
-    ``hafo.decisions.reclaim``), and is charged once placed (``hafo.decisions.quota``)."""
+    ``hafo.decisions.reclaim``), is kept off the nodes whose GPUs are of a flavor its
+    queue has no room in (``Quotas.constrain``), and is charged once placed, in the flavor
+    of the GPUs it got (``hafo.decisions.quota``)."""
     index = PlacementIndex(capacity, now, strategy)
     gangs = GangPlacer(index, dict(spares or {}))
     results: dict[str, Placed | Unplaceable] = {}
@@ -172,14 +187,18 @@ _RepeatKey = tuple[str, SignatureKey, int, int, str | None, bool]
 
 def _repeat_key(request: PlacementRequest, quotas: Quotas | None) -> _RepeatKey | None:
     """For a plain request (one node, no history, no cool-downs, no service, not one that
-    may reclaim: its refusals and the fallback's answers depend only on this and on the
-    room and quotas left), what two such requests share; None for any other."""
+    may reclaim, not of a queue with ``models``: its refusals and the fallback's answers
+    depend only on this and on the room and quotas left), what two such requests share;
+    None for any other."""
     spec = request.spec
     if spec.is_gang or request.members or request.prefer is not None \
             or request.only is not None or request.exclude or request.avoid \
-            or request.apart or request.group is not None or request.reclaim \
-            or (quotas is not None and request.workload in quotas.entitled):
+            or request.apart or request.group is not None or request.reclaim:
         return None
+    if quotas is not None:
+        queue = quotas.queues.get(spec.queue)
+        if request.workload in quotas.entitled or (queue is not None and queue.models):
+            return None
     return (spec.queue, signature(spec), spec.gpus, spec.priority, spec.placement,
             quotas is not None)
 
@@ -202,12 +221,14 @@ def _place_one_request(request: PlacementRequest, index: PlacementIndex, gangs: 
     if quotas is not None and refusal is not None:
         waits = Unplaceable(refusal.summary())
         changed: tuple[str, ...] = ()
-        if refusal.reclaimable and unplaceable is not None \
-                and request.workload in quotas.entitled:
-            changed = tuple(unplaceable(replace(request, reclaim=True), waits))
+        if unplaceable is not None and request.workload in quotas.entitled \
+                and quotas.reclaim_need(request) is not None:
+            changed = tuple(unplaceable(quotas.for_reclaim(request), waits))
             for name in changed:
                 index.refresh(name)
         return _Tried(waits, bool(changed))
+    if quotas is not None:
+        request = quotas.constrain(request)  # only nodes of flavors with room
     if request.group is not None and groups.get(request.group):
         request = replace(request, apart=request.apart | groups[request.group])
     if request.spec.is_gang:
@@ -215,20 +236,20 @@ def _place_one_request(request: PlacementRequest, index: PlacementIndex, gangs: 
         if isinstance(gang, Placed):
             gangs.commit(gang)
             if quotas is not None:
-                quotas.charge(request)
+                quotas.charge(request, gang)
             if request.group is not None:
                 groups.setdefault(request.group, set()).update(m.node for m in gang.members)
             return gang
         gangs.hold_for(request)
         if unplaceable is not None and quotas is not None \
                 and request.workload in quotas.entitled:  # its lent quota, in use
-            unplaceable(replace(request, reclaim=True), gang)
+            unplaceable(quotas.for_reclaim(request), gang)
         return _Tried(gang, True)  # a gang is never repeated
-    outcome = index.place(request)
+    outcome = _place_single(index, request, quotas)
     if isinstance(outcome, Placed):
         index.commit(outcome)
         if quotas is not None:
-            quotas.charge(request)
+            quotas.charge(request, outcome)
         if request.group is not None:
             groups.setdefault(request.group, set()).add(outcome.node)
         return outcome
@@ -238,7 +259,7 @@ def _place_one_request(request: PlacementRequest, index: PlacementIndex, gangs: 
         if not changed and quotas is not None and request.workload in quotas.entitled:
             # Within its quota, but the room it needs is held by borrowers (free GPUs
             # scattered over nodes they fill): it takes it back as when the quota is.
-            changed = tuple(unplaceable(replace(request, reclaim=True), outcome))
+            changed = tuple(unplaceable(quotas.for_reclaim(request), outcome))
         for name in changed:
             index.refresh(name)
         if not changed and quotas is not None:

@@ -26,6 +26,7 @@ class Rule(StrEnum):
     COOLING = "cooling"              # cooling down after a failure
     HELD = "held"                    # held for a waiting gang
     APART = "apart"                  # runs another replica of the same service
+    FLAVOR_FULL = "flavor-full"      # its queue's quota for the node's GPU model is used
     LABEL = "label"                  # a node-selector label not matched
     NO_KIND = "no-kind"              # no GPU of the requested kind at all
     NOT_ENOUGH = "not-enough"        # such GPUs, not enough of them free and healthy

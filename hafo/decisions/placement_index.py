@@ -27,6 +27,7 @@ from hafo.decisions.placement_failure import NodeReason, NodesFiltered, NoReadyN
 from hafo.decisions.placement_rules import (
     COOLING,
     EXCLUDED,
+    FLAVOR_FULL,
     NodeCapacity,
     Placed,
     PlacementRequest,
@@ -177,6 +178,7 @@ class PlacementIndex:
             skip.update(n for n, until in request.avoid.items() if until > now)
         skip |= self.held
         skip |= request.apart
+        skip |= request.flavor_full
         if also_skip:
             skip |= also_skip
         sig = self._signature(request.spec)
@@ -242,6 +244,9 @@ class PlacementIndex:
             if name in capacity and name not in special:
                 special[name] = (Rule.APART,
                                  f"runs another replica of {request.group or 'its service'}")
+        for name in request.flavor_full:
+            if name in capacity and name not in special:
+                special[name] = (Rule.FLAVOR_FULL, FLAVOR_FULL)
         sig = self._signature(request.spec)
         label_reasons = sig.label_reasons()
         reasons: Counter[NodeReason] = Counter(special.values())

@@ -4,7 +4,8 @@ these functions, only faster.
 
 Filter, in this order (the first failure is the node's reason): the requested node
 (``only``), the workload's own failures there (``exclude``, hard), a failure cool-down
-(``avoid``, soft: such nodes are used only when nothing else fits), the node selector labels,
+(``avoid``, soft: such nodes are used only when nothing else fits), the quota of the
+node's GPU flavor (``flavor_full``), the node selector labels,
 then enough free usable GPUs of the requested kind: whole GPUs, or MIG devices of
 ``gpu_profile``, of the ``gpu_model`` glob and with at least ``gpu_memory_mib``.
 
@@ -28,6 +29,7 @@ from hafo.model.spec import WorkloadSpec
 Strategy = Literal["spread", "binpack"]
 EXCLUDED = "the workload failed there too often"
 COOLING = "cooling down after a failure"
+FLAVOR_FULL = "its queue's quota for these GPUs' model is used"
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,10 @@ class PlacementRequest:
     replica of a service: ``apart``, the nodes of its service's other replicas (never used),
     and ``group``, its service (replicas placed in one pass keep apart from each other).
     ``reclaim``: it does not fit its queue's quota because its cohort lent the quota out,
-    and may take it back from the borrowers (``hafo.decisions.reclaim``)."""
+    and may take it back from the borrowers (``hafo.decisions.reclaim``). ``flavor_full``:
+    nodes never used, as their GPUs are of a flavor (a GPU model its queue's ``models``
+    names, or the rest) in which its queue has no room for it
+    (``hafo.decisions.quota.Quotas.constrain``)."""
 
     workload: str
     spec: WorkloadSpec
@@ -57,6 +62,7 @@ class PlacementRequest:
     apart: frozenset[str] = frozenset()
     group: str | None = None
     reclaim: bool = False
+    flavor_full: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -191,6 +197,8 @@ def filter_rule(request: PlacementRequest, cap: NodeCapacity, now: float,
         return Rule.EXCLUDED, EXCLUDED
     if honour_cooldown and request.avoid.get(cap.name, 0.0) > now:
         return Rule.COOLING, COOLING
+    if cap.name in request.flavor_full:
+        return Rule.FLAVOR_FULL, FLAVOR_FULL
     why = label_reason(request.spec.node_selector, cap.labels)
     if why is not None:
         return Rule.LABEL, why

@@ -137,7 +137,7 @@ class Preempting:
         self.policy = policy
         self.victims = victims_by_node(snapshot, settled, capacity, policy)
         self.chosen: dict[str, Preemption] = {}
-        self.hopeless: set[tuple[SignatureKey, int, int, str, bool]] = set()
+        self.hopeless: set[tuple[SignatureKey, int, int, str, bool, frozenset[str]]] = set()
 
     def __call__(self, request: PlacementRequest, result: Unplaceable) -> tuple[str, ...]:
         """Choose victims for ``request``; the nodes whose room changed."""
@@ -155,7 +155,7 @@ class Preempting:
         plain = request.only is None and not any(
             t > self.now for t in (*request.avoid.values(), *request.exclude.values()))
         key = (signature(request.spec), request.spec.gpus, request.spec.priority,
-               request.spec.queue, request.reclaim)
+               request.spec.queue, request.reclaim, request.flavor_full)
         if key in self.hopeless:
             return ()
         preemption = choose_victims(request, self.victims, self.now)

@@ -26,6 +26,15 @@ once per cycle from the usage at its start (``admission_order``); the quota is t
 again, request by request, as placements are made (``Quotas.refusal`` before trying one,
 ``Quotas.charge`` once placed), so the limits hold exactly whatever the order.
 
+**Flavors.** A queue declared with ``models`` (GPU model glob -> GPUs, the rest of
+``gpus`` for the GPUs of no named model) is accounted per flavor: each glob, and ``REST``.
+All of the above then holds per flavor (usage by the model of the GPUs held, the cohort's
+pool of a flavor, the limits per flavor); the dominant share is the largest over the
+flavors. A request passes the gate when a flavor it could use has room; placement is kept
+off the nodes of the others (``Quotas.constrain``) and the charge goes to the flavor of the
+GPUs it got. A request counted within its quota in a flavor (``Quotas.entitled_in``) is
+gated on, placed in and reclaims in that flavor only.
+
 **No ping-pong.** Nothing here stops a running workload: a request that does not fit its
 quota waits. The only stops are priority preemption within one queue
 (``hafo.decisions.preemption_policy.QueueScoped``) and reclaim by a request counted within
@@ -38,18 +47,19 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from fnmatch import fnmatchcase
 from typing import TypeVar
 
-from hafo.decisions.placement_rules import PlacementRequest
-from hafo.model.cluster import ClusterSnapshot
-from hafo.model.queue_view import QueueUsage
-from hafo.model.queues import QueueSpec
+from hafo.decisions.placement_rules import Placed, PlacementRequest
+from hafo.model.cluster import ClusterSnapshot, NodeRecord
+from hafo.model.queue_view import FlavorUsage, QueueUsage
+from hafo.model.queues import REST, QueueSpec, flavor_label
 from hafo.model.spec import WorkloadSpec
 from hafo.model.views import WorkloadView
 
-__all__ = ["MAX_NAMED", "MIG_SLICES", "QueueStanding", "QuotaRefusal", "Quotas", "admission_order",
-           "charge", "live_reasons", "ordinal", "standings", "usage", "usage_views",
-           "with_live_reasons"]
+__all__ = ["MAX_NAMED", "MIG_SLICES", "FlavorStanding", "QueueStanding", "QuotaRefusal", "Quotas",
+           "admission_order", "charge", "flavor_usage", "live_reasons", "ordinal", "standings",
+           "usage", "usage_views", "with_live_reasons"]
 
 #: A whole GPU's compute slices in MIG mode (A100, H100, H200: 7).
 MIG_SLICES = 7
@@ -87,6 +97,30 @@ def usage(snapshot: ClusterSnapshot, placing: Collection[str] = ()) -> dict[str,
     return used
 
 
+def flavor_usage(snapshot: ClusterSnapshot,
+                 placing: Collection[str] = ()) -> dict[tuple[str, str], float]:
+    """(queue, flavor) -> the charge of its workloads that hold GPUs of that flavor, for the
+    queues declared with ``models`` (``placing`` as for ``usage``). A gang's charge is
+    shared among its members, each in the flavor of its node's GPUs."""
+    used: dict[tuple[str, str], float] = {}
+    if not any(q.models for q in snapshot.queues.values()):
+        return used
+    flavors = Quotas(snapshot.queues, nodes=snapshot.nodes)
+    for wid, assignment in snapshot.assignments.items():
+        submission = snapshot.workloads.get(wid)
+        if submission is None or not assignment.holds_node or wid in placing:
+            continue
+        queue = snapshot.queues.get(submission.spec.queue)
+        slots = assignment.slots
+        if queue is None or not queue.models or not slots:
+            continue
+        part = charge(submission.spec) / len(slots)
+        for node, gpus in slots:
+            key = (queue.name, flavors.flavor_at(queue, node, gpus))
+            used[key] = used.get(key, 0.0) + part
+    return used
+
+
 def _amount(value: float) -> str:
     """A GPU count for a message: "4", or "2.43" for MIG fractions."""
     return str(round(value)) if abs(value - round(value)) < 1e-6 else f"{value:.2f}"
@@ -118,11 +152,17 @@ class QuotaRefusal:
     needs_from_pool: float = 0.0
     borrowing_limit: float | None = None
     at_borrowing_limit: bool = False
+    #: for a queue with ``models``: the flavor these figures are of (its glob, or ``REST``),
+    #: and ``others``, the refusals in the other flavors the request could use
+    flavor: str | None = None
+    others: tuple[QuotaRefusal, ...] = ()
 
     @property
     def reclaimable(self) -> bool:
         """Only the cohort's pool stops it, and it would stay within its queue's nominal
-        quota: the quota it lent out may be taken back (``hafo.decisions.reclaim``)."""
+        quota: the quota it lent out may be taken back (``hafo.decisions.reclaim``). With
+        ``flavor`` set, of that flavor only (placement asks ``Quotas.reclaim_need``, which
+        knows the flavor a request may reclaim in)."""
         return (self.known and self.cohort is not None and not self.at_borrowing_limit
                 and self.used + self.needs <= self.nominal + _EPSILON)
 
@@ -138,27 +178,41 @@ class QuotaRefusal:
         readers see ``render`` (``live_reasons``)."""
         if not self.known:
             return self.render()
-        text = f"queue {self.queue}: needs {_amount(self.needs)}"
+        parts = [self._summary_part(), *(other._summary_part() for other in self.others)]
+        return f"queue {self.queue}: " + "; ".join(parts)
+
+    def _summary_part(self) -> str:
+        kind = "" if self.flavor is None else f" {flavor_label(self.flavor)}"
+        text = f"needs {_amount(self.needs)}"
+        if self.flavor is not None:
+            text += f" in{kind}"
         if self.at_borrowing_limit and self.borrowing_limit is not None:
             return f"{text}; at its borrowing limit ({_amount(self.borrowing_limit)})"
         if self.cohort is None:
-            return f"{text}, more than its quota of {_amount(self.nominal)} GPUs leaves"
-        return f"{text}; cohort {self.cohort} has too little to lend"
+            return f"{text}, more than its quota of {_amount(self.nominal)}{kind} GPUs leaves"
+        what = "" if self.flavor is None else f"{kind} GPUs"
+        return f"{text}; cohort {self.cohort} has too little{what} to lend"
 
     def render(self) -> str:
-        """One sentence, in tiers: the queue, then the cohort, then who holds the pool."""
+        """One sentence, in tiers: the queue, then the cohort, then who holds the pool (for
+        a queue with ``models``: so for each flavor the request could use)."""
         if not self.known:
             declared = ", ".join(self.declared) or "none"
             return (f"no queue named {self.queue!r} (declared: {declared}); "
                     f"`hafo queue set {self.queue} --gpus N` declares it")
-        text = (f"queue {self.queue}: {_amount(self.used)} of {_amount(self.nominal)} GPUs "
+        parts = [self._render_part(), *(other._render_part() for other in self.others)]
+        return f"queue {self.queue}: " + "; ".join(parts)
+
+    def _render_part(self) -> str:
+        kind = "" if self.flavor is None else f" {flavor_label(self.flavor)}"
+        text = (f"{_amount(self.used)} of {_amount(self.nominal)}{kind} GPUs "
                 f"used, needs {_amount(self.needs)}")
         if self.at_borrowing_limit and self.borrowing_limit is not None:
             return f"{text}; at its borrowing limit ({_amount(self.borrowing_limit)})"
         if self.cohort is None:
             return text
         text += (f"; cohort {self.cohort} lends {_amount(max(self.pool_free, 0.0))} of "
-                 f"{_amount(self.pool)}")
+                 f"{_amount(self.pool)}{kind}")
         others = [user for user in self.users if user[0] != self.queue]
         holders = [f"{name} uses {_amount(used)} of its {_amount(nominal)}"
                    for name, used, nominal in others[:MAX_NAMED]]
@@ -181,22 +235,57 @@ class QueueStanding:
     lent: float
     pending: float
     share: float
+    #: per flavor, for a queue with ``models`` (its globs, then ``REST``)
+    flavors: Mapping[str, FlavorStanding] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FlavorStanding:
+    """One flavor of a queue declared with ``models``: its nominal quota, usage and what it
+    borrows above that quota."""
+
+    nominal: float
+    used: float
+    borrowed: float
 
 
 @dataclass
 class Quotas:
     """The quota state during one placement pass (mutable; ``charge`` as requests are
-    placed). ``queues``: the declared ones; ``used``: usage per queue name."""
+    placed). ``queues``: the declared ones; ``used``: usage per queue name (all its flavors
+    together).
+
+    A queue declared with ``models`` is accounted per **flavor** (its ``models`` globs, and
+    ``REST``: GPUs of no named model): ``flavor_used`` holds its usage per flavor, the
+    cohort's pool of a flavor is what its queues lend of it (flavors are told apart by their
+    glob), and its limits apply per flavor. A queue without ``models`` has one flavor,
+    ``REST``, whose usage is its ``used``; the arithmetic is then exactly what it was before
+    flavors. ``nodes``: the cluster's node records, for the model of the GPUs a workload
+    holds (``Quotas.of`` gives them)."""
 
     queues: Mapping[str, QueueSpec]
     used: dict[str, float] = field(default_factory=dict)
     #: the requests the cycle's order counted within their queue's nominal quota (set by
     #: ``admission_order``): only they may take back lent quota (``hafo.decisions.reclaim``)
     entitled: set[str] = field(default_factory=set)
+    #: (queue, flavor) -> usage, for the queues declared with ``models``
+    flavor_used: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: of the ``entitled`` requests of queues with ``models``: the flavor they were counted
+    #: within quota in, the one they may take back lent quota of
+    entitled_in: dict[str, str] = field(default_factory=dict)
+    #: requests of queues with ``models`` -> the flavor the order counted them in (where
+    #: placement tries them first)
+    counted_in: dict[str, str] = field(default_factory=dict)
+    nodes: Mapping[str, NodeRecord] = field(default_factory=dict)
     _members: dict[str, list[str]] = field(default_factory=dict)
-    _pools: dict[str, float] = field(default_factory=dict)
-    _pool_used: dict[str, float] = field(default_factory=dict)
-    _users: dict[str, tuple[tuple[str, float, float], ...]] = field(default_factory=dict)
+    _pools: dict[tuple[str, str], float] = field(default_factory=dict)
+    _pool_used: dict[tuple[str, str], float] = field(default_factory=dict)
+    _users: dict[tuple[str, str], tuple[tuple[str, float, float], ...]] = field(
+        default_factory=dict)
+    _node_flavors: dict[str, dict[str, frozenset[str]]] = field(default_factory=dict)
+    _full_nodes: dict[tuple[str, frozenset[str]], frozenset[str]] = field(default_factory=dict)
+    _outside: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+    _models: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         for name in sorted(self.queues):
@@ -210,63 +299,217 @@ class Quotas:
         as for ``usage``."""
         if not snapshot.queues:
             return None
-        return cls(snapshot.queues, usage(snapshot, placing))
+        return cls(snapshot.queues, usage(snapshot, placing),
+                   flavor_used=flavor_usage(snapshot, placing), nodes=snapshot.nodes)
 
     # -- the quota arithmetic ------------------------------------------------------------
 
-    def _kept(self, spec: QueueSpec) -> float:
-        """What of its quota a queue keeps for itself (does not lend)."""
-        return float(spec.gpus or 0) - spec.lendable
+    def used_in(self, queue: str, flavor: str = REST) -> float:
+        """What ``queue`` uses of ``flavor`` (a queue without ``models``: its ``used`` in
+        ``REST``, its one flavor)."""
+        spec = self.queues.get(queue)
+        if spec is not None and spec.models:
+            return self.flavor_used.get((queue, flavor), 0.0)
+        return self.used.get(queue, 0.0) if flavor == REST else 0.0
 
-    def _from_pool(self, spec: QueueSpec, used: float) -> float:
-        return max(used - self._kept(spec), 0.0)
+    def _kept(self, spec: QueueSpec, flavor: str = REST) -> float:
+        """What of its quota in ``flavor`` a queue keeps for itself (does not lend)."""
+        return float(spec.nominal(flavor)) - spec.lendable_in(flavor)
 
-    def pool(self, cohort: str) -> float:
-        """What the queues of ``cohort`` lend in all."""
-        if cohort not in self._pools:
-            self._pools[cohort] = float(sum(self.queues[q].lendable
-                                            for q in self._members.get(cohort, ())))
-        return self._pools[cohort]
+    def _from_pool(self, spec: QueueSpec, used: float, flavor: str = REST) -> float:
+        return max(used - self._kept(spec, flavor), 0.0)
 
-    def pool_used(self, cohort: str) -> float:
-        """What of ``cohort``'s pool its queues use (kept up to date by ``charge``: a
-        cohort of a thousand queues costs no more per request than one of two)."""
-        if cohort not in self._pool_used:
-            self._pool_used[cohort] = sum(self._from_pool(self.queues[q], self.used.get(q, 0.0))
-                                          for q in self._members.get(cohort, ()))
-        return self._pool_used[cohort]
+    def pool(self, cohort: str, flavor: str = REST) -> float:
+        """What the queues of ``cohort`` lend of ``flavor`` in all."""
+        key = (cohort, flavor)
+        if key not in self._pools:
+            self._pools[key] = float(sum(self.queues[q].lendable_in(flavor)
+                                         for q in self._members.get(cohort, ())))
+        return self._pools[key]
 
-    def share(self, queue: str, used: float) -> float:
-        """``queue``'s weighted dominant share at usage ``used``: what it uses above its
-        quota over its cohort's pool, over its weight (0 when it does not borrow)."""
-        spec = self.queues[queue]
-        above = used - float(spec.gpus or 0)
+    def pool_used(self, cohort: str, flavor: str = REST) -> float:
+        """What of ``cohort``'s pool of ``flavor`` its queues use (kept up to date by
+        ``charge``: a cohort of a thousand queues costs no more per request than one of
+        two)."""
+        key = (cohort, flavor)
+        if key not in self._pool_used:
+            self._pool_used[key] = sum(
+                self._from_pool(self.queues[q], self.used_in(q, flavor), flavor)
+                for q in self._members.get(cohort, ()))
+        return self._pool_used[key]
+
+    def _share_in(self, spec: QueueSpec, used: float, flavor: str) -> float:
+        above = used - float(spec.nominal(flavor))
         if spec.cohort is None or spec.gpus is None or above <= _EPSILON:
             return 0.0
-        pool = self.pool(spec.cohort)
+        pool = self.pool(spec.cohort, flavor)
         return above / pool / spec.weight if pool > 0 else float("inf")
 
-    def ceiling(self, queue: str) -> float:
-        """The most ``queue`` may ever use now: its quota, plus its borrowing limit or the
-        cohort's pool beyond what it keeps (infinite without a quota)."""
+    def share(self, queue: str, used: float, flavor: str = REST) -> float:
+        """``queue``'s weighted dominant share with usage ``used`` in ``flavor`` (its other
+        flavors as they are): the largest, over its flavors, of what it uses above its
+        quota in the flavor over its cohort's pool of the flavor, over its weight (0 when
+        it does not borrow)."""
+        spec = self.queues[queue]
+        if not spec.models:
+            return self._share_in(spec, used, REST)
+        return self.dominant_share(queue, {flavor: used})
+
+    def dominant_share(self, queue: str, used: Mapping[str, float]) -> float:
+        """As ``share``, with the usage of the flavors in ``used`` as given there."""
+        spec = self.queues[queue]
+        return max(self._share_in(spec, used.get(f, self.used_in(queue, f)), f)
+                   for f in spec.flavors)
+
+    def ceiling(self, queue: str, flavor: str = REST) -> float:
+        """The most ``queue`` may ever use of ``flavor`` now: its quota there, plus its
+        borrowing limit or the cohort's pool beyond what it keeps (infinite without a
+        quota)."""
         spec = self.queues[queue]
         if spec.gpus is None:
             return float("inf")
+        nominal = float(spec.nominal(flavor))
         if spec.cohort is None:
-            return float(spec.gpus)
-        pooled = self._kept(spec) + self.pool(spec.cohort)
-        limit = spec.gpus + spec.borrowing_limit if spec.borrowing_limit is not None \
+            return nominal
+        pooled = self._kept(spec, flavor) + self.pool(spec.cohort, flavor)
+        limit = nominal + spec.borrowing_limit if spec.borrowing_limit is not None \
             else float("inf")
         return min(pooled, limit)
 
-    def within_nominal(self, queue: str, used: float) -> bool:
-        """Whether usage ``used`` is within ``queue``'s nominal quota (a queue without one,
-        or undeclared, counts as within)."""
+    def within_nominal(self, queue: str, used: float, flavor: str = REST) -> bool:
+        """Whether usage ``used`` of ``flavor`` is within ``queue``'s nominal quota there (a
+        queue without one, or undeclared, counts as within)."""
         spec = self.queues.get(queue)
-        return spec is None or spec.gpus is None or used <= spec.gpus + _EPSILON
+        return spec is None or spec.gpus is None or used <= spec.nominal(flavor) + _EPSILON
+
+    # -- flavors -----------------------------------------------------------------------
+
+    def known_models(self) -> frozenset[str]:
+        """The GPU models the nodes list."""
+        if self._models is None:
+            self._models = frozenset(g.model for r in self.nodes.values() for g in r.gpus)
+        return self._models
+
+    def flavors_for(self, queue: QueueSpec, spec: WorkloadSpec) -> tuple[str, ...]:
+        """The flavors of ``queue`` that ``spec`` could be placed in, in order: those of the
+        GPU models the nodes list (that its ``gpu_model`` selects); all while none does."""
+        glob = spec.gpu_model
+        fits = {queue.flavor_of(m) for m in self.known_models()
+                if glob is None or fnmatchcase(m, glob)}
+        return tuple(f for f in queue.flavors if f in fits) or queue.flavors
+
+    def flavor_at(self, queue: QueueSpec, node: str, gpus: Sequence[int] = ()) -> str:
+        """The flavor of ``queue`` that GPUs ``gpus`` of ``node`` count in (the model of
+        the first of them the node lists, else of its first GPU; ``REST`` if unknown)."""
+        record = self.nodes.get(node)
+        if record is None or not record.gpus:
+            return REST
+        models = {g.index: g.model for g in record.gpus}
+        for index in gpus:
+            if index in models:
+                return queue.flavor_of(models[index])
+        return queue.flavor_of(record.gpus[0].model)
+
+    def _flavors_of_nodes(self, queue: QueueSpec) -> dict[str, frozenset[str]]:
+        """node -> the flavors of ``queue`` its GPUs count in (once per queue and pass)."""
+        found = self._node_flavors.get(queue.name)
+        if found is None:
+            found = self._node_flavors[queue.name] = {
+                name: frozenset(queue.flavor_of(g.model) for g in record.gpus)
+                for name, record in self.nodes.items()}
+        return found
+
+    def _only_in(self, queue: QueueSpec, flavor: str) -> frozenset[str]:
+        """The nodes with GPUs of any flavor of ``queue`` but ``flavor``."""
+        key = (queue.name, flavor)
+        nodes = self._outside.get(key)
+        if nodes is None:
+            nodes = self._outside[key] = frozenset(
+                n for n, flavors in self._flavors_of_nodes(queue).items()
+                if flavors != {flavor})
+        return nodes
+
+    def in_counted_flavor(self, request: PlacementRequest) -> PlacementRequest | None:
+        """``request`` kept to the nodes of the flavor the order counted it in, while that
+        flavor has room for it (placement tries it so first); None otherwise."""
+        queue = self.queues.get(request.spec.queue)
+        flavor = self.counted_in.get(request.workload)
+        if queue is None or not queue.models or flavor is None \
+                or self._refusal_in(request.spec, queue, flavor, flavor) is not None:
+            return None
+        return replace(request, flavor_full=request.flavor_full | self._only_in(queue, flavor))
+
+    def constrain(self, request: PlacementRequest) -> PlacementRequest:
+        """``request``, kept off the nodes with GPUs of a flavor its queue has no room in
+        for it (``PlacementRequest.flavor_full``); unchanged for a queue without
+        ``models``. A node with GPUs of several flavors is used only if all have room. A
+        request the order counted within its quota in a flavor (``entitled_in``) is kept to
+        the nodes of that flavor alone: it never borrows in another (which would let work
+        ordered as within quota borrow ahead of the borrowers, and be reclaimed, in turn)."""
+        queue = self.queues.get(request.spec.queue)
+        if queue is None or not queue.models or queue.gpus is None:
+            return request
+        counted = self.entitled_in.get(request.workload)
+        if counted is not None:  # within its quota there: placed there only, never borrows
+            return replace(request, flavor_full=self._only_in(queue, counted))
+        full = frozenset(f for f in queue.flavors
+                         if self._refusal_in(request.spec, queue, f, f) is not None)
+        if not full:
+            return request
+        key = (queue.name, full)
+        nodes = self._full_nodes.get(key)
+        if nodes is None:
+            nodes = self._full_nodes[key] = frozenset(
+                n for n, flavors in self._flavors_of_nodes(queue).items() if flavors & full)
+        return replace(request, flavor_full=nodes)
+
+    # -- reclaim -----------------------------------------------------------------------
+
+    def reclaim_flavor(self, request: PlacementRequest) -> str | None:
+        """The flavor in which ``request`` may take back lent quota (``REST`` for a queue
+        without ``models``); None when it may not (not ``entitled``)."""
+        if request.workload not in self.entitled:
+            return None
+        queue = self.queues.get(request.spec.queue)
+        if queue is None or not queue.models:
+            return REST
+        return self.entitled_in.get(request.workload)
+
+    def reclaim_need(self, request: PlacementRequest) -> float | None:
+        """What the cohort's pool lacks for ``request`` in the flavor it may reclaim in (0:
+        that flavor has room, the GPUs do not); None when it may not reclaim: not
+        ``entitled``, or the quota, not the pool, stops it there (a borrowing limit, or more
+        than its nominal quota)."""
+        flavor = self.reclaim_flavor(request)
+        queue = self.queues.get(request.spec.queue)
+        if flavor is None or queue is None or queue.cohort is None:
+            return None
+        found = self._refusal_in(request.spec, queue, flavor, flavor)
+        if found is None:
+            return 0.0
+        if found.at_borrowing_limit or found.used + found.needs > found.nominal + _EPSILON:
+            return None
+        return found.pool_short
+
+    def for_reclaim(self, request: PlacementRequest) -> PlacementRequest:
+        """``request`` as it takes back lent quota (``reclaim`` set): for a queue with
+        ``models``, kept to the nodes whose GPUs are all of the flavor it reclaims in."""
+        queue = self.queues.get(request.spec.queue)
+        flavor = self.reclaim_flavor(request)
+        if queue is None or not queue.models or flavor is None:
+            return replace(request, reclaim=True)
+        return replace(request, reclaim=True, flavor_full=self._only_in(queue, flavor))
+
+    # -- refusals ----------------------------------------------------------------------
 
     def refusal(self, request: PlacementRequest) -> QuotaRefusal | None:
-        """Why ``request`` does not fit its queue's quota now; None when it does."""
+        """Why ``request`` does not fit its queue's quota now; None when it does (for a
+        queue with ``models``: in at least one of the flavors it could be placed in; for
+        one the order counted within its quota in a flavor, in that flavor)."""
+        counted = self.entitled_in.get(request.workload)
+        queue = self.queues.get(request.spec.queue)
+        if counted is not None and queue is not None and queue.models:
+            return self._refusal_in(request.spec, queue, counted, counted)
         return self.refusal_for(request.spec)
 
     def refusal_for(self, spec: WorkloadSpec) -> QuotaRefusal | None:
@@ -277,46 +520,102 @@ class Quotas:
             return QuotaRefusal(name, declared=tuple(sorted(self.queues)), known=False)
         if queue.gpus is None:
             return None
+        if not queue.models:
+            return self._refusal_in(spec, queue, REST, None)
+        refused = []
+        for flavor in self.flavors_for(queue, spec):
+            found = self._refusal_in(spec, queue, flavor, flavor)
+            if found is None:
+                return None
+            refused.append(found)
+        return replace(refused[0], others=tuple(refused[1:]))
+
+    def _refusal_in(self, spec: WorkloadSpec, queue: QueueSpec, flavor: str,
+                    label: str | None) -> QuotaRefusal | None:
+        """Why ``spec`` does not fit ``queue``'s quota in ``flavor`` (``label``: the flavor
+        as the refusal names it, None for a queue without ``models``)."""
+        name = queue.name
         needs = charge(spec)
-        used = self.used.get(name, 0.0)
+        used = self.used_in(name, flavor)
         after = used + needs
-        nominal = float(queue.gpus)
+        nominal = float(queue.nominal(flavor))
         refused = QuotaRefusal(name, used=used, nominal=nominal, needs=needs,
-                               cohort=queue.cohort, borrowing_limit=queue.borrowing_limit)
+                               cohort=queue.cohort, borrowing_limit=queue.borrowing_limit,
+                               flavor=label)
         if queue.cohort is None:
             return None if after <= nominal + _EPSILON else refused
         if queue.borrowing_limit is not None \
                 and after > nominal + queue.borrowing_limit + _EPSILON:
             return replace(refused, at_borrowing_limit=True)
-        extra = self._from_pool(queue, after) - self._from_pool(queue, used)
-        pool, pool_used = self.pool(queue.cohort), self.pool_used(queue.cohort)
+        extra = self._from_pool(queue, after, flavor) - self._from_pool(queue, used, flavor)
+        pool = self.pool(queue.cohort, flavor)
+        pool_used = self.pool_used(queue.cohort, flavor)
         if pool_used + extra <= pool + _EPSILON:
             return None
         return replace(refused, pool=pool, pool_free=pool - pool_used,
-                       users=self._pool_users(queue.cohort), needs_from_pool=extra)
+                       users=self._pool_users(queue.cohort, flavor), needs_from_pool=extra)
 
-    def _pool_users(self, cohort: str) -> tuple[tuple[str, float, float], ...]:
-        """The queues of ``cohort`` that use its pool, most first (name, usage, quota);
-        kept until a placement of the cohort changes it."""
-        if cohort not in self._users:
-            users = [(q, self.used.get(q, 0.0), float(self.queues[q].gpus or 0))
+    def _pool_users(self, cohort: str, flavor: str = REST,
+                    ) -> tuple[tuple[str, float, float], ...]:
+        """The queues of ``cohort`` that use its pool of ``flavor``, most first (name, usage,
+        quota); kept until a placement of the cohort changes it."""
+        key = (cohort, flavor)
+        if key not in self._users:
+            users = [(q, self.used_in(q, flavor), float(self.queues[q].nominal(flavor)))
                      for q in self._members[cohort]
-                     if self._from_pool(self.queues[q], self.used.get(q, 0.0)) > _EPSILON]
+                     if self._from_pool(self.queues[q], self.used_in(q, flavor),
+                                        flavor) > _EPSILON]
             users.sort(key=lambda u: (-(u[1] - u[2]), u[0]))
-            self._users[cohort] = tuple(users)
-        return self._users[cohort]
+            self._users[key] = tuple(users)
+        return self._users[key]
 
-    def charge(self, request: PlacementRequest) -> None:
-        """``request`` was placed: its queue uses its charge from now on."""
+    # -- placements --------------------------------------------------------------------
+
+    def charge(self, request: PlacementRequest, placed: Placed | None = None) -> None:
+        """``request`` was placed (at ``placed``): its queue uses its charge from now on,
+        for a queue with ``models`` in the flavor of the GPUs it was placed on (a gang's
+        members each in their own; without ``placed``: the first flavor with room)."""
         name = request.spec.queue
-        before = self.used.get(name, 0.0)
-        self.used[name] = before + charge(request.spec)
+        amount = charge(request.spec)
+        self.used[name] = self.used.get(name, 0.0) + amount
         queue = self.queues.get(name)
-        if queue is not None and queue.cohort is not None:
-            self._users.pop(queue.cohort, None)
-            if queue.cohort in self._pool_used:
-                self._pool_used[queue.cohort] += (self._from_pool(queue, self.used[name])
-                                                  - self._from_pool(queue, before))
+        if queue is None:
+            return
+        if not queue.models:
+            self._charge_in(queue, REST, amount, self.used[name] - amount)
+            return
+        for flavor, part in self._placed_flavors(queue, request, placed, amount):
+            key = (name, flavor)
+            before = self.flavor_used.get(key, 0.0)
+            self.flavor_used[key] = before + part
+            self._charge_in(queue, flavor, part, before)
+
+    def _charge_in(self, queue: QueueSpec, flavor: str, amount: float, before: float) -> None:
+        """Keep the cohort's pool of ``flavor`` up to date: ``queue`` went from ``before``
+        to ``before + amount`` there."""
+        if queue.cohort is None:
+            return
+        key = (queue.cohort, flavor)
+        self._users.pop(key, None)
+        if key in self._pool_used:
+            self._pool_used[key] += (self._from_pool(queue, before + amount, flavor)
+                                     - self._from_pool(queue, before, flavor))
+
+    def _placed_flavors(self, queue: QueueSpec, request: PlacementRequest,
+                        placed: Placed | None, amount: float) -> list[tuple[str, float]]:
+        """(flavor, charge) of each instance of ``request`` placed at ``placed``."""
+        if placed is None:
+            if request.workload in self.counted_in:
+                return [(self.counted_in[request.workload], amount)]
+            options = self.flavors_for(queue, request.spec)
+            room = [f for f in options
+                    if self._refusal_in(request.spec, queue, f, f) is None]
+            return [((room or list(options))[0], amount)]
+        slots = [(m.node, m.gpus) for m in placed.members] or [(placed.node, placed.gpus)]
+        part = amount / len(slots)
+        return [(self.flavor_at(queue, node, gpus), part) for node, gpus in slots]
+
+    # -- views -------------------------------------------------------------------------
 
     def standings(self, pending: Iterable[WorkloadSpec]) -> dict[str, QueueStanding]:
         """Every declared queue's standing (usage as it is now)."""
@@ -331,25 +630,44 @@ class Quotas:
         out = {}
         for name, queue in sorted(self.queues.items()):
             used = self.used.get(name, 0.0)
+            share = self.share(name, self.used_in(name, REST) if queue.models else used)
             out[name] = QueueStanding(queue, used, self._borrowed(name),
                                       self._lent(name, totals), waiting.get(name, 0.0),
-                                      self.share(name, used))
+                                      share, self._flavor_standings(queue))
+        return out
+
+    def _flavor_standings(self, queue: QueueSpec) -> dict[str, FlavorStanding]:
+        if not queue.models:
+            return {}
+        out = {}
+        for flavor in queue.flavors:
+            used = self.used_in(queue.name, flavor)
+            nominal = float(queue.nominal(flavor))
+            out[flavor] = FlavorStanding(nominal, used, max(used - nominal, 0.0))
         return out
 
     def _borrowed(self, name: str) -> float:
         spec = self.queues[name]
-        return max(self.used.get(name, 0.0) - spec.gpus, 0.0) if spec.gpus is not None else 0.0
+        if spec.gpus is None:
+            return 0.0
+        if spec.models:  # per flavor: one may borrow while another is idle
+            return sum(max(self.used_in(name, f) - spec.nominal(f), 0.0) for f in spec.flavors)
+        return max(self.used.get(name, 0.0) - spec.gpus, 0.0)
 
     def _idle(self, name: str) -> float:
         """What ``name`` lends and does not use itself."""
         spec = self.queues[name]
+        if spec.models:
+            return sum(max(min(float(spec.lendable_in(f)),
+                               float(spec.nominal(f)) - self.used_in(name, f)), 0.0)
+                       for f in spec.flavors)
         return max(min(float(spec.lendable), float(spec.gpus or 0) - self.used.get(name, 0.0)),
                    0.0)
 
     def _lent(self, name: str, totals: Mapping[str, tuple[float, float]]) -> float:
         """What of ``name``'s idle quota the cohort's borrowers use: their borrowing shared
         among the lenders in proportion to what each leaves idle (``totals``: per cohort,
-        what its queues borrow and leave idle)."""
+        what its queues borrow and leave idle; all flavors together)."""
         cohort = self.queues[name].cohort
         idle = self._idle(name)
         if cohort is None or idle <= 0:
@@ -372,11 +690,21 @@ def standings(snapshot: ClusterSnapshot) -> dict[str, QueueStanding]:
 
 def usage_views(snapshot: ClusterSnapshot) -> dict[str, QueueUsage]:
     """Every declared queue's usage, as the queues' JSON view shows it
-    (``hafo.model.queue_view``), rounded to 1/1000 GPU."""
-    return {name: QueueUsage(used=round(st.used, 3), borrowed=round(st.borrowed, 3),
-                             lent=round(st.lent, 3), pending=round(st.pending, 3),
-                             share=round(st.share, 4) if st.share != float("inf") else 0.0)
-            for name, st in standings(snapshot).items()}
+    (``hafo.model.queue_view``), rounded to 1/1000 GPU; for a queue with ``models``, also
+    per glob (``models``) and for the rest (``other``)."""
+    out = {}
+    for name, st in standings(snapshot).items():
+        view = QueueUsage(used=round(st.used, 3), borrowed=round(st.borrowed, 3),
+                          lent=round(st.lent, 3), pending=round(st.pending, 3),
+                          share=round(st.share, 4) if st.share != float("inf") else 0.0)
+        if st.flavors:
+            each = {flavor: FlavorUsage(nominal=round(f.nominal, 3), used=round(f.used, 3),
+                                        borrowed=round(f.borrowed, 3))
+                    for flavor, f in st.flavors.items()}
+            view["other"] = each.pop(REST)
+            view["models"] = each
+        out[name] = view
+    return out
 
 
 def _within_queue_key(request: PlacementRequest) -> tuple[int, float, str]:
@@ -397,8 +725,16 @@ def admission_order(requests: Sequence[PlacementRequest], quotas: Quotas,
         by_queue.setdefault(request.spec.queue, []).append(request)
     keyed: list[tuple[tuple[int, float, int, float, str], PlacementRequest]] = []
     quotas.entitled.clear()
+    quotas.entitled_in.clear()
+    quotas.counted_in.clear()
     for name, members in by_queue.items():
         members.sort(key=_within_queue_key)
+        flavored = quotas.queues.get(name)
+        if flavored is not None and flavored.models and flavored.gpus is not None:
+            # per flavor, by the usage now (the history, one figure per queue, is not
+            # split by flavor)
+            keyed += _flavored_keys(members, flavored, quotas)
+            continue
         used = start = quotas.used.get(name, 0.0)
         basis = start if history is None else history.get(name, start)
         ceiling = quotas.ceiling(name) if name in quotas.queues else 0.0
@@ -421,6 +757,40 @@ def admission_order(requests: Sequence[PlacementRequest], quotas: Quotas,
                            request.workload), request))
     keyed.sort(key=lambda pair: pair[0])
     return [request for _key, request in keyed]
+
+
+def _flavored_keys(members: Sequence[PlacementRequest], queue: QueueSpec, quotas: Quotas,
+                   ) -> list[tuple[tuple[int, float, int, float, str], PlacementRequest]]:
+    """``admission_order``'s keys for the requests of a queue with ``models`` (by priority
+    and age): each counts in the first flavor it could use where it stays within the
+    nominal quota, else in the one with room where its queue's dominant share stays lowest;
+    one with room in none can never fit now. One counted within the quota is ``entitled``
+    to take back lent quota of that flavor (``Quotas.entitled_in``)."""
+    name = queue.name
+    used = {f: quotas.used_in(name, f) for f in queue.flavors}
+    ceilings = {f: quotas.ceiling(name, f) for f in queue.flavors}
+    keyed = []
+    for request in members:
+        needs = charge(request.spec)
+        room = [f for f in quotas.flavors_for(queue, request.spec)
+                if used[f] + needs <= ceilings[f] + _EPSILON]
+        within = [f for f in room if quotas.within_nominal(name, used[f] + needs, f)]
+        tier, share = 1, float("inf")
+        if within:
+            used[within[0]] += needs
+            tier, share = 0, 0.0
+            quotas.entitled.add(request.workload)
+            quotas.entitled_in[request.workload] = quotas.counted_in[request.workload] = \
+                within[0]
+        elif room:
+            best = min(room, key=lambda f: (quotas.dominant_share(
+                name, {**used, f: used[f] + needs}), room.index(f)))
+            used[best] += needs
+            share = quotas.dominant_share(name, used)
+            quotas.counted_in[request.workload] = best
+        keyed.append(((tier, share, -request.spec.priority, request.submitted_at,
+                       request.workload), request))
+    return keyed
 
 
 def live_reasons(snapshot: ClusterSnapshot) -> dict[str, str]:

@@ -3,7 +3,7 @@
 A request that the cycle's order counted within its queue's nominal quota
 (``Quotas.entitled``: so it is tried before any borrower, the victims' own requests
 included) may stop borrowed work (``PlacementRequest.reclaim``) when it does not fit either
-its quota, only because its cohort's pool is used up (``QuotaRefusal.reclaimable``), or the
+its quota, only because its cohort's pool is used up (``Quotas.reclaim_need``), or the
 GPUs, although its quota has room (its free GPUs scattered over nodes that borrowers fill).
 It goes through the preemption path (``hafo.decisions.preemption``: victims on one node, the
 fewest, then the lowest total priority; the victims are moved checkpoint first, a planned
@@ -17,7 +17,13 @@ stop, and the room on that node is held for the reclaimer until they have stoppe
   agent's start of the instance, or from when this controller first saw it running) is
   left alone, unless its queue is over its borrowing limit (a limit lowered since);
 - the victims together free at least what the pool lacks for the request, besides room on
-  the node: no victim is stopped for nothing.
+  the node: no victim is stopped for nothing;
+- with per-GPU-model quotas (a queue declared with ``models``), all of this is per flavor:
+  a request reclaims only in the flavor the order counted it within quota in
+  (``Quotas.entitled_in``), only on nodes whose GPUs are all of that flavor
+  (``Quotas.for_reclaim``), and only work whose GPUs all count in that flavor for both
+  queues, of a queue above its nominal quota in it, never taking it below that; what the
+  pool lacks is the pool of that flavor (``Quotas.reclaim_need``).
 
 Requests that are not reclaiming keep the priority rule of ``inner`` (``QueueScoped``),
 which never stops a gang. A reclaim may: a gang is a victim whole (all its members stop,
@@ -43,6 +49,7 @@ from hafo.decisions.preemption_policy import PreemptionPolicy, Victim
 from hafo.decisions.quota import Quotas, charge
 from hafo.decisions.victims import Preemption, VictimIndex
 from hafo.model.cluster import ClusterSnapshot
+from hafo.model.queues import REST, QueueSpec
 
 __all__ = ["DEFAULT_MIN_RUNTIME", "Reclaiming", "gang_reclaim"]
 
@@ -67,6 +74,8 @@ class Reclaiming:
     min_runtime: float = DEFAULT_MIN_RUNTIME
     #: queue -> GPUs already reclaimed from it in this pass
     taken: dict[str, float] = field(default_factory=dict)
+    #: (queue, flavor) -> the same, for the queues with ``models``
+    taken_in: dict[tuple[str, str], float] = field(default_factory=dict)
     #: reclaimers that found borrowed work they could stop but for its age (min_runtime)
     held_young: set[str] = field(default_factory=set)
 
@@ -78,10 +87,21 @@ class Reclaiming:
         submission = self.snapshot.workloads.get(victim.workload)
         return charge(submission.spec) if submission is not None else 0.0
 
-    def _above_nominal(self, queue: str) -> float:
+    def _above_nominal(self, queue: str, flavor: str = REST) -> float:
         spec = self.quotas.queues[queue]
-        used = self.quotas.used.get(queue, 0.0) - self.taken.get(queue, 0.0)
-        return used - float(spec.gpus or 0)
+        if not spec.models:
+            used = self.quotas.used.get(queue, 0.0) - self.taken.get(queue, 0.0)
+            return used - float(spec.gpus or 0) if flavor == REST else 0.0
+        used = self.quotas.used_in(queue, flavor) - self.taken_in.get((queue, flavor), 0.0)
+        return used - float(spec.nominal(flavor))
+
+    def _all_in(self, victim: Victim, flavor: str, *queues: QueueSpec) -> bool:
+        """Whether every GPU the victim holds counts in ``flavor`` for each of ``queues``."""
+        assignment = self.snapshot.assignments.get(victim.workload)
+        if assignment is None:
+            return False
+        return all(self.quotas.flavor_at(queue, node, gpus) == flavor
+                   for node, gpus in assignment.slots for queue in queues)
 
     def may_stop(self, request: PlacementRequest, victim: Victim) -> bool:
         """For a reclaimer: borrowed work of its cohort, old enough (module docstring)."""
@@ -89,44 +109,57 @@ class Reclaiming:
             return self.inner.may_stop(request, victim)
         mine = self.quotas.queues.get(request.spec.queue)
         theirs = self.quotas.queues.get(victim.queue)
+        flavor = self.quotas.reclaim_flavor(request)
         if mine is None or theirs is None or theirs.gpus is None or mine.cohort is None \
-                or theirs.cohort != mine.cohort or victim.queue == request.spec.queue:
+                or theirs.cohort != mine.cohort or victim.queue == request.spec.queue \
+                or flavor is None:
             return False
-        if self._above_nominal(victim.queue) < self._charge(victim) - _EPSILON:
+        if (mine.models or theirs.models) and not self._all_in(victim, flavor, mine, theirs):
+            return False  # it frees GPUs of another flavor: not the quota taken back
+        if self._above_nominal(victim.queue, flavor) < self._charge(victim) - _EPSILON:
             return False
         young = self.now - self.running_since.get(victim.workload, self.now) < self.min_runtime
-        if young and not self._over_borrowing_limit(victim.queue):
+        if young and not self._over_borrowing_limit(victim.queue, flavor):
             self.held_young.add(request.workload)
             return False
         return True
 
-    def _over_borrowing_limit(self, queue: str) -> bool:
+    def _over_borrowing_limit(self, queue: str, flavor: str = REST) -> bool:
         spec = self.quotas.queues[queue]
         return spec.borrowing_limit is not None \
-            and self._above_nominal(queue) > spec.borrowing_limit + _EPSILON
+            and self._above_nominal(queue, flavor) > spec.borrowing_limit + _EPSILON
 
     def accepts(self, request: PlacementRequest, victims: tuple[Victim, ...]) -> bool:
-        """For a reclaimer: no victim's queue goes below its nominal quota, and together
-        they free what the pool lacks."""
+        """For a reclaimer: no victim's queue goes below its nominal quota (in the flavor
+        reclaimed), and together they free what the pool lacks."""
         if not request.reclaim:
             return self.inner.accepts(request, victims)
+        flavor = self.quotas.reclaim_flavor(request)
+        short = self.quotas.reclaim_need(request)
+        if flavor is None or short is None:
+            return False
         per_queue: dict[str, float] = {}
         for victim in victims:
             per_queue[victim.queue] = per_queue.get(victim.queue, 0.0) + self._charge(victim)
-        if any(self._above_nominal(queue) < freed - _EPSILON
+        if any(self._above_nominal(queue, flavor) < freed - _EPSILON
                for queue, freed in per_queue.items()):
             return False  # together they would take their queue below its quota
-        refusal = self.quotas.refusal(request)
-        short = refusal.pool_short if refusal is not None else 0.0  # else: room, not quota
         return sum(per_queue.values()) >= short - _EPSILON
 
     def chosen(self, request: PlacementRequest, victims: tuple[Victim, ...]) -> None:
-        """Remember what was taken from each queue, for the reclaims after it."""
+        """Remember what was taken from each queue (per flavor for a queue with
+        ``models``), for the reclaims after it."""
         if not request.reclaim:
             self.inner.chosen(request, victims)
             return
+        flavor = self.quotas.reclaim_flavor(request) or REST
         for victim in victims:
-            self.taken[victim.queue] = self.taken.get(victim.queue, 0.0) + self._charge(victim)
+            amount = self._charge(victim)
+            if self.quotas.queues[victim.queue].models:
+                key = (victim.queue, flavor)
+                self.taken_in[key] = self.taken_in.get(key, 0.0) + amount
+            else:
+                self.taken[victim.queue] = self.taken.get(victim.queue, 0.0) + amount
 
 
 def _placed_without(request: PlacementRequest, capacity: Mapping[str, NodeCapacity],
@@ -151,14 +184,15 @@ def gang_reclaim(request: PlacementRequest, policy: Reclaiming, index: VictimInd
                  now: float) -> Preemption | None:
     """Victims for a gang that takes back its queue's lent quota (module docstring), taken
     in ``index`` and told to ``policy``; None when no set of them lets it fit."""
-    refusal = policy.quotas.refusal(request)
-    if refusal is not None and not refusal.reclaimable:
+    short = policy.quotas.reclaim_need(request)  # 0: room in its quota, not on the nodes
+    if short is None:
         return None
-    short = refusal.pool_short if refusal is not None else 0.0  # else: room, not quota
     snapshot, capacity = policy.snapshot, index.capacity
     candidates: dict[str, Victim] = {}
     on_node: dict[str, list[Victim]] = {}
     for node, entries in sorted(index.by_node.items()):
+        if node in request.flavor_full:
+            continue  # GPUs of another flavor than the one it takes back
         for victim in entries:
             if victim.workload in index.taken or not policy.may_stop(request, victim):
                 continue

@@ -7,34 +7,49 @@ the caller: this layer does not decide).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NotRequired
 
 from typing_extensions import TypedDict  # pydantic reads this one on Python 3.11
 
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.queues import QueueSpec
 
-__all__ = ["QueueUsage", "QueueView", "all_queues", "queue_users", "queue_view"]
+__all__ = ["FlavorUsage", "QueueUsage", "QueueView", "all_queues", "queue_users", "queue_view"]
+
+
+class FlavorUsage(TypedDict):
+    """A queue's usage of one flavor (a ``models`` glob, or the rest): its ``nominal`` quota
+    there, what it ``used`` of it and ``borrowed`` above it."""
+
+    nominal: float
+    used: float
+    borrowed: float
 
 
 class QueueUsage(TypedDict):
     """A queue's usage in GPUs: ``used`` by its workloads holding GPUs, ``borrowed`` above
     its quota, ``lent``: of its idle quota, what its cohort's borrowers use, ``pending``:
     asked for by its waiting workloads, and ``share``: its weighted share of borrowed
-    capacity (0 while it borrows nothing)."""
+    capacity (0 while it borrows nothing; the largest over its flavors). For a queue
+    declared with ``models`` only: ``models``, glob -> that flavor's usage, and ``other``,
+    the usage of GPUs of no named model."""
 
     used: float
     borrowed: float
     lent: float
     pending: float
     share: float
+    models: NotRequired[dict[str, FlavorUsage]]
+    other: NotRequired[FlavorUsage]
 
 
 NO_USAGE = QueueUsage(used=0.0, borrowed=0.0, lent=0.0, pending=0.0, share=0.0)
 
 
 class QueueView(TypedDict):
-    """One queue: its declaration, ``workloads``, the ids of the workloads (not replicas:
-    a service counts once) whose ``spec.queue`` names it, sorted, and ``usage``."""
+    """One queue: its declaration (``models`` only when it names some), ``workloads``, the
+    ids of the workloads (not replicas: a service counts once) whose ``spec.queue`` names it,
+    sorted, and ``usage``."""
 
     name: str
     gpus: int | None
@@ -44,6 +59,7 @@ class QueueView(TypedDict):
     weight: float
     workloads: list[str]
     usage: QueueUsage
+    models: NotRequired[dict[str, int]]
 
 
 def queue_users(snapshot: ClusterSnapshot, name: str) -> list[str]:
@@ -53,9 +69,12 @@ def queue_users(snapshot: ClusterSnapshot, name: str) -> list[str]:
 
 
 def _view(spec: QueueSpec, workloads: list[str], usage: QueueUsage | None) -> QueueView:
-    return QueueView(name=spec.name, gpus=spec.gpus, cohort=spec.cohort,
+    view = QueueView(name=spec.name, gpus=spec.gpus, cohort=spec.cohort,
                      borrowing_limit=spec.borrowing_limit, lending_limit=spec.lending_limit,
                      weight=spec.weight, workloads=workloads, usage=usage or NO_USAGE)
+    if spec.models:
+        view["models"] = dict(spec.models)
+    return view
 
 
 def queue_view(snapshot: ClusterSnapshot, name: str,

@@ -18,7 +18,9 @@ docs/design.md, "Queues and fair share"; decisions in ``hafo.decisions.quota``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Annotated, Any
 
 from pydantic import Field, Strict
@@ -26,8 +28,8 @@ from pydantic import Field, Strict
 from hafo.model.names import WORKLOAD_NAME
 from hafo.model.schema import INTEGER, OMIT_DEFAULT, Matches, Positive, Schema, Section, invalid
 
-__all__ = ["DEFAULT_QUEUE", "MAX_QUEUE_GPUS", "QUEUE", "QUEUE_NAME", "QueueName", "QueueSpec",
-           "parse_queue"]
+__all__ = ["DEFAULT_QUEUE", "MAX_MODELS", "MAX_MODEL_GLOB", "MAX_QUEUE_GPUS", "QUEUE",
+           "QUEUE_NAME", "REST", "QueueName", "QueueSpec", "flavor_label", "parse_queue"]
 
 #: The queue of a workload whose spec names none.
 DEFAULT_QUEUE = "default"
@@ -39,6 +41,21 @@ QueueName = Annotated[str, Strict(), Matches(QUEUE_NAME, "must be lowercase lett
 #: are refused rather than taken).
 MAX_QUEUE_GPUS = 1_000_000
 QueueGpus = Annotated[int, Field(ge=0, le=MAX_QUEUE_GPUS), INTEGER]
+#: The longest GPU model glob a queue's ``models`` may name, and the most globs.
+MAX_MODEL_GLOB = 128
+MAX_MODELS = 32
+#: The flavor of the GPUs whose model matches none of a queue's ``models`` globs: the rest
+#: of its quota (``gpus`` minus what ``models`` names), shown as "other".
+REST = ""
+ModelGlob = Annotated[str, Strict(), Matches(rf"[^\x00-\x1f]{{1,{MAX_MODEL_GLOB}}}",
+                                             f"GPU model globs must be non-empty text of at "
+                                             f"most {MAX_MODEL_GLOB} characters, without "
+                                             "control characters")]
+
+
+def flavor_label(flavor: str) -> str:
+    """How a flavor is written in messages and views: its glob, or "other" for the rest."""
+    return flavor if flavor != REST else "other"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +72,12 @@ class QueueSpec(Section):
     borrowing_limit: Annotated[QueueGpus | None, OMIT_DEFAULT] = None
     lending_limit: Annotated[QueueGpus | None, OMIT_DEFAULT] = None
     weight: Annotated[Positive, Field(le=1000), OMIT_DEFAULT] = 1.0
+    models: Annotated[Mapping[ModelGlob, QueueGpus], OMIT_DEFAULT] = field(
+        default_factory=dict)
 
     def _check(self) -> None:
+        if self.models:
+            self._check_models()
         if self.gpus is None and self.cohort is not None:
             invalid("cohort", "needs a quota (gpus): a queue without one neither borrows nor "
                     "lends")
@@ -70,12 +91,57 @@ class QueueSpec(Section):
             invalid(which, "needs a cohort: a queue borrows from and lends to the queues of "
                     "its cohort")
 
+    def _check_models(self) -> None:
+        if len(self.models) > MAX_MODELS:
+            invalid("models", f"names {len(self.models)} GPU model globs, more than "
+                    f"{MAX_MODELS}")
+        if self.gpus is None:
+            invalid("models", "needs a quota (gpus): the models' quotas are parts of it, "
+                    "the GPUs of no named model its rest")
+        named = sum(self.models.values())
+        if named > self.gpus:
+            invalid("models", f"name {named} GPUs in all, above the queue's quota (gpus: "
+                    f"{self.gpus}); GPUs of other models get what is left of it")
+
     @property
     def lendable(self) -> int:
         """The most of its quota this queue lends its cohort (when it uses none)."""
         if self.cohort is None or self.gpus is None:
             return 0
         return self.gpus if self.lending_limit is None else self.lending_limit
+
+    @property
+    def flavors(self) -> tuple[str, ...]:
+        """Its flavors, in the order a GPU's model is matched: each ``models`` glob in
+        declaration order, then ``REST`` (a queue without ``models``: ``REST`` only)."""
+        return (*self.models, REST)
+
+    def flavor_of(self, model: str) -> str:
+        """The flavor a GPU of ``model`` counts in: the first ``models`` glob it matches,
+        else ``REST``."""
+        for glob in self.models:
+            if fnmatchcase(model, glob):
+                return glob
+        return REST
+
+    def nominal(self, flavor: str = REST) -> int:
+        """Its nominal quota in ``flavor`` (0 without a quota, or for a flavor it does not
+        name); ``REST``: ``gpus`` minus what ``models`` names."""
+        if self.gpus is None:
+            return 0
+        if flavor == REST:
+            return self.gpus - sum(self.models.values())
+        return self.models.get(flavor, 0)
+
+    def lendable_in(self, flavor: str = REST) -> int:
+        """The most of its quota in ``flavor`` it lends its cohort: the lending limit
+        applies per flavor (without ``models``: ``lendable``)."""
+        if not self.models:
+            return self.lendable if flavor == REST else 0
+        if self.cohort is None or self.gpus is None:
+            return 0
+        nominal = self.nominal(flavor)
+        return nominal if self.lending_limit is None else min(nominal, self.lending_limit)
 
     def to_dict(self) -> dict[str, Any]:
         """The canonical JSON form (round-trips through ``parse_queue``)."""

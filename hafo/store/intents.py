@@ -371,6 +371,8 @@ def _same_queue(value: bytes, spec: QueueSpec) -> bool:
 def _quota_text(spec: QueueSpec) -> str:
     """A queue's quota in words, for its event."""
     text = f"{spec.gpus} GPU(s)"
+    if spec.models:
+        text += " (" + ", ".join(f"{glob}: {n}" for glob, n in spec.models.items()) + ")"
     if spec.cohort is not None:
         text += f", cohort {spec.cohort}"
         if spec.borrowing_limit is not None:

@@ -112,7 +112,7 @@ async def test_queue_in_use_is_409_and_undeclared_queue_refuses_submit(
 def test_the_queue_schema_is_the_declarations() -> None:
     queue = schemas()["QueueSpec"]
     assert set(queue["properties"]) == {"name", "gpus", "cohort", "borrowing_limit",
-                                        "lending_limit", "weight"}
+                                        "lending_limit", "weight", "models"}
     assert queue["required"] == ["name"]  # a queue without gpus has no quota
     put = controller_document()["paths"]["/v1/queues/{name}"]["put"]
     assert put["requestBody"]["content"]["application/json"]["schema"] == {
