@@ -232,8 +232,7 @@ class GangPlacer:
     def hold_for(self, request: PlacementRequest) -> None:
         """Hold, for the rest of the pass, the nodes closest to fitting this waiting gang (the
         first one of the pass only; none if the gang could never fit, even on an empty
-        cluster). While queues are declared, a waiting single-node request that fits its
-        quota holds its node the same way (``hafo.decisions.placement.place_in_order``)."""
+        cluster)."""
         if self.holder is not None:
             return
         spec = request.spec
@@ -258,7 +257,6 @@ class GangPlacer:
         if best is None:
             return
         self.holder = self.index.held_by = request.workload
-        self.index.held_for = "gang" if spec.is_gang else "workload"
         self.index.held.update(best)
 
 

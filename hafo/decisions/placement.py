@@ -13,6 +13,7 @@ that do not fit (preemption: ``hafo.decisions.preemption``, under its policy).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -243,7 +244,14 @@ def _place_one_request(request: PlacementRequest, index: PlacementIndex, gangs: 
         gangs.hold_for(request)
         if unplaceable is not None and quotas is not None \
                 and request.workload in quotas.entitled:  # its lent quota, in use
-            unplaceable(quotas.for_reclaim(request), gang)
+            reclaim = quotas.for_reclaim(request)
+            if index.held and index.held_by != request.workload:
+                # Victims only where it would fit once they stop: not on nodes held for
+                # work ahead of it (it would not get them, its victims' room would go back
+                # to them, and it would stop them again: a loop the property test found).
+                reclaim = replace(reclaim, exclude={**reclaim.exclude,
+                                                    **dict.fromkeys(index.held, math.inf)})
+            unplaceable(reclaim, gang)
         return _Tried(gang, True)  # a gang is never repeated
     outcome = _place_single(index, request, quotas)
     if isinstance(outcome, Placed):
@@ -262,9 +270,4 @@ def _place_one_request(request: PlacementRequest, index: PlacementIndex, gangs: 
             changed = tuple(unplaceable(quotas.for_reclaim(request), outcome))
         for name in changed:
             index.refresh(name)
-        if not changed and quotas is not None:
-            # Shared by queues: the first request of the pass that fits its quota but
-            # no node holds the node closest to fitting it against the rest of the pass
-            # (smaller, later work), as a waiting gang does; it fills as that drains.
-            gangs.hold_for(request)
     return _Tried(outcome, bool(changed))

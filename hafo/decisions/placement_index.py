@@ -109,8 +109,7 @@ class PlacementIndex:
         #: Nodes held for a waiting gang (``hafo.decisions.gang_placement``): skipped by every
         #: later request of the pass.
         self.held: set[str] = set()
-        self.held_by = ""  # the gang (or, with queues, the workload) they are held for
-        self.held_for = "gang"
+        self.held_by = ""  # the gang they are held for
         self._label_values: dict[tuple[str, SignatureKey], list[str]] = {}
 
     # -- queries ---------------------------------------------------------------------------
@@ -239,7 +238,7 @@ class PlacementIndex:
                 special[name] = (Rule.COOLING, COOLING)
         for name in self.held:
             if name not in special:
-                special[name] = (Rule.HELD, f"held for waiting {self.held_for} {self.held_by}")
+                special[name] = (Rule.HELD, f"held for waiting gang {self.held_by}")
         for name in request.apart:
             if name in capacity and name not in special:
                 special[name] = (Rule.APART,
