@@ -61,7 +61,12 @@ simulated instance):
   granularity: one large workload is a whole nominal quota).
 - reclaim time: for each workload for which borrowed work of another queue was reclaimed
   (a ``preempted`` event whose victim is of another queue), its submit until its instance ran;
-  p50, p99. Goal: p99 <= the victims' checkpoint time + 2 s.
+  p50, p99; of those, the **lenders'** (the queue held, at the submit, at most its nominal
+  quota less what the workload needs: within its quota as it came), and for every reclaim
+  the time from its decision until the instance ran. Goal: the lenders' p99 <= the victims'
+  checkpoint time + 2 s (not measured, so not met, in a run without one). A workload that
+  came while its queue borrowed waits as a borrower until its queue's other work ends, and
+  only then reclaims: that wait is the cohort's sharing, not the reclaim.
 - preemptions per workload: ``preempted`` events / workloads.
 - preemption cycles, from the event log: a pair of preemption events ``e1`` (at ``t1``: work
   of queue A stopped for workload P of queue Q) and ``e2`` (at ``t2 > t1``: work of queue Q
@@ -71,8 +76,8 @@ simulated instance):
 
 Goals (``--check`` exits 1 when one is missed; the figures are printed either way): wall <=
 1.25x the lower bound; usage >= 90% while demand exceeds supply; Jain >= 0.98; >= 200
-admissions/s (the ``large`` profile's goal; printed for every profile); reclaim p99 <=
-checkpoint + 2 s; 0 preemption cycles.
+admissions/s (the ``large`` profile's goal; printed for every profile); the lenders' reclaim
+p99 <= checkpoint + 2 s; 0 preemption cycles.
 
     python benchmarks/queues.py --profile small            # smoke, < 60 s
     python benchmarks/queues.py                            # baseline, 15,000 workloads
@@ -457,6 +462,40 @@ def reclaims_by_workload(jobs: Jobs) -> dict[str, float]:
     return out
 
 
+def queue_usage_at(held: Sequence[Held], queue: str, at: float) -> int:
+    """The GPUs ``queue``'s instances held at time ``at``."""
+    return sum(h.gpus for h in held if h.queue == queue and h.start <= at < h.end)
+
+
+def lender_reclaims(jobs: Jobs, nominal: float) -> dict[str, float]:
+    """``reclaims_by_workload`` for the lenders' requests only: those whose queue, at their
+    submit, held at most its nominal quota less what they need (within its quota as it
+    came: the lender's submit; one that came while its queue borrowed, and reclaimed only
+    once its queue's other work ended, is not a lender's at its submit)."""
+    out = {}
+    for w, seconds in reclaims_by_workload(jobs).items():
+        queue, at = jobs.queue[w], jobs.submitted[w]
+        if queue_usage_at(jobs.held, queue, at) + jobs.gpus[w] <= nominal:
+            out[w] = seconds
+    return out
+
+
+def reclaim_waits(jobs: Jobs) -> list[float]:
+    """For each workload that reclaimed quota: from its (first) reclaim decision until its
+    instance ran (the victims' checkpoint-and-stop, and the cycles around it)."""
+    first: dict[str, float] = {}
+    for p in jobs.preemptions:
+        if p.reclaim:
+            first[p.preemptor] = min(first.get(p.preemptor, p.at), p.at)
+    out = []
+    for w, at in first.items():
+        starts = sorted(jobs.ran.get(w, ()))
+        i = bisect.bisect_left(starts, at)
+        if i < len(starts):
+            out.append(starts[i] - at)
+    return out
+
+
 def preemption_cycles(jobs: Jobs) -> list[tuple[Preemption, Preemption]]:
     """The pairs of preemptions that undo each other with nothing changed between (module
     docstring): ``e2`` stops work of ``e1``'s preemptor's queue for ``e1``'s victim's queue,
@@ -504,7 +543,7 @@ def goals(fig: Mapping[str, Any], checkpoint: float) -> list[tuple[str, bool, st
     def ok(value: float, good: bool) -> bool:
         return not math.isnan(value) and good
     wall, bound = fig["wall"], fig["lower_bound"]
-    reclaim = fig["reclaim_p99"]
+    reclaim = fig["lender_reclaim_p99"]
     return [
         ("wall <= 1.25x lower bound", ok(wall, wall <= 1.25 * bound),
          f"{wall / bound:.2f}x"),
@@ -514,9 +553,10 @@ def goals(fig: Mapping[str, Any], checkpoint: float) -> list[tuple[str, bool, st
         ("Jain >= 0.98", ok(fig["jain"], fig["jain"] >= 0.98), f"{fig['jain']:.3f}"),
         (">= 200 admissions/s", fig["admissions_per_s"] >= 200,
          f"{fig['admissions_per_s']:.0f}/s"),
-        (f"reclaim p99 <= checkpoint + 2 s ({checkpoint + 2:.1f} s)",
-         math.isnan(reclaim) or reclaim <= checkpoint + 2.0,
-         "no reclaims" if math.isnan(reclaim) else f"{reclaim:.2f}s"),
+        (f"reclaim p99 (lenders: submit -> running) <= checkpoint + 2 s ({checkpoint + 2:.1f} s)",
+         not math.isnan(reclaim) and reclaim <= checkpoint + 2.0,
+         "not measured: no lender's request reclaimed" if math.isnan(reclaim)
+         else f"{reclaim:.2f}s"),
         ("0 preemption cycles", fig["cycles"] == 0, str(fig["cycles"])),
     ]
 
@@ -611,6 +651,8 @@ def figures(p: Params, trace: Sequence[TraceItem], jobs: Jobs, t0: float, t_end:
     fair = fairness(jobs, spec, prof.pool, times)
     reclaimed = reclaims_by_workload(jobs)
     reclaims = list(reclaimed.values())
+    lenders = list(lender_reclaims(jobs, float(prof.nominal)).values())
+    waits = reclaim_waits(jobs)
     by_class: dict[str, list[float]] = defaultdict(list)
     for w, seconds in reclaimed.items():
         by_class[jobs.cls[w]].append(seconds)
@@ -637,6 +679,9 @@ def figures(p: Params, trace: Sequence[TraceItem], jobs: Jobs, t0: float, t_end:
         "deviation_sample_max": fair.deviation_max, "fair_samples": fair.samples,
         "reclaims": len(reclaims), "reclaim_p50": percentile(reclaims, 50),
         "reclaim_p99": percentile(reclaims, 99),
+        "lender_reclaims": len(lenders), "lender_reclaim_p50": percentile(lenders, 50),
+        "lender_reclaim_p99": percentile(lenders, 99),
+        "reclaim_wait_p50": percentile(waits, 50), "reclaim_wait_p99": percentile(waits, 99),
         "reclaim_by_class": {c: {"count": len(v), "p50": percentile(v, 50),
                                  "p99": percentile(v, 99)} for c, v in sorted(by_class.items())},
         "preemptions": len(jobs.preemptions),
@@ -744,6 +789,11 @@ async def run(p: Params, base: Path, rec: Recorder) -> tuple[list[TraceItem], Jo
             print(f"WARNING: only {len(fleet.finished)} of {len(trace)} workloads completed "
                   f"within the timeout ({p.timeout:.0f}s); figures are of the part done",
                   flush=True)
+        dump = os.environ.get("HAFO_QBENCH_EVENTS")
+        if dump:  # the event log and the instances' runs, for reading one workload's story
+            Path(dump).write_text("".join(json.dumps(e) + "\n" for e in rec.events)
+                                  + "".join(json.dumps(["run", w, runs]) + "\n"
+                                            for w, runs in rec.starts.items()))
         return trace, jobs_from(rec, ids, t_end), t0, t_end, read_cycles(cycles_path)
     finally:
         try:
@@ -793,6 +843,10 @@ def report(fig: Mapping[str, Any], checkpoint: float) -> list[str]:
         f"p50 {fig['reclaim_p50']:.2f}s, p99 {fig['reclaim_p99']:.2f}s (by class: "
         + ", ".join(f"{c} {v['count']}: p50 {v['p50']:.2f}s p99 {v['p99']:.2f}s"
                     for c, v in fig["reclaim_by_class"].items()) + ")",
+        f"  reclaim (lenders)    {fig['lender_reclaims']} of them within their quota at submit: "
+        f"submit -> running p50 {fig['lender_reclaim_p50']:.2f}s, p99 "
+        f"{fig['lender_reclaim_p99']:.2f}s; every reclaim, decision -> running p50 "
+        f"{fig['reclaim_wait_p50']:.2f}s, p99 {fig['reclaim_wait_p99']:.2f}s",
         f"  preemptions          {fig['preemptions']} ({fig['reclaim_preemptions']} reclaims) = "
         f"{fig['preemptions_per_workload']:.3f} per workload; preemption cycles "
         f"{fig['cycles']}",

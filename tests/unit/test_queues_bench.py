@@ -21,6 +21,7 @@ from queues import (
     fairness,
     goals,
     jain,
+    lender_reclaims,
     lower_bound,
     make_trace,
     parse_args,
@@ -28,6 +29,7 @@ from queues import (
     preemption_cycles,
     preemptor_of,
     reclaim_times,
+    reclaim_waits,
     sweep,
     time_to_admission,
     usage,
@@ -138,6 +140,19 @@ def test_reclaim_time_is_the_lenders_submit_until_running() -> None:
                           Preemption(12.0, "v", "b", "p", "b")],  # within b: not a reclaim
              ran={"r": [5.0, 12.5], "p": [13.0]})
     assert reclaim_times(j) == [pytest.approx(2.5)]
+    assert reclaim_waits(j) == [pytest.approx(1.5)]
+
+
+def test_a_lender_s_reclaim_is_one_whose_queue_was_within_its_quota_at_submit() -> None:
+    """r came while its queue a held 3 of its 4 GPUs and needs 1: a lender's; s came while
+    a held 3 and needs 2: it borrowed at its submit, and is left out."""
+    j = jobs(queue={"v": "b", "r": "a", "s": "a"}, gpus={"r": 1, "s": 2},
+             submitted={"r": 10.0, "s": 10.0},
+             held=[Held("a", 3, 0.0, 20.0), Held("b", 8, 0.0, 11.0)],
+             preemptions=[Preemption(11.0, "v", "b", "r", "a"),
+                          Preemption(11.0, "v", "b", "s", "a")],
+             ran={"r": [12.0], "s": [13.0]})
+    assert lender_reclaims(j, 4.0) == {"r": pytest.approx(2.0)}
 
 
 def test_preemption_cycles_from_the_event_log() -> None:
@@ -168,11 +183,12 @@ def test_preemption_cycles_from_the_event_log() -> None:
 
 def test_goals_say_met_and_missed() -> None:
     fig = {"wall": 80.0, "lower_bound": 66.0, "usage_busy": 0.95, "jain": 0.99,
-           "admissions_per_s": 150.0, "reclaim_p99": 3.0, "cycles": 0}
+           "admissions_per_s": 150.0, "lender_reclaim_p99": 3.0, "cycles": 0}
     met = {g: ok for g, ok, _ in goals(fig, 0.5)}
     assert met["wall <= 1.25x lower bound"] and met["Jain >= 0.98"]
     assert not met[">= 200 admissions/s"]
-    assert not met["reclaim p99 <= checkpoint + 2 s (2.5 s)"]
+    assert not met["reclaim p99 (lenders: submit -> running) <= checkpoint + 2 s (2.5 s)"]
     assert met["0 preemption cycles"]
-    fig["reclaim_p99"] = math.nan  # no reclaim at all: nothing missed
-    assert all(ok for g, ok, _ in goals(fig, 0.5) if g.startswith("reclaim"))
+    fig["lender_reclaim_p99"] = math.nan  # no lender's reclaim: not measured, not met
+    assert [text for g, ok, text in goals(fig, 0.5) if g.startswith("reclaim") and not ok] \
+        == ["not measured: no lender's request reclaimed"]
