@@ -26,7 +26,7 @@ from hafo.api.probes import probe_routes
 from hafo.api.queue_routes import queue_routes
 from hafo.api.scopes import route_scopes
 from hafo.api.write_routes import node_name, resolved, write_routes
-from hafo.decisions.quota import with_live_reasons
+from hafo.decisions.pending_reasons import with_live_reasons
 from hafo.model.cluster import ClusterSnapshot, Event
 from hafo.model.endpoints import agent_targets, endpoints_of, prometheus_targets, resolve
 from hafo.model.history_view import show_view

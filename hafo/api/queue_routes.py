@@ -13,7 +13,7 @@ from aiohttp import web
 from hafo.api.body import QueueDeleted, QueueSet, json_object
 from hafo.api.errors import NotFound, error
 from hafo.api.write_routes import WriteTarget
-from hafo.decisions.quota import usage_views
+from hafo.decisions.queue_standings import usage_views
 from hafo.model.errors import ValidationError
 from hafo.model.names import WORKLOAD_NAME_RE
 from hafo.model.queue_view import all_queues, queue_view

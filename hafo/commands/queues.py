@@ -3,7 +3,8 @@ workloads name each), or one queue with the workloads in it; exit 4 for a queue 
 declared.
 
 ``queue_rows`` builds the table's rows from a snapshot: the place for the usage columns
-(used, borrowed, pending, fair share) once ``hafo.decisions.quota`` computes them.
+(used, borrowed, pending, fair share) once ``hafo.decisions.queue_standings`` computes
+them.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def register(sub: Any) -> None:
 
 def queue_rows(snapshot: Any) -> list[list[Any]]:
     """One row per declared queue, by name, in ``HEADERS``' order (None: shown as '-')."""
-    from hafo.decisions.quota import usage_views
+    from hafo.decisions.queue_standings import usage_views
     from hafo.model.queue_view import all_queues
 
     rows = []
@@ -50,7 +51,8 @@ def queue_rows(snapshot: Any) -> list[list[Any]]:
 
 def render_queue(snapshot: Any, name: str) -> str:
     """``hafo queues NAME``: the declaration, then the workloads naming the queue."""
-    from hafo.decisions.quota import usage_views, with_live_reasons
+    from hafo.decisions.pending_reasons import with_live_reasons
+    from hafo.decisions.queue_standings import usage_views
     from hafo.model.queue_view import queue_view
     from hafo.model.views import workload_view
     from hafo.render import table

@@ -21,7 +21,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``hafo workloads``."""
     from hafo import render
-    from hafo.decisions.quota import with_live_reasons
+    from hafo.decisions.pending_reasons import with_live_reasons
     from hafo.model import views
     from hafo.model.endpoints import resolve
 

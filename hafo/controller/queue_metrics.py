@@ -4,7 +4,7 @@ computed from the cache's snapshot at scrape time, like the other gauges of
 declared (the families are still exported, without samples).
 
 - ``hafo_queue_gpus{queue, kind}``: the queue's GPUs as ``hafo queues`` counts them
-  (``hafo.decisions.quota.standings``): ``nominal`` (its quota; no series for a queue
+  (``hafo.decisions.queue_standings.standings``): ``nominal`` (its quota; no series for a queue
   without one), ``used`` (by its workloads holding GPUs), ``borrowed`` (above its quota),
   ``lent`` (of its idle quota, what its cohort's borrowers use) and ``pending`` (asked for by
   its waiting workloads); a MIG device counts by its fraction of a GPU, a gang every member.
@@ -36,7 +36,8 @@ import structlog
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from hafo.decisions.quota import QueueStanding, standings
+from hafo.decisions.queue_standings import standings
+from hafo.decisions.quota import QueueStanding
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.service_state import service_state
 from hafo.model.views import WORKLOAD_STATES, workload_state
@@ -64,14 +65,14 @@ def gpu_kinds(standing: QueueStanding) -> dict[str, float]:
 
 def share(standing: QueueStanding) -> float:
     """``hafo_queue_share`` of one queue: its weighted share, 0 where its cohort lends
-    nothing (as the queues' JSON view shows it: ``hafo.decisions.quota.usage_views``)."""
+    nothing (as the queues' JSON view shows it: ``hafo.decisions.queue_standings.usage_views``)."""
     return 0.0 if standing.share == float("inf") else standing.share
 
 
 def pending_workloads(snapshot: ClusterSnapshot) -> dict[str, list[PendingKey]]:
     """queue name -> its pending workloads (an assignment in phase ``pending``, or none yet;
     a service's replicas each on their own, not the service), for every queue named by one
-    (declared or not), as ``hafo.decisions.quota.standings`` counts the pending charge."""
+    (declared or not), as ``hafo.decisions.queue_standings.standings`` counts the pending charge."""
     out: dict[str, list[PendingKey]] = {}
     for wid, submission in snapshot.workloads.items():
         assignment = snapshot.assignments.get(wid)

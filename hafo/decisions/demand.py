@@ -14,7 +14,7 @@ decided last:
   just submitted, not yet tried, is not counted until the leader's next cycle says so);
 - it is not a preemptor waiting for its victims to stop (room is being made for it);
 - it fits its queue's quota, counting the pending work of its queue before it in the
-  queues' fair order (``hafo.decisions.quota``): a request its queue cannot take, or cannot
+  queues' fair order (``hafo.decisions.fair_order``): a request its queue cannot take, or cannot
   borrow for, waits on the quota, and more nodes would not run it; one whose queue lent its
   quota out waits for a reclaim, which makes room on the nodes there are. While no queue is
   declared, there is no quota to wait on;

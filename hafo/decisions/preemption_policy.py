@@ -82,7 +82,7 @@ class PriorityOnly:
 @dataclass(frozen=True)
 class QueueScoped:
     """``inner``, within one queue: a request may stop only work of its own queue (the
-    rule while queues are declared, ``hafo.decisions.quota``: one team's priorities say
+    rule while queues are declared, ``hafo.decisions.fair_order``: one team's priorities say
     nothing about another team's work)."""
 
     inner: PreemptionPolicy

@@ -1,5 +1,6 @@
-"""Queue quotas, borrowing within a cohort and the fair order between queues: stage 2 of
-the reconcile pipeline (**admit**). Pure.
+"""Queue quotas and borrowing within a cohort, the arithmetic of stage 2 of the reconcile
+pipeline (**admit**): the charge, the usage and ``Quotas``, the quota state during one
+placement pass. Pure.
 
 Every workload runs in a queue (``WorkloadSpec.queue``; queues: ``hafo.model.queues``). What
 a workload takes of its queue's quota is its **charge**: its GPUs, times its members for a
@@ -16,16 +17,6 @@ without a quota (``gpus`` not given) is never held back by one. While no queue i
 at all, nothing here applies (``Quotas.of`` returns None): every request is admitted, as
 before queues existed. A request whose queue is not declared waits, saying so.
 
-**Order.** Requests of one queue are taken by priority, then age. Across queues, those that
-fit within their queue's nominal quota (counting the queue's earlier requests, but not one
-that could never fit: above its borrowing limit or the whole pool) come first;
-then those that borrow, by their queue's weighted **dominant share** once admitted (Kueue's
-DRS: the GPUs it would use above its nominal quota, divided by its cohort's pool, divided
-by its weight), lowest first; ties by priority, then age, then id. The order is decided
-once per cycle from the usage at its start (``admission_order``); the quota is then checked
-again, request by request, as placements are made (``Quotas.refusal`` before trying one,
-``Quotas.charge`` once placed), so the limits hold exactly whatever the order.
-
 **Flavors.** A queue declared with ``models`` (GPU model glob -> GPUs, the rest of
 ``gpus`` for the GPUs of no named model) is accounted per flavor: each glob, and ``REST``.
 All of the above then holds per flavor (usage by the model of the GPUs held, the cohort's
@@ -35,11 +26,11 @@ off the nodes of the others (``Quotas.constrain``) and the charge goes to the fl
 GPUs it got. A request counted within its quota in a flavor (``Quotas.entitled_in``) is
 gated on, placed in and reclaims in that flavor only.
 
-**No ping-pong.** Nothing here stops a running workload: a request that does not fit its
-quota waits. The only stops are priority preemption within one queue
-(``hafo.decisions.preemption_policy.QueueScoped``) and reclaim by a request counted within
-its queue's quota (``Quotas.entitled``; ``hafo.decisions.reclaim``); docs/design.md,
-"Queues and fair share", argues why no two queues can take GPUs back and forth.
+**Around it.** The fair order between queues, and why no two queues take GPUs back and
+forth: ``hafo.decisions.fair_order``. Why a request does not fit its quota, as data until
+rendered: ``hafo.decisions.quota_refusal``. What readers see: the queues' standings
+(``hafo.decisions.queue_standings``) and the live pending reasons
+(``hafo.decisions.pending_reasons``).
 """
 
 from __future__ import annotations
@@ -48,28 +39,22 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
-from typing import TypeVar
 
 from hafo.decisions.placement_rules import Placed, PlacementRequest
+from hafo.decisions.quota_refusal import QuotaRefusal
 from hafo.model.cluster import ClusterSnapshot, NodeRecord
-from hafo.model.queue_view import FlavorUsage, QueueUsage
-from hafo.model.queues import REST, QueueSpec, flavor_label
+from hafo.model.queues import REST, QueueSpec
 from hafo.model.spec import WorkloadSpec
-from hafo.model.views import WorkloadView
 
-__all__ = ["MAX_NAMED", "MIG_SLICES", "FlavorStanding", "QueueStanding", "QuotaRefusal", "Quotas",
-           "admission_order", "charge", "flavor_usage", "live_reasons", "ordinal", "standings",
-           "usage", "usage_views", "with_live_reasons"]
+__all__ = ["EPSILON", "MIG_SLICES", "FlavorStanding", "QueueStanding", "Quotas", "charge",
+           "flavor_usage", "usage"]
 
 #: A whole GPU's compute slices in MIG mode (A100, H100, H200: 7).
 MIG_SLICES = 7
 _SLICES = re.compile(r"([0-9]+)g\.")
-_Views = TypeVar("_Views", WorkloadView, list[WorkloadView])
 
-#: The most queues a pending reason names (those using the most of the pool first).
-MAX_NAMED = 3
 #: Slack for sums of MIG fractions.
-_EPSILON = 1e-9
+EPSILON = 1e-9
 
 
 def charge(spec: WorkloadSpec) -> float:
@@ -121,108 +106,6 @@ def flavor_usage(snapshot: ClusterSnapshot,
     return used
 
 
-def _amount(value: float) -> str:
-    """A GPU count for a message: "4", or "2.43" for MIG fractions."""
-    return str(round(value)) if abs(value - round(value)) < 1e-6 else f"{value:.2f}"
-
-
-def ordinal(n: int) -> str:
-    """1st, 2nd, 3rd, 4th, 11th, 21st ..."""
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
-
-
-@dataclass(frozen=True)
-class QuotaRefusal:
-    """Why a request does not fit its queue's quota now, as data until rendered: the queue,
-    what it uses, its quota and what the request needs; for a queue in a cohort the pool,
-    what of it is free, and the queues using it (``users``: name, usage, nominal); whether
-    the borrowing limit is what stops it."""
-
-    queue: str
-    declared: tuple[str, ...] = ()
-    known: bool = True
-    used: float = 0.0
-    nominal: float = 0.0
-    needs: float = 0.0
-    cohort: str | None = None
-    pool: float = 0.0
-    pool_free: float = 0.0
-    users: tuple[tuple[str, float, float], ...] = ()
-    needs_from_pool: float = 0.0
-    borrowing_limit: float | None = None
-    at_borrowing_limit: bool = False
-    #: for a queue with ``models``: the flavor these figures are of (its glob, or ``REST``),
-    #: and ``others``, the refusals in the other flavors the request could use
-    flavor: str | None = None
-    others: tuple[QuotaRefusal, ...] = ()
-
-    @property
-    def reclaimable(self) -> bool:
-        """Only the cohort's pool stops it, and it would stay within its queue's nominal
-        quota: the quota it lent out may be taken back (``hafo.decisions.reclaim``). With
-        ``flavor`` set, of that flavor only (placement asks ``Quotas.reclaim_need``, which
-        knows the flavor a request may reclaim in)."""
-        return (self.known and self.cohort is not None and not self.at_borrowing_limit
-                and self.used + self.needs <= self.nominal + _EPSILON)
-
-    @property
-    def pool_short(self) -> float:
-        """How much the cohort's pool lacks for the request."""
-        return max(self.needs_from_pool - self.pool_free, 0.0)
-
-    def summary(self) -> str:
-        """What a pending workload's stored reason says: only what changes when the quotas
-        or the request do (no live usage, no place in the queue), so that the controller
-        does not rewrite every waiting workload whenever anything of its cohort is placed;
-        readers see ``render`` (``live_reasons``)."""
-        if not self.known:
-            return self.render()
-        parts = [self._summary_part(), *(other._summary_part() for other in self.others)]
-        return f"queue {self.queue}: " + "; ".join(parts)
-
-    def _summary_part(self) -> str:
-        kind = "" if self.flavor is None else f" {flavor_label(self.flavor)}"
-        text = f"needs {_amount(self.needs)}"
-        if self.flavor is not None:
-            text += f" in{kind}"
-        if self.at_borrowing_limit and self.borrowing_limit is not None:
-            return f"{text}; at its borrowing limit ({_amount(self.borrowing_limit)})"
-        if self.cohort is None:
-            return f"{text}, more than its quota of {_amount(self.nominal)}{kind} GPUs leaves"
-        what = "" if self.flavor is None else f"{kind} GPUs"
-        return f"{text}; cohort {self.cohort} has too little{what} to lend"
-
-    def render(self) -> str:
-        """One sentence, in tiers: the queue, then the cohort, then who holds the pool (for
-        a queue with ``models``: so for each flavor the request could use)."""
-        if not self.known:
-            declared = ", ".join(self.declared) or "none"
-            return (f"no queue named {self.queue!r} (declared: {declared}); "
-                    f"`hafo queue set {self.queue} --gpus N` declares it")
-        parts = [self._render_part(), *(other._render_part() for other in self.others)]
-        return f"queue {self.queue}: " + "; ".join(parts)
-
-    def _render_part(self) -> str:
-        kind = "" if self.flavor is None else f" {flavor_label(self.flavor)}"
-        text = (f"{_amount(self.used)} of {_amount(self.nominal)}{kind} GPUs "
-                f"used, needs {_amount(self.needs)}")
-        if self.at_borrowing_limit and self.borrowing_limit is not None:
-            return f"{text}; at its borrowing limit ({_amount(self.borrowing_limit)})"
-        if self.cohort is None:
-            return text
-        text += (f"; cohort {self.cohort} lends {_amount(max(self.pool_free, 0.0))} of "
-                 f"{_amount(self.pool)}{kind}")
-        others = [user for user in self.users if user[0] != self.queue]
-        holders = [f"{name} uses {_amount(used)} of its {_amount(nominal)}"
-                   for name, used, nominal in others[:MAX_NAMED]]
-        if len(others) > MAX_NAMED:
-            holders.append(f"{len(others) - MAX_NAMED} more")
-        if holders:
-            text += f" ({', '.join(holders)})"
-        return text
-
-
 @dataclass(frozen=True)
 class QueueStanding:
     """One declared queue at the start of a cycle, for ``hafo queues`` and the metrics:
@@ -266,7 +149,8 @@ class Quotas:
     queues: Mapping[str, QueueSpec]
     used: dict[str, float] = field(default_factory=dict)
     #: the requests the cycle's order counted within their queue's nominal quota (set by
-    #: ``admission_order``): only they may take back lent quota (``hafo.decisions.reclaim``)
+    #: ``hafo.decisions.fair_order.admission_order``): only they may take back lent quota
+    #: (``hafo.decisions.reclaim``)
     entitled: set[str] = field(default_factory=set)
     #: (queue, flavor) -> usage, for the queues declared with ``models``
     flavor_used: dict[tuple[str, str], float] = field(default_factory=dict)
@@ -340,7 +224,7 @@ class Quotas:
 
     def _share_in(self, spec: QueueSpec, used: float, flavor: str) -> float:
         above = used - float(spec.nominal(flavor))
-        if spec.cohort is None or spec.gpus is None or above <= _EPSILON:
+        if spec.cohort is None or spec.gpus is None or above <= EPSILON:
             return 0.0
         pool = self.pool(spec.cohort, flavor)
         return above / pool / spec.weight if pool > 0 else float("inf")
@@ -380,7 +264,7 @@ class Quotas:
         """Whether usage ``used`` of ``flavor`` is within ``queue``'s nominal quota there (a
         queue without one, or undeclared, counts as within)."""
         spec = self.queues.get(queue)
-        return spec is None or spec.gpus is None or used <= spec.nominal(flavor) + _EPSILON
+        return spec is None or spec.gpus is None or used <= spec.nominal(flavor) + EPSILON
 
     # -- flavors -----------------------------------------------------------------------
 
@@ -487,7 +371,7 @@ class Quotas:
         found = self._refusal_in(request.spec, queue, flavor, flavor)
         if found is None:
             return 0.0
-        if found.at_borrowing_limit or found.used + found.needs > found.nominal + _EPSILON:
+        if found.at_borrowing_limit or found.used + found.needs > found.nominal + EPSILON:
             return None
         return found.pool_short
 
@@ -543,14 +427,14 @@ class Quotas:
                                cohort=queue.cohort, borrowing_limit=queue.borrowing_limit,
                                flavor=label)
         if queue.cohort is None:
-            return None if after <= nominal + _EPSILON else refused
+            return None if after <= nominal + EPSILON else refused
         if queue.borrowing_limit is not None \
-                and after > nominal + queue.borrowing_limit + _EPSILON:
+                and after > nominal + queue.borrowing_limit + EPSILON:
             return replace(refused, at_borrowing_limit=True)
         extra = self._from_pool(queue, after, flavor) - self._from_pool(queue, used, flavor)
         pool = self.pool(queue.cohort, flavor)
         pool_used = self.pool_used(queue.cohort, flavor)
-        if pool_used + extra <= pool + _EPSILON:
+        if pool_used + extra <= pool + EPSILON:
             return None
         return replace(refused, pool=pool, pool_free=pool - pool_used,
                        users=self._pool_users(queue.cohort, flavor), needs_from_pool=extra)
@@ -564,7 +448,7 @@ class Quotas:
             users = [(q, self.used_in(q, flavor), float(self.queues[q].nominal(flavor)))
                      for q in self._members[cohort]
                      if self._from_pool(self.queues[q], self.used_in(q, flavor),
-                                        flavor) > _EPSILON]
+                                        flavor) > EPSILON]
             users.sort(key=lambda u: (-(u[1] - u[2]), u[0]))
             self._users[key] = tuple(users)
         return self._users[key]
@@ -674,170 +558,3 @@ class Quotas:
             return 0.0
         borrowed, idle_all = totals[cohort]
         return min(idle, borrowed * idle / idle_all) if idle_all > 0 else 0.0
-
-
-def standings(snapshot: ClusterSnapshot) -> dict[str, QueueStanding]:
-    """Every declared queue's standing in ``snapshot`` (``hafo queues``, the metrics)."""
-    quotas = Quotas.of(snapshot)
-    if quotas is None:
-        return {}
-    pending = [snapshot.workloads[wid].spec for wid, a in snapshot.assignments.items()
-               if a.phase == "pending" and wid in snapshot.workloads]
-    pending += [s.spec for wid, s in snapshot.workloads.items()  # not a service: its replicas
-                if wid not in snapshot.assignments and not s.spec.is_service]
-    return quotas.standings(pending)
-
-
-def usage_views(snapshot: ClusterSnapshot) -> dict[str, QueueUsage]:
-    """Every declared queue's usage, as the queues' JSON view shows it
-    (``hafo.model.queue_view``), rounded to 1/1000 GPU; for a queue with ``models``, also
-    per glob (``models``) and for the rest (``other``)."""
-    out = {}
-    for name, st in standings(snapshot).items():
-        view = QueueUsage(used=round(st.used, 3), borrowed=round(st.borrowed, 3),
-                          lent=round(st.lent, 3), pending=round(st.pending, 3),
-                          share=round(st.share, 4) if st.share != float("inf") else 0.0)
-        if st.flavors:
-            each = {flavor: FlavorUsage(nominal=round(f.nominal, 3), used=round(f.used, 3),
-                                        borrowed=round(f.borrowed, 3))
-                    for flavor, f in st.flavors.items()}
-            view["other"] = each.pop(REST)
-            view["models"] = each
-        out[name] = view
-    return out
-
-
-def _within_queue_key(request: PlacementRequest) -> tuple[int, float, str]:
-    return (-request.spec.priority, request.submitted_at, request.workload)
-
-
-def admission_order(requests: Sequence[PlacementRequest], quotas: Quotas,
-                    history: Mapping[str, float] | None = None) -> list[PlacementRequest]:
-    """The requests in the order they are tried (see the module docstring): per queue by
-    priority and age; those within their queue's nominal quota first, then the borrowers by
-    their queue's weighted dominant share once admitted; requests of undeclared queues
-    last. ``history``: queue -> its effective usage by decayed history
-    (``fair_sharing.usage_half_life``: ``hafo.decisions.usage_history``), which the
-    borrowers' shares count instead of the usage now (a queue not in it: its usage now);
-    who is within its nominal quota is decided by the usage now either way."""
-    by_queue: dict[str, list[PlacementRequest]] = {}
-    for request in requests:
-        by_queue.setdefault(request.spec.queue, []).append(request)
-    keyed: list[tuple[tuple[int, float, int, float, str], PlacementRequest]] = []
-    quotas.entitled.clear()
-    quotas.entitled_in.clear()
-    quotas.counted_in.clear()
-    for name, members in by_queue.items():
-        members.sort(key=_within_queue_key)
-        flavored = quotas.queues.get(name)
-        if flavored is not None and flavored.models and flavored.gpus is not None:
-            # per flavor, by the usage now (the history, one figure per queue, is not
-            # split by flavor)
-            keyed += _flavored_keys(members, flavored, quotas)
-            continue
-        used = start = quotas.used.get(name, 0.0)
-        basis = start if history is None else history.get(name, start)
-        ceiling = quotas.ceiling(name) if name in quotas.queues else 0.0
-        for request in members:
-            if name not in quotas.queues:
-                keyed.append(((2, 0.0, -request.spec.priority, request.submitted_at,
-                               request.workload), request))
-                continue
-            after = used + charge(request.spec)
-            if after > ceiling + _EPSILON:  # can never fit now: it does not count for those
-                tier, share = 1, float("inf")  # after it (nor hold their place)
-            else:
-                used = after
-                borrowing = not quotas.within_nominal(name, used)
-                tier, share = (1, quotas.share(name, basis + used - start)) if borrowing \
-                    else (0, 0.0)
-            if tier == 0:
-                quotas.entitled.add(request.workload)
-            keyed.append(((tier, share, -request.spec.priority, request.submitted_at,
-                           request.workload), request))
-    keyed.sort(key=lambda pair: pair[0])
-    return [request for _key, request in keyed]
-
-
-def _flavored_keys(members: Sequence[PlacementRequest], queue: QueueSpec, quotas: Quotas,
-                   ) -> list[tuple[tuple[int, float, int, float, str], PlacementRequest]]:
-    """``admission_order``'s keys for the requests of a queue with ``models`` (by priority
-    and age): each counts in the first flavor it could use where it stays within the
-    nominal quota, else in the one with room where its queue's dominant share stays lowest;
-    one with room in none can never fit now. One counted within the quota is ``entitled``
-    to take back lent quota of that flavor (``Quotas.entitled_in``)."""
-    name = queue.name
-    used = {f: quotas.used_in(name, f) for f in queue.flavors}
-    ceilings = {f: quotas.ceiling(name, f) for f in queue.flavors}
-    keyed = []
-    for request in members:
-        needs = charge(request.spec)
-        room = [f for f in quotas.flavors_for(queue, request.spec)
-                if used[f] + needs <= ceilings[f] + _EPSILON]
-        within = [f for f in room if quotas.within_nominal(name, used[f] + needs, f)]
-        tier, share = 1, float("inf")
-        if within:
-            used[within[0]] += needs
-            tier, share = 0, 0.0
-            quotas.entitled.add(request.workload)
-            quotas.entitled_in[request.workload] = quotas.counted_in[request.workload] = \
-                within[0]
-        elif room:
-            best = min(room, key=lambda f: (quotas.dominant_share(
-                name, {**used, f: used[f] + needs}), room.index(f)))
-            used[best] += needs
-            share = quotas.dominant_share(name, used)
-            quotas.counted_in[request.workload] = best
-        keyed.append(((tier, share, -request.spec.priority, request.submitted_at,
-                       request.workload), request))
-    return keyed
-
-
-def live_reasons(snapshot: ClusterSnapshot) -> dict[str, str]:
-    """workload -> why it waits, with the live figures, for every pending workload of a queue
-    with a quota: its queue's usage now, the cohort's pool and who holds it, then its place
-    among its queue's waiting workloads in the order they are tried (``admission_order``).
-    The stored reason holds only ``QuotaRefusal.summary``; the API and the CLI show this.
-    Read-only and pure (the same snapshot, the same text)."""
-    quotas = Quotas.of(snapshot)
-    if quotas is None:
-        return {}
-    requests = []
-    for wid, submission in snapshot.workloads.items():
-        if submission.spec.is_service and submission.service is None:
-            continue  # a service: its replicas wait, each on its own
-        assignment = snapshot.assignments.get(wid)
-        if assignment is not None and assignment.phase != "pending":
-            continue
-        queue = quotas.queues.get(submission.spec.queue)
-        if queue is None or queue.gpus is None:
-            continue
-        requests.append(PlacementRequest(workload=wid, spec=submission.spec,
-                                         submitted_at=submission.submitted_at))
-    ordered = admission_order(sorted(requests, key=_within_queue_key), quotas)
-    by_queue: dict[str, list[str]] = {}
-    for request in ordered:
-        by_queue.setdefault(request.spec.queue, []).append(request.workload)
-    out: dict[str, str] = {}
-    for request in ordered:
-        wid, name = request.workload, request.spec.queue
-        assignment = snapshot.assignments.get(wid)
-        stored = assignment.reason if assignment is not None else ""
-        refusal = quotas.refusal(request)
-        if refusal is not None and stored.startswith(refusal.summary()):
-            stored = refusal.render() + stored[len(refusal.summary()):]
-        waiting = by_queue[name]
-        place = f"{ordinal(waiting.index(wid) + 1)} of {len(waiting)} waiting in queue {name}"
-        out[wid] = f"{stored}; {place}" if stored else place
-    return out
-
-
-def with_live_reasons(views: _Views, snapshot: ClusterSnapshot) -> _Views:
-    """Workload views (``hafo.model.views``: one, or a list) with each waiting workload's
-    ``reason`` as ``live_reasons`` says it (the same object, changed in place)."""
-    live = live_reasons(snapshot)
-    if live:
-        for view in views if isinstance(views, list) else [views]:
-            if view["id"] in live:
-                view["reason"] = live[view["id"]]
-    return views

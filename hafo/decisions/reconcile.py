@@ -274,7 +274,7 @@ def _placement_actions(snapshot: ClusterSnapshot, needs: tuple[Need, ...],
     order; nothing for one already pending for the same reason). ``notes``: what
     else a pending one waits for (a reclaim held back by ``fair_sharing.min_runtime``). Its
     place in its queue and the live figures are not stored (they would change every cycle):
-    readers get them from ``hafo.decisions.quota.live_reasons``."""
+    readers get them from ``hafo.decisions.pending_reasons.live_reasons``."""
     results, preemptions = placing.results, placing.preemptions
     waiting, releasing, spare_nodes = placing.waiting, placing.releasing, placing.spares
     actions: list[Action] = []

@@ -1,6 +1,6 @@
 """Fair share by decayed usage history (``fair_sharing.usage_half_life``). Pure.
 
-With the setting, borrowers are ordered (``hafo.decisions.quota.admission_order``) by each
+With the setting, borrowers are ordered (``hafo.decisions.fair_order.admission_order``) by each
 queue's **effective usage** instead of its usage now: a decayed average of what it used,
 plus the **entry penalty** of what was admitted since the last sample. This is Kueue's
 Admission Fair Sharing (``usageHalfLifeTime``, sampled every cycle here, with an entry

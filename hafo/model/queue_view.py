@@ -1,6 +1,6 @@
 """The JSON view of the declared queues (``GET /v1/queues``, ``hafo queues --json``): each
 queue's declaration, every field present (defaults too), the workloads that name it, and
-its usage as the quota decision counts it (``hafo.decisions.quota.usage_views``, given by
+its usage as the quota decision counts it (``hafo.decisions.queue_standings.usage_views``, given by
 the caller: this layer does not decide).
 """
 
@@ -80,7 +80,7 @@ def _view(spec: QueueSpec, workloads: list[str], usage: QueueUsage | None) -> Qu
 def queue_view(snapshot: ClusterSnapshot, name: str,
                usage: Mapping[str, QueueUsage] | None = None) -> QueueView:
     """The view of the declared queue ``name`` (KeyError if it is not declared); ``usage``:
-    per queue (``hafo.decisions.quota.usage_views``)."""
+    per queue (``hafo.decisions.queue_standings.usage_views``)."""
     return _view(snapshot.queues[name], queue_users(snapshot, name), (usage or {}).get(name))
 
 

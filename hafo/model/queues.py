@@ -9,7 +9,8 @@ do not use: a queue may borrow at most ``borrowing_limit`` GPUs above its nomina
 given: as much as the cohort lends), and lends at most ``lending_limit`` of its unused quota
 (none given: all of it). Among queues that borrow, the one with the lowest weighted share of
 what it borrows goes first (``weight``: a larger weight, a larger fair share; design in
-docs/design.md, "Queues and fair share"; decisions in ``hafo.decisions.quota``).
+docs/design.md, "Queues and fair share"; decisions in ``hafo.decisions.quota`` and
+``hafo.decisions.fair_order``).
 
 ``QueueSpec`` is the one declaration of the format (docs/contract.md, "Queues"):
 ``parse_queue`` validates with it, ``to_dict`` writes its JSON form (what etcd holds under

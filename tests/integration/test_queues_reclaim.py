@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from hafo.decisions.quota import live_reasons
+from hafo.decisions.pending_reasons import live_reasons
 from hafo.local.cluster import demo_workload_spec
 from hafo.model.queues import QueueSpec
 from hafo.store import intents, read_events

@@ -10,17 +10,11 @@ from typing import Any
 import pytest
 
 from hafo.decisions.admission import admit
+from hafo.decisions.fair_order import admission_order
+from hafo.decisions.pending_reasons import live_reasons, ordinal, with_live_reasons
 from hafo.decisions.placement_rules import PlacementRequest
-from hafo.decisions.quota import (
-    Quotas,
-    admission_order,
-    charge,
-    live_reasons,
-    ordinal,
-    standings,
-    usage,
-    with_live_reasons,
-)
+from hafo.decisions.queue_standings import standings
+from hafo.decisions.quota import Quotas, charge, usage
 from hafo.decisions.reconcile import reconcile
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.queues import QueueSpec

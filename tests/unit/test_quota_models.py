@@ -19,8 +19,10 @@ from hafo.api import make_controller_app
 from hafo.commands.base import CliError
 from hafo.commands.queue import models_from_args, queue_from_args
 from hafo.commands.queues import render_queue
+from hafo.decisions.fair_order import admission_order
 from hafo.decisions.placement_rules import Placed, PlacementRequest
-from hafo.decisions.quota import Quotas, admission_order, flavor_usage, usage_views
+from hafo.decisions.queue_standings import usage_views
+from hafo.decisions.quota import Quotas, flavor_usage
 from hafo.decisions.reconcile import reconcile
 from hafo.model.cluster import ClusterSnapshot, Member
 from hafo.model.errors import ValidationError

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from hafo.controller.fair_share import FairShareHistory
+from hafo.decisions.fair_order import admission_order
 from hafo.decisions.plan import Action, Cause, Plan
-from hafo.decisions.quota import admission_order
 from hafo.decisions.reconcile import reconcile
 from hafo.decisions.usage_history import (
     QueueHistory,
