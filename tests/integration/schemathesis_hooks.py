@@ -11,7 +11,8 @@ the schema): a body with another type is sent with that query.
 
 A queue's declaration has rules of the same kind (``PUT /v1/queues/{name}``): a body's
 ``name`` is the path's, ``lending_limit`` is at most ``gpus``, limits need a ``cohort``, and
-a ``cohort`` needs ``gpus``.
+a ``cohort`` needs ``gpus``, and ``models`` (at most 32 globs) needs ``gpus`` of at least
+their sum.
 """
 
 from __future__ import annotations
@@ -66,17 +67,44 @@ def _consistent_queue(body: dict[str, Any], name: Any) -> None:
     if isinstance(gpus, number) and isinstance(lending, number) and not isinstance(
             gpus, bool) and not isinstance(lending, bool) and gpus >= 0 and lending > gpus:
         body["lending_limit"] = gpus
+    _consistent_models(body)
+
+
+def _consistent_models(body: dict[str, Any]) -> None:
+    """``models`` names at most ``MAX_MODELS`` globs, parts of ``gpus``: the sum is at most
+    ``gpus`` (raised to it, which keeps ``lending_limit`` at most ``gpus``)."""
+    from hafo.model.queues import MAX_MODELS, MAX_QUEUE_GPUS
+
+    models = body.get("models")
+    if not isinstance(models, dict) or not models or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+            for v in models.values()):
+        return
+    if len(models) > MAX_MODELS:
+        models = body["models"] = dict(list(models.items())[:MAX_MODELS])
+    if sum(models.values()) > MAX_QUEUE_GPUS:
+        share = MAX_QUEUE_GPUS // len(models)
+        models = body["models"] = {k: min(int(v), share) for k, v in models.items()}
+    named = sum(models.values())
+    gpus = body.get("gpus")
+    if not isinstance(gpus, (int, float)) or isinstance(gpus, bool) or gpus < named:
+        body["gpus"] = int(named)
 
 
 @schemathesis.hook
 def map_case(context: Any, case: Any) -> Any:
-    """Make a submitted spec's checks name only declared ports, and a queue's declaration
-    keep its rules."""
+    """Make a submitted spec's checks name only declared ports."""
     if case.method == "POST" and case.path == "/v1/workloads" and isinstance(case.body, dict):
         _consistent(case.body)
         if _unknown_types(case.body):
             case.query = {**(case.query or {}), "allow_unknown_checks": "true"}
+    return case
+
+
+@schemathesis.hook
+def before_call(context: Any, case: Any, kwargs: Any) -> None:
+    """Make a queue's declaration keep its rules, just before it is sent: the stateful phase's
+    links fill the path's name and body fields after ``map_case``."""
     if (case.method == "PUT" and case.path == "/v1/queues/{name}"
             and isinstance(case.body, dict) and not _negative(case)):
         _consistent_queue(case.body, (case.path_parameters or {}).get("name"))
-    return case

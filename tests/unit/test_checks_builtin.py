@@ -410,3 +410,12 @@ def test_spec_accepts_progress_and_process() -> None:
         {"type": "progress", "stall_after": 60, "interval": 5},
         {"type": "process"}, {"type": "process", "max_rss_mib": 4096}]})
     assert [c.options for c in spec.checks] == [{"stall_after": 60}, {}, {"max_rss_mib": 4096}]
+
+
+def test_an_http_port_given_as_an_integral_float_is_that_port() -> None:
+    """JSON Schema's integers include 8080.0 (the OpenAPI document says integer): accepted as
+    8080, as every other integer field is; 8080.5 is refused naming the field."""
+    assert HttpCheck({"port": 8080.0}).opts.port == 8080
+    with pytest.raises(CheckOptionError) as err:
+        HttpCheck({"port": 8080.5})
+    assert err.value.field == "port"
