@@ -36,10 +36,10 @@ printed measured. Default S: small 3, baseline 5, large 10 (``DEFAULT_SCALE``): 
 
 **Submission**: the benchmark writes what ``hafo.store.intents.submit`` writes for a new
 workload (the submission, its name key, its ``submitted`` event), batched per 20 ms tick.
-``intents.submit`` itself is not used: for a name without a name key it reads the whole
-workloads prefix (``_named``'s fallback for workloads from before name keys), O(N) per
-submit, so 15,000 submits are quadratic, and past ~8,000 workloads that one read is over
-gRPC's 4 MiB reply limit.
+``intents.submit`` itself is not used: it makes a few round trips per workload (the queue
+guard, the name key, the transaction), which at Kueue's rates would measure the submitting
+client, not the controller. (It no longer reads every workload for a new name: the leader's
+name index, ``hafo.store.name_index``.)
 
 **Measured** (``t0`` = the first submit; GPUs "used" = held by a running or checkpointing
 simulated instance):

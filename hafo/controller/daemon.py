@@ -49,6 +49,7 @@ from hafo.store import (
 )
 from hafo.store.api_auth import ApiAuthAgreement
 from hafo.store.identity import StoreTrust
+from hafo.store.name_index import ensure_name_index
 from hafo.store.protocol import Store
 from hafo.tasks import run_all, wait_event
 
@@ -274,6 +275,7 @@ class Controller:
                 retry.succeeded()
                 await self.events.append(Event(ts=time.time(), kind="leader-elected",
                                                message=f"controller {self.name} is leader"))
+                await self._index_names()
                 await self._reconcile_loop()
             except NotLeader:
                 log.warning("leadership lost", controller=self.name)
@@ -281,6 +283,22 @@ class Controller:
                 await retry.failed(exc)
             finally:
                 self.is_leader = False
+
+    async def _index_names(self) -> None:
+        """Give workloads without their name key that key, once per term
+        (``hafo.store.name_index``): a submit of a new name then reads one key, not every
+        workload. Not done (etcd away, or a store not to be trusted as the cluster, which
+        gets no write until an operator decides): submits keep reading every workload."""
+        if self.store_problem():
+            return
+        try:
+            result = await ensure_name_index(self.store, self.keys)
+        except TRANSIENT as exc:
+            log.warning("name index not written", error=type(exc).__name__)
+            return
+        if result.written or not result.complete:
+            log.info("name index", written=result.written, complete=result.complete,
+                     shared=list(result.shared[:10]))
 
     async def _reconcile_loop(self) -> None:
         written = 0

@@ -35,10 +35,11 @@ from hafo.store.records import Delete, Put
 
 FORMAT = "hafo-backup/1"
 #: not kept, and not counted as the cluster's state by ``holds_cluster``: bound to a lease,
-#: the identity (written anew), or the agents' recovery reports (written into a store that is
-#: not the cluster: ``hafo recover --from-agents`` reads them)
+#: the identity (written anew), the agents' recovery reports (written into a store that is
+#: not the cluster: ``hafo recover --from-agents`` reads them), or the name index (a backup
+#: keeps no name keys)
 _SKIPPED = {"alive", "leader", "controller", "event", "status", "identity", "report",
-            "unknown"}
+            "names-indexed", "unknown"}
 #: kept in a backup, but written again by the daemons on any store: no sign of a state
 #: (the fair-share history: the leader's, rewritten every few seconds while it leads)
 _REWRITTEN = {"api-auth", "fair-share"}
@@ -143,6 +144,9 @@ async def restore_backup(store: Store, keys: Keys, backup: Backup, replace: bool
     if backup.cluster != keys.cluster:
         raise BackupError(f"cluster: the backup is of cluster {backup.cluster!r}, not "
                           f"{keys.cluster!r}")
+    # A backup keeps no name keys: no name index until the leader's next look
+    # (hafo.store.name_index).
+    await store.txn([], [Delete(keys.names_indexed)])
     if replace:
         await store.txn([], [Delete(prefix_, prefix=True) for prefix_ in (
             keys.state, keys.by_node, f"{keys.root}history/")])

@@ -21,6 +21,7 @@ from hafo.store import codec
 from hafo.store.client import Compare, Delete, Put
 from hafo.store.events import EventLog
 from hafo.store.keys import Keys
+from hafo.store.name_index import is_indexed
 from hafo.store.protocol import Store
 from hafo.store.state import read_snapshot
 
@@ -59,14 +60,18 @@ def new_workload_id(spec: WorkloadSpec) -> str:
 
 async def _named(store: Store, keys: Keys, name: str) -> tuple[Submission | None, int, int]:
     """The workload (not a replica) named ``name``: (it or None, its key's mod revision, the
-    name key's mod revision (0: none)). A workload submitted before names were unique has no
-    name key: found by its spec's name (the oldest, if several)."""
+    name key's mod revision (0: none)). A workload without its name key (from before names
+    were unique, restored, or recovered) is found by its spec's name (the oldest, if
+    several), reading every workload, unless the name index says there is none
+    (``hafo.store.name_index``)."""
     name_kv = await store.get(keys.name(name))
     name_rev = name_kv.mod_revision if name_kv is not None else 0
     if name_kv is not None:
         kv = await store.get(keys.workload(name_kv.value.decode()))
         if kv is not None:
             return codec.decode_submission(kv.value), kv.mod_revision, name_rev
+    if await is_indexed(store, keys):
+        return None, 0, name_rev
     _, kvs = await store.get_prefix(keys.workloads)
     named = [kv for kv in kvs if _is_named(codec.decode(kv.value), name)]  # JSON only: cheap
     found = sorted(((codec.decode_submission(kv.value), kv.mod_revision) for kv in named),

@@ -18,7 +18,8 @@ from typing import Literal, NamedTuple
 #: (``Keys.node_assignment``); ``unknown`` is any key that is not one of this cluster's.
 KeyKind = Literal["leader", "failsafe", "node", "alive", "cordon", "workload", "assignment",
                   "node-assignment", "move", "status", "controller", "event", "history",
-                  "identity", "api-auth", "report", "queue", "fair-share", "unknown"]
+                  "identity", "api-auth", "report", "queue", "fair-share", "names-indexed",
+                  "unknown"]
 
 
 class ParsedKey(NamedTuple):
@@ -91,6 +92,14 @@ class Keys:
         ``hafo.store.fair_share``), written by the leader at most every few seconds so that
         a new leader goes on from it. Apart from the state prefix: no watch reads it."""
         return f"{self.root}fair-share"
+
+    @property
+    def names_indexed(self) -> str:
+        """Present once every workload (not a replica) is the one its name key names
+        (``hafo.store.name_index``): a submit of a new name then needs no scan for a
+        workload from before name keys. Written by the leader; deleted by a recovery that
+        may write a workload without its name key."""
+        return f"{self.root}names-indexed"
 
     def report(self, node: str) -> str:
         """A node's recovery report (``hafo.agent.recovery_report``): what its agent runs,
@@ -254,6 +263,8 @@ class Keys:
             return ParsedKey("api-auth")
         if area == "fair-share" and count == 1:
             return ParsedKey("fair-share")
+        if area == "names-indexed" and count == 1:
+            return ParsedKey("names-indexed")
         if area == "events" and count == 2:
             return ParsedKey("event", name=parts[1])
         return UNKNOWN

@@ -49,6 +49,9 @@ async def write_recovery(store: Store, keys: Keys, plan: RecoveryPlan,
     """Write ``plan`` (refused by the caller unless the store holds nothing of the cluster,
     or ``replace``: then the cluster's state is deleted first), then the identity record's
     next generation."""
+    # It may write a workload without its name key (two of one name): no index until the
+    # leader's next look (hafo.store.name_index).
+    await store.txn([], [Delete(keys.names_indexed)])
     if replace:
         await store.txn([], [Delete(prefix_, prefix=True) for prefix_ in (
             keys.state, keys.by_node, keys.histories)])

@@ -29,6 +29,7 @@ WORKLOAD = "train-x.y-0a1b2c"
     (K.controller("a/b"), ParsedKey("controller", name="a/b")),  # free-form: the whole rest
     (K.report(NODE), ParsedKey("report", node=NODE)),
     (K.fair_share, ParsedKey("fair-share")),
+    (K.names_indexed, ParsedKey("names-indexed")),
 ])
 def test_every_builder_parses_back(key: str, expected: ParsedKey) -> None:
     assert K.parse(key) == expected
