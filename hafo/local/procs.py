@@ -31,20 +31,47 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+#: Where the agents take a replica's port 0 from by default (``node.ports``): not handed out.
+NODE_PORTS_FIRST = 30000
+
+
+def _worker_slice(low: int, high: int) -> tuple[int, int]:
+    """The part of ``low..high`` of this pytest-xdist worker (all of it outside one): test
+    processes that run side by side never hand out the same port (each knows only its own)."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get(
+        "PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit()):
+        return low, high
+    index, workers = int(worker[2:]), max(1, int(count))
+    if index >= workers:
+        return low, high
+    span = (high - low + 1) // workers
+    return low + index * span, low + (index + 1) * span - 1
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on ``host`` right now, for a server started a moment later.
 
-    Taken at random below the kernel's ephemeral range and never twice in this process:
-    a port the kernel picks (bind to port 0) comes from the range that outgoing connections
-    use too, so one of them (a test's HTTP client, a browser) could take it before the server
-    binds it.
+    Taken at random below the kernel's ephemeral range and below the agents' default
+    ``node.ports`` range, never twice in this process, and under pytest-xdist from this
+    worker's slice only: a port the kernel picks (bind to port 0) comes from the range that
+    outgoing connections use too, so one of them (a test's HTTP client, a browser) could take
+    it before the server binds it, and a worker beside this one could hand out the same port
+    (a test that failed with "address already in use").
     """
-    low, high = LOWEST_PORT, _ephemeral_low() - 1
+    low, high = LOWEST_PORT, min(_ephemeral_low(), NODE_PORTS_FIRST) - 1
     if high - low < 1000:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((host, 0))
             return int(sock.getsockname()[1])
+    sliced = _worker_slice(low, high)
+    if sliced[1] - sliced[0] >= 200:
+        low, high = sliced
+    tries = 0
     while True:
+        tries += 1
+        if tries % 1000 == 0:  # most of the range handed out already: the oldest are long gone
+            _HANDED_OUT.clear()
         port = random.randint(low, high)
         if port in _HANDED_OUT:
             continue
