@@ -51,7 +51,7 @@ from hafo.store.api_auth import ApiAuthAgreement
 from hafo.store.identity import StoreTrust
 from hafo.store.name_index import ensure_name_index
 from hafo.store.protocol import Store
-from hafo.tasks import run_all, wait_event
+from hafo.tasks import retrieve_outcome, run_all, wait_event
 
 log = structlog.get_logger("hafo.controller")
 RECOVERABLE: tuple[type[BaseException], ...] = (*TRANSIENT, StoreError)
@@ -275,8 +275,14 @@ class Controller:
                 retry.succeeded()
                 await self.events.append(Event(ts=time.time(), kind="leader-elected",
                                                message=f"controller {self.name} is leader"))
-                await self._index_names()
-                await self._reconcile_loop()
+                # beside the cycles, never before the first: a term's first cycle may be a
+                # failover's, and an index not yet written costs only the submits a scan
+                indexing = asyncio.create_task(self._index_names())
+                try:
+                    await self._reconcile_loop()
+                finally:
+                    indexing.cancel()
+                    indexing.add_done_callback(retrieve_outcome)
             except NotLeader:
                 log.warning("leadership lost", controller=self.name)
             except RECOVERABLE as exc:
@@ -285,7 +291,7 @@ class Controller:
                 self.is_leader = False
 
     async def _index_names(self) -> None:
-        """Give workloads without their name key that key, once per term
+        """Give workloads without their name key that key, once per term, beside the cycles
         (``hafo.store.name_index``): a submit of a new name then reads one key, not every
         workload. Not done (etcd away, or a store not to be trusted as the cluster, which
         gets no write until an operator decides): submits keep reading every workload."""
@@ -293,7 +299,7 @@ class Controller:
             return
         try:
             result = await ensure_name_index(self.store, self.keys)
-        except TRANSIENT as exc:
+        except RECOVERABLE as exc:
             log.warning("name index not written", error=type(exc).__name__)
             return
         if result.written or not result.complete:

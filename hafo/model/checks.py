@@ -38,6 +38,7 @@ from hafo.model.schema import (
     Section,
     StrMap,
     Text,
+    integral,
     invalid,
 )
 
@@ -55,8 +56,7 @@ _PORT_NAME_RE = re.compile(PORT_NAME)
 
 
 def _port_ref(value: Any) -> int | str:
-    if isinstance(value, float) and value.is_integer():  # JSON Schema's integers include 123.0
-        value = int(value)
+    value = integral(value)
     if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535:
         return value
     if isinstance(value, str) and _PORT_NAME_RE.fullmatch(value):

@@ -53,8 +53,8 @@ Loc = tuple[int | str, ...]
 
 __all__ = ["INTEGER", "OMIT_DEFAULT", "Arg", "Argv", "Expect", "Flag", "JsonOf", "Matches",
            "MigProfile", "NodeName", "NonNegative", "Number", "OneOrMore", "Positive", "Record",
-           "ScalarText", "Schema", "Section", "StrMap", "Text", "WorkloadName", "invalid",
-           "json_schemas", "schema_of"]
+           "ScalarText", "Schema", "Section", "StrMap", "Text", "WorkloadName", "integral",
+           "invalid", "json_schemas", "schema_of"]
 
 
 # --- errors -------------------------------------------------------------------------------
@@ -200,7 +200,9 @@ def nullable(schema: JsonSchemaValue) -> JsonSchemaValue:
 
 # --- field types -----------------------------------------------------------------------------
 
-def _integral(value: Any) -> Any:
+def integral(value: Any) -> Any:
+    """``value`` as an int where it is a float with no fraction (JSON Schema's integers
+    include 1.0), else as it is."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
@@ -213,7 +215,7 @@ class _Integer:
         inner = handler(source)
         if inner.get("type") == "int":
             inner = {**inner, "strict": True}
-        return core_schema.no_info_before_validator_function(_integral, inner)
+        return core_schema.no_info_before_validator_function(integral, inner)
 
 
 INTEGER = _Integer()

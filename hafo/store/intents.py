@@ -21,7 +21,7 @@ from hafo.store import codec
 from hafo.store.client import Compare, Delete, Put
 from hafo.store.events import EventLog
 from hafo.store.keys import Keys
-from hafo.store.name_index import is_indexed
+from hafo.store.name_index import is_indexed, workload_name
 from hafo.store.protocol import Store
 from hafo.store.state import read_snapshot
 
@@ -73,18 +73,10 @@ async def _named(store: Store, keys: Keys, name: str) -> tuple[Submission | None
     if await is_indexed(store, keys):
         return None, 0, name_rev
     _, kvs = await store.get_prefix(keys.workloads)
-    named = [kv for kv in kvs if _is_named(codec.decode(kv.value), name)]  # JSON only: cheap
+    named = [kv for kv in kvs if workload_name(codec.decode(kv.value)) == name]  # JSON: cheap
     found = sorted(((codec.decode_submission(kv.value), kv.mod_revision) for kv in named),
                    key=lambda pair: (pair[0].submitted_at, pair[0].id))
     return (found[0][0], found[0][1], name_rev) if found else (None, 0, name_rev)
-
-
-def _is_named(record: object, name: str) -> bool:
-    """A workload record (not a replica's) whose spec has ``name``."""
-    if not isinstance(record, dict) or record.get("service") is not None:
-        return False
-    spec = record.get("spec")
-    return isinstance(spec, dict) and spec.get("name") == name
 
 
 def _update_refusal(current: Submission, spec: WorkloadSpec) -> str:

@@ -97,8 +97,8 @@ class Keys:
     def names_indexed(self) -> str:
         """Present once every workload (not a replica) is the one its name key names
         (``hafo.store.name_index``): a submit of a new name then needs no scan for a
-        workload from before name keys. Written by the leader; deleted by a recovery that
-        may write a workload without its name key."""
+        workload without its name key. Written by the leader; deleted by a restore or a
+        recovery, which may write workloads without their name keys."""
         return f"{self.root}names-indexed"
 
     def report(self, node: str) -> str:

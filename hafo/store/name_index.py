@@ -20,7 +20,7 @@ from hafo.store.keys import Keys
 from hafo.store.protocol import Store
 from hafo.store.records import Compare, Put
 
-__all__ = ["IndexResult", "ensure_name_index", "is_indexed", "named_workloads"]
+__all__ = ["IndexResult", "ensure_name_index", "is_indexed", "named_workloads", "workload_name"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,16 @@ class IndexResult:
     shared: tuple[str, ...] = ()
 
 
+def workload_name(record: object) -> str | None:
+    """The spec's name of a workload record (decoded JSON) that is not a replica's; None
+    for a replica's or anything else."""
+    if not isinstance(record, dict) or record.get("service") is not None:
+        return None
+    spec = record.get("spec")
+    name = spec.get("name") if isinstance(spec, dict) else None
+    return name if isinstance(name, str) else None
+
+
 def named_workloads(values: list[tuple[str, bytes]]) -> dict[str, list[tuple[float, str]]]:
     """(submit time, id) of each workload (not a replica) by its spec's name, from
     (key, value) pairs of the workloads prefix; a value that is not a workload record is
@@ -43,15 +53,13 @@ def named_workloads(values: list[tuple[str, bytes]]) -> dict[str, list[tuple[flo
             record = codec.decode(value)
         except ValueError:
             continue
-        if not isinstance(record, dict) or record.get("service") is not None:
+        name = workload_name(record)
+        wid = record.get("id", key.rsplit("/", 1)[-1]) if name is not None else None
+        if name is None or not isinstance(wid, str):
             continue
-        spec, wid = record.get("spec"), record.get("id", key.rsplit("/", 1)[-1])
         at = record.get("submitted_at", 0.0)
-        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) \
-                or not isinstance(wid, str):
-            continue
         when = float(at) if isinstance(at, int | float) and not isinstance(at, bool) else 0.0
-        by_name.setdefault(spec["name"], []).append((when, wid))
+        by_name.setdefault(name, []).append((when, wid))
     return by_name
 
 
@@ -81,9 +89,10 @@ async def ensure_name_index(store: Store, keys: Keys) -> IndexResult:
         wid = ids[0][1]
         key = keys.name(name)
         kv = held.get(key)
-        if kv is not None and kv.value.decode(errors="replace") == wid:
+        target = kv.value.decode(errors="replace") if kv is not None else None
+        if target == wid:
             continue
-        if kv is not None and keys.workload(kv.value.decode(errors="replace")) in existing:
+        if target is not None and keys.workload(target) in existing:
             complete = False  # the key names another workload of that name: not ours to move
             continue
         guard = (Compare(key, "mod", "==", kv.mod_revision) if kv is not None
