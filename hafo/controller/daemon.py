@@ -57,6 +57,9 @@ log = structlog.get_logger("hafo.controller")
 RECOVERABLE: tuple[type[BaseException], ...] = (*TRANSIENT, StoreError)
 
 TICK = 1.0  # time-based decisions (restart windows, cool-downs) are re-evaluated this often
+#: The leader's demand (pending shapes, removable nodes: ``hafo.decisions.demand``) is
+#: computed again at most this often (seconds); the autoscale hook is rate-limited far more.
+DEMAND_EVERY = 1.0
 TRUST_EVERY = 1.0  # how often the store's identity is read (hafo.store.identity)
 
 
@@ -116,6 +119,7 @@ class Controller:
         self.idle_since: dict[str, float] = {}
         #: the demand of the leader's last cycle (None: not leading, or no cycle yet)
         self.last_demand: Demand | None = None
+        self.demand_at = 0.0  # when last_demand was computed (the controller's clock)
         self.autoscaler = Autoscaler(config.autoscale, self.registry)
         register_demand_metrics(self.registry, self.current_demand)
         register_history_metrics(self.registry, self.fair_share, self.leading)
@@ -195,9 +199,13 @@ class Controller:
         goes on whatever happens here."""
         try:
             self.idle_since = observe_idle(self.idle_since, snapshot, now)
-            self.last_demand = demand(snapshot, self.idle_since, now,
-                                      self.config.autoscale.idle_after,
-                                      self.config.placement.spares)
+            if self.last_demand is None or not 0.0 <= now - self.demand_at < DEMAND_EVERY:
+                # At most every DEMAND_EVERY: the demand repeats admission over every
+                # pending workload, on this loop, between two cycles.
+                self.last_demand = demand(snapshot, self.idle_since, now,
+                                          self.config.autoscale.idle_after,
+                                          self.config.placement.spares)
+                self.demand_at = now
             self.autoscaler.step(self.last_demand, now)
         except Exception:
             log.exception("demand not computed")

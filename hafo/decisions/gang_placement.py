@@ -231,14 +231,16 @@ class GangPlacer:
 
     def hold_for(self, request: PlacementRequest) -> None:
         """Hold, for the rest of the pass, the nodes closest to fitting this waiting gang (the
-        first one of the pass only; none if the gang could never fit, even on an empty
-        cluster)."""
-        if self.holder is not None:
+        first one of the pass only; none if it could never fit, even on an empty cluster:
+        only nodes whose usable GPUs of its kind would fit a member once they were empty,
+        not excluded, not kept apart from it, not of a flavor its queue has no room in)."""
+        if self.holder is not None or request.spec.gpus < 1:
             return
         spec = request.spec
         topology = spec.topology
-        candidates = [n for n in self.index.could_ever_fit(spec)
-                      if request.exclude.get(n, 0.0) <= self.now]
+        candidates = [n for n in self.index.could_fit_when_empty(spec)
+                      if request.exclude.get(n, 0.0) <= self.now and n not in request.apart
+                      and n not in request.flavor_full]
         free = self.index.fitting(spec)
         groups: dict[str | None, list[str]] = {}
         for name in candidates:

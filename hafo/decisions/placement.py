@@ -227,7 +227,11 @@ def _place_one_request(request: PlacementRequest, index: PlacementIndex, gangs: 
             changed = tuple(unplaceable(quotas.for_reclaim(request), waits))
             for name in changed:
                 index.refresh(name)
-        return _Tried(waits, bool(changed))
+        # Reclaiming or not, it holds the pool's room against the borrowers after it: else
+        # they take, in this very pass, the room its victims are about to free, and it
+        # reclaims again every other cycle (a loop the property test found).
+        held = quotas.hold_pool(request, refusal)
+        return _Tried(waits, bool(changed) or held)  # held: those after it meet another
     if quotas is not None:
         request = quotas.constrain(request)  # only nodes of flavors with room
     if request.group is not None and groups.get(request.group):

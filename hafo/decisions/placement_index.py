@@ -111,6 +111,7 @@ class PlacementIndex:
         self.held: set[str] = set()
         self.held_by = ""  # the gang they are held for
         self._label_values: dict[tuple[str, SignatureKey], list[str]] = {}
+        self._fit_when_empty: dict[tuple[SignatureKey, int], list[str]] = {}
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -163,6 +164,19 @@ class PlacementIndex:
         """The nodes whose labels match ``spec`` and that have GPUs of its kind at all."""
         sig = self._signature(spec)
         return [n for n in sig.count if n not in sig.missing]
+
+    def could_fit_when_empty(self, spec: WorkloadSpec) -> list[str]:
+        """The nodes whose labels match ``spec`` and whose usable GPUs of its kind, free or
+        not, are at least ``spec.gpus``: where it would fit once their work ended (computed
+        once per signature and size in a pass)."""
+        key = (signature(spec), spec.gpus)
+        nodes = self._fit_when_empty.get(key)
+        if nodes is None:
+            nodes = self._fit_when_empty[key] = [
+                n for n in self.could_ever_fit(spec)
+                if count_matching(spec, [g for g in self.capacity[n].inventory if g.usable])
+                >= spec.gpus]
+        return nodes
 
     def _choose(self, request: PlacementRequest, strategy: Strategy,
                 honour_cooldown: bool, also_skip: set[str] | None = None) -> str | None:

@@ -39,6 +39,7 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
+from typing import Any
 
 from hafo.decisions.placement_rules import Placed, PlacementRequest
 from hafo.decisions.quota_refusal import QuotaRefusal
@@ -161,6 +162,9 @@ class Quotas:
     #: placement tries them first)
     counted_in: dict[str, str] = field(default_factory=dict)
     nodes: Mapping[str, NodeRecord] = field(default_factory=dict)
+    #: (cohort, flavor) -> the waiting request its pool's room is held for, for the rest of
+    #: the pass (``hold_pool``)
+    pool_holds: dict[tuple[str, str], str] = field(default_factory=dict)
     _members: dict[str, list[str]] = field(default_factory=dict)
     _pools: dict[tuple[str, str], float] = field(default_factory=dict)
     _pool_used: dict[tuple[str, str], float] = field(default_factory=dict)
@@ -423,21 +427,53 @@ class Quotas:
         used = self.used_in(name, flavor)
         after = used + needs
         nominal = float(queue.nominal(flavor))
-        refused = QuotaRefusal(name, used=used, nominal=nominal, needs=needs,
-                               cohort=queue.cohort, borrowing_limit=queue.borrowing_limit,
-                               flavor=label)
+
+        def refused(**more: Any) -> QuotaRefusal:  # built only when refusing: called a lot
+            return QuotaRefusal(name, used=used, nominal=nominal, needs=needs,
+                                cohort=queue.cohort, borrowing_limit=queue.borrowing_limit,
+                                flavor=label, **more)
+
         if queue.cohort is None:
-            return None if after <= nominal + EPSILON else refused
+            return None if after <= nominal + EPSILON else refused()
         if queue.borrowing_limit is not None \
                 and after > nominal + queue.borrowing_limit + EPSILON:
-            return replace(refused, at_borrowing_limit=True)
+            return refused(at_borrowing_limit=True)
         extra = self._from_pool(queue, after, flavor) - self._from_pool(queue, used, flavor)
         pool = self.pool(queue.cohort, flavor)
         pool_used = self.pool_used(queue.cohort, flavor)
-        if pool_used + extra <= pool + EPSILON:
+        held = (extra > EPSILON and after > nominal + EPSILON
+                and (queue.cohort, flavor) in self.pool_holds)
+        if pool_used + extra <= pool + EPSILON and not held:
             return None
-        return replace(refused, pool=pool, pool_free=pool - pool_used,
-                       users=self._pool_users(queue.cohort, flavor), needs_from_pool=extra)
+        return refused(pool=pool, pool_free=pool - pool_used,
+                       users=self._pool_users(queue.cohort, flavor), needs_from_pool=extra,
+                       held=held)
+
+    def hold_pool(self, request: PlacementRequest, refusal: QuotaRefusal) -> bool:
+        """Hold the room left in the cohort's pool for ``request``, refused for too little of
+        it, for the rest of the pass: later requests that would borrow from that pool wait
+        (``QuotaRefusal.held``); those within their queue's nominal quota do not. So a large
+        request at the head of the fair order is not kept waiting for ever by a stream of
+        smaller borrowers that each fit the room left, as the first waiting gang holds
+        nodes (``hafo.decisions.gang_placement``). Only the first such request of a pool per
+        pass, and only when the room left and what the cohort's queues borrow together
+        would fit it (the borrowed work ending makes room; work within its quota need not
+        end). True when it holds."""
+        queue = self.queues.get(request.spec.queue)
+        if queue is None or queue.cohort is None or not refusal.known or refusal.held \
+                or refusal.at_borrowing_limit or refusal.pool_short <= EPSILON:
+            return False
+        flavor = refusal.flavor if refusal.flavor is not None else REST
+        key = (queue.cohort, flavor)
+        if key in self.pool_holds:
+            return False
+        borrowed = sum(max(self.used_in(q, flavor) - float(self.queues[q].nominal(flavor)),
+                           0.0) for q in self._members.get(queue.cohort, ())
+                       if self.queues[q].gpus is not None)
+        if refusal.pool_free + borrowed + EPSILON < refusal.needs_from_pool:
+            return False
+        self.pool_holds[key] = request.workload
+        return True
 
     def _pool_users(self, cohort: str, flavor: str = REST,
                     ) -> tuple[tuple[str, float, float], ...]:

@@ -49,6 +49,10 @@ class QuotaRefusal:
     #: and ``others``, the refusals in the other flavors the request could use
     flavor: str | None = None
     others: tuple[QuotaRefusal, ...] = ()
+    #: the pool would have room, but it is held this pass for a request ahead of it in the
+    #: fair order that waits for the pool (``hafo.decisions.quota.Quotas.hold_pool``); said
+    #: by ``render`` only
+    held: bool = False
 
     @property
     def reclaimable(self) -> bool:
@@ -85,6 +89,9 @@ class QuotaRefusal:
         if self.cohort is None:
             return f"{text}, more than its quota of {_amount(self.nominal)}{kind} GPUs leaves"
         what = "" if self.flavor is None else f"{kind} GPUs"
+        # The same words whether the room is short or held for a request ahead (``held``):
+        # which of the two changes from cycle to cycle, and a stored reason is rewritten
+        # only when its words change (the live reason, ``render``, tells them apart).
         return f"{text}; cohort {self.cohort} has too little{what} to lend"
 
     def render(self) -> str:
@@ -105,6 +112,10 @@ class QuotaRefusal:
             return f"{text}; at its borrowing limit ({_amount(self.borrowing_limit)})"
         if self.cohort is None:
             return text
+        if self.held:
+            return (f"{text}; cohort {self.cohort} has {_amount(max(self.pool_free, 0.0))} "
+                    f"of {_amount(self.pool)}{kind} free, held for a request ahead of it "
+                    f"that waits for more")
         text += (f"; cohort {self.cohort} lends {_amount(max(self.pool_free, 0.0))} of "
                  f"{_amount(self.pool)}{kind}")
         others = [user for user in self.users if user[0] != self.queue]

@@ -176,12 +176,14 @@ class _Placing:
 
 def _place(snapshot: ClusterSnapshot, needs: tuple[Need, ...], admitted: Admitted,
            settled: Iterable[str], now: float, strategy: Strategy, spares: int,
-           policy: PreemptionPolicy, reclaims: bool = False) -> _Placing:
+           policy: PreemptionPolicy, reclaims: bool = False,
+           completed: frozenset[str] = frozenset()) -> _Placing:
     """Stage 3, **place**: the admitted requests, in their order, on the capacity left by
-    everything that does not need a placement; preempting under ``policy`` (``reclaims``:
-    a queue may take back quota it lent, ``hafo.decisions.reclaim``)."""
+    everything that does not need a placement (nor completes in this cycle: ``completed``);
+    preempting under ``policy`` (``reclaims``: a queue may take back quota it lent,
+    ``hafo.decisions.reclaim``)."""
     releasing = {n.request.workload for n in needs}
-    capacity = capacity_from(snapshot, releasing)
+    capacity = capacity_from(snapshot, releasing | completed)
     spare_nodes = choose_spares(snapshot, capacity, spares)
     waiting = waiting_preemptors(snapshot)
     preempting = (Preempting(snapshot, settled, capacity, waiting, now, policy)
@@ -230,7 +232,12 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
     if not assessed.needs:
         return Plan(tuple(actions), replicas)  # nothing to place: no capacity to compute
     needs = tuple(_kept_apart(snapshot, need) for need in assessed.needs)
-    quotas = Quotas.of(snapshot, {n.request.workload for n in needs})
+    # Work that completes in this cycle (every instance exited 0) leaves its GPUs and its
+    # quota to this cycle's placements, not the next one's: at runtimes of seconds, a
+    # cycle's wait per completion is GPU time lost.
+    completed = frozenset(a.workload for a in assessed.actions
+                          if a.kind == "finish" and a.cause is Cause.COMPLETED)
+    quotas = Quotas.of(snapshot, {n.request.workload for n in needs} | completed)
     admitted = admit((n.request for n in needs), quotas, usage_history)  # 2. admit
     reclaims = False
     if quotas is not None:
@@ -241,7 +248,7 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
             preemption = Reclaiming(preemption, snapshot, quotas, _running_since(seen, snapshot),
                                     now, min_runtime)
     placing = _place(snapshot, needs, admitted, assessed.settled, now, default,  # 3. place
-                     spares, preemption, reclaims)
+                     spares, preemption, reclaims, completed)
     notes: dict[str, str] = {}
     if isinstance(preemption, Reclaiming):
         for wid in preemption.held_young - set(placing.preemptions):

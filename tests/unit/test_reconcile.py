@@ -23,6 +23,7 @@ from hafo.model.cluster import (
 )
 from hafo.model.health import Finding
 from hafo.model.health_config import HealthConfig
+from hafo.model.queues import QueueSpec
 from hafo.model.spec import RestartPolicy
 
 from .conftest import make_node, make_snapshot, placed, status, submit
@@ -127,6 +128,33 @@ def test_exit_zero_finishes_completed() -> None:
     assert action.assignment == Assignment(workload="w1", phase="completed", restarts=2,
                                            restart_times=(NOW - 9, NOW - 8),
                                            reason="exited with code 0")
+
+
+@pytest.mark.parametrize("queued", [False, True])
+def test_a_completion_frees_its_gpus_and_quota_for_the_same_cycle(queued: bool) -> None:
+    """done exited 0 on the only node's 4 GPUs: next, waiting for them, is placed on them in
+    the cycle that finishes done, not the one after (with a queue of 4: its quota too)."""
+    snap = make_snapshot(
+        [make_node("a")], workloads=[submit("done", 4), submit("next", 4, submitted_at=5.0)],
+        assignments=[placed("done", "a", [0, 1, 2, 3], epoch=10)],
+        statuses=[status("done", "a", 10, "exited", exit_code=0)])
+    if queued:
+        snap = dataclasses.replace(snap, queues={"default": QueueSpec(name="default", gpus=4)})
+    kinds = {a.workload: (a.kind, a.assignment) for a in reconcile(snap, NOW).actions}
+    assert kinds["done"][0] == "finish"
+    kind, assignment = kinds["next"]
+    assert kind == "place" and assignment is not None
+    assert (assignment.node, assignment.gpus) == ("a", (0, 1, 2, 3))
+
+
+def test_a_running_workload_keeps_its_gpus() -> None:
+    """The same, with done still running: next waits."""
+    snap = make_snapshot(
+        [make_node("a")], workloads=[submit("done", 4), submit("next", 4, submitted_at=5.0)],
+        assignments=[placed("done", "a", [0, 1, 2, 3], epoch=10)],
+        statuses=[status("done", "a", 10)])
+    kinds = {a.workload: a.kind for a in reconcile(snap, NOW).actions}
+    assert kinds == {"next": "pending"}
 
 
 def test_exit_nonzero_restarts_in_place() -> None:
