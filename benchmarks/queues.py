@@ -84,32 +84,39 @@ p99 <= checkpoint + 2 s; 0 preemption cycles.
     python benchmarks/queues.py --profile large            # 1,000 queues, 50,000 workloads
 
 Figures (2 cores shared with other jobs; etcd, the controller, the fleet and the benchmark on
-them). The baseline, once (load 1.8 at the start, 3.7-4.5 during it, from other jobs):
+them). The baseline, once on 2026-12-05 (load 1.5 at the start, nothing else running):
 
     python benchmarks/queues.py --profile baseline --timeout 600     # time scale 5
-    wall 556.0 s (111.2 kueue-s) = 1.68x the lower bound 330 s (arrival floor 305 s); usage
-    60.7%, 61.9% while demand exceeds supply; time-to-admission mean / p99 in kueue-s: large
-    27.9 / 44.5, medium 9.7 / 58.4, small 37.0 / 90.7; 15,000 admissions at 27/s (busiest
-    5 s: 216/s); Jain 0.999, largest deviation 8.2 GPUs (per sample: 0.611, 48 GPUs); reclaim
-    p50 12.0 s, p99 428 s (1,992 reclaimers; large 12, p50 92 s); 2,732 preemptions (all
-    reclaims) = 0.182 per workload; 12 preemption cycles by the definition above; controller:
-    1,529 cycles, reconcile mean 0.147 s, max 1.0 s, writing 274 s in all, of which 1,194,339
-    ``pending`` rewrites (80 per workload: the pending reason names the place in the queue
-    and the live usage, so it changes every cycle) against 17,732 placements.
-    Against Kueue's published means: wall 111.2 vs 351.1 kueue-s, usage 60.7% vs 58.7%,
-    medium 9.7 vs 76.8 s, small 37.0 vs 215.5 s beaten; large 27.9 vs 6.7 s not.
+    wall 403.2 s (80.6 kueue-s) = 1.22x the lower bound 330 s (arrival floor 305 s); usage
+    82.3%, 84.1% while demand exceeds supply; time-to-admission mean / p99 in kueue-s: large
+    5.5 / 20.6, medium 19.7 / 48.1, small 27.2 / 65.0; 15,000 admissions at 37/s (busiest
+    5 s: 265/s); Jain 0.999, largest deviation 4.0 GPUs; lenders' reclaim p99 0.45 s (2
+    lenders reclaimed); 5 preemptions (all reclaims); 0 preemption cycles; controller: 1,854
+    cycles, reconcile mean 0.125 s, 28,823 ``pending`` rewrites against 15,005 placements.
+    Against Kueue's published means, all five beaten: wall 80.6 vs 351.1 kueue-s, usage
+    82.3% vs 58.7%, large 5.5 vs 6.7 s, medium 19.7 vs 76.8 s, small 27.2 vs 215.5 s.
+
+Before that run's changes (a completion's GPUs and quota placed only in the next cycle, no
+hold of the cohort's pool, the demand computed after every cycle), the same command gave
+1.33x and 77.5% (lenders' reclaim p99 93 s) on the same day; with the completion alone, 1.19x
+and 86.5% (lenders' p99 64 s): the pool's hold costs a few points of usage (its room idles
+while borrowed work ends) and buys the lenders' reclaim. What is left of the usage goal is
+mostly the controller's cycle: in the run with the completion alone, a completion was acted
+on 0.44 s (mean) after its instance exited, against runtimes of 1 to 5 s.
 
 The large profile (``python benchmarks/queues.py --profile large --timeout 780``) was run
 once on 2026-12-05: its figures are in the README ("Queues sharing one pool"). It is bound by
 the controller's cycle (1.25 s mean at 50,000 workloads on 1,000 nodes, two cores shared with
 etcd and the 1,000 simulated agents), against runtimes of 1.5 to 7 s.
 
-    python benchmarks/queues.py --profile small                  # time scale 3, load 2.6
-    wall 26.4 s = 1.33x the lower bound 19.8 s (arrival floor 21.0 s); usage 76.2%, 87.5%
-    while demand exceeds supply; time-to-admission mean / p99: large 4.85 / 6.76 s, medium
-    0.04 / 0.57 s, small 0.01 / 0.02 s; 300 admissions at 13/s (arrival-bound); Jain 0.998,
-    largest deviation 3.3 GPUs (per sample: mean Jain 0.834, 20 GPUs); reclaim p50 0.20 s,
-    p99 6.42 s (6 reclaims); 0.020 preemptions per workload; 0 cycles.
+    python benchmarks/queues.py --profile small                  # time scale 3 (2026-12-05)
+    wall 25.4 s = 1.28x the lower bound 19.8 s (arrival floor 21.0 s); usage 78.7%, 92.7%
+    while demand exceeds supply; time-to-admission mean / p99: large 3.26 / 5.53 s, medium
+    0.05 / 0.25 s, small 0.20 / 1.48 s; 300 admissions at 13/s (arrival-bound); Jain 0.997,
+    largest deviation 2.4 GPUs; 1 reclaim; 0 cycles. (Before the changes above: 1.33x,
+    88.4% while demand exceeded supply.)
+
+    The next two are older (before the changes above):
 
     python benchmarks/queues.py --profile small --time-scale 1   # Kueue's own times, load 9
     wall 8.95 s = 1.36x (bound 6.6 s, arrival floor 7.0 s); usage 76.5%, 88.1% while
@@ -120,11 +127,9 @@ etcd and the 1,000 simulated agents), against runtimes of 1.5 to 7 s.
 A rerun of the first (load 8.7) printed the reclaims by class: the medium class's 4 took p50
 0.14 s, p99 0.59 s (within the goal); the one large reclaim took 5.94 s, and is the p99.
 
-What limits them: the pool is nodes (Kueue's test has none). A large workload (20 GPUs) needs
-a whole empty node, and a reclaim takes its victims from one node only
-(``hafo.decisions.preemption``): a large lender waits until one node holds nothing but
-reclaimable borrowed work (the reclaim p99, and likely most of the large class's wait, not
-traced event by event); GPUs left idle meanwhile are the usage and wall shortfall. The
+What limits them: the controller's cycle against runtimes of seconds (above), and the pool
+is nodes (Kueue's test has none): a large workload (20 GPUs) needs a whole empty node, and a
+reclaim takes its victims from one node only (``hafo.decisions.preemption``). The
 admission-rate goal is the large profile's; the small one submits 40/s at most.
 """
 
