@@ -43,13 +43,9 @@ def assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
     submission = snapshot.workloads[wid]
     spec = submission.spec
     current = snapshot.assignments.get(wid)
-    if current is not None and current.phase in ("completed", "failed") \
-            and submission.retiring is None and wid not in snapshot.moves \
-            and not (spec.is_service and submission.service is None):
-        # Ended, and nothing asked of it: settled as below, without bounding its times (a
-        # cluster keeps thousands of ended workloads, assessed every cycle).
-        return Settled(SettledReason.ENDED, current.phase)
-    if current is not None:  # times a leader with another clock wrote: bounded
+    if current is not None and current.phase not in ("completed", "failed"):
+        # times a leader with another clock wrote: bounded (an ended assignment's are read
+        # no more, and a cluster keeps thousands of them, assessed every cycle)
         current = bounded(current, seen.assigned_at(wid, current.epoch, now), spec.restart,
                           cooldown)
     move = snapshot.moves.get(wid)

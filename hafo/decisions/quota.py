@@ -170,6 +170,7 @@ class Quotas:
     _pool_used: dict[tuple[str, str], float] = field(default_factory=dict)
     _users: dict[tuple[str, str], tuple[tuple[str, float, float], ...]] = field(
         default_factory=dict)
+    _cohort_borrowed: dict[tuple[str, str], float] = field(default_factory=dict)
     _node_flavors: dict[str, dict[str, frozenset[str]]] = field(default_factory=dict)
     _full_nodes: dict[tuple[str, frozenset[str]], frozenset[str]] = field(default_factory=dict)
     _outside: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
@@ -269,6 +270,23 @@ class Quotas:
         queue without one, or undeclared, counts as within)."""
         spec = self.queues.get(queue)
         return spec is None or spec.gpus is None or used <= spec.nominal(flavor) + EPSILON
+
+    def borrowed_in(self, queue: str, flavor: str = REST) -> float:
+        """What ``queue`` uses of ``flavor`` above its nominal quota there (0 for a queue
+        without a quota)."""
+        spec = self.queues[queue]
+        if spec.gpus is None:
+            return 0.0
+        return max(self.used_in(queue, flavor) - float(spec.nominal(flavor)), 0.0)
+
+    def cohort_borrowed(self, cohort: str, flavor: str = REST) -> float:
+        """What the queues of ``cohort`` use of ``flavor`` above their nominal quotas, in all
+        (kept until a placement of the cohort changes it)."""
+        key = (cohort, flavor)
+        if key not in self._cohort_borrowed:
+            self._cohort_borrowed[key] = sum(self.borrowed_in(q, flavor)
+                                             for q in self._members.get(cohort, ()))
+        return self._cohort_borrowed[key]
 
     # -- flavors -----------------------------------------------------------------------
 
@@ -460,17 +478,15 @@ class Quotas:
         would fit it (the borrowed work ending makes room; work within its quota need not
         end). True when it holds."""
         queue = self.queues.get(request.spec.queue)
-        if queue is None or queue.cohort is None or not refusal.known or refusal.held \
+        if queue is None or queue.cohort is None or not refusal.known \
                 or refusal.at_borrowing_limit or refusal.pool_short <= EPSILON:
             return False
         flavor = refusal.flavor if refusal.flavor is not None else REST
         key = (queue.cohort, flavor)
-        if key in self.pool_holds:
+        if key in self.pool_holds:  # one hold per pool (a refusal for a hold: this one)
             return False
-        borrowed = sum(max(self.used_in(q, flavor) - float(self.queues[q].nominal(flavor)),
-                           0.0) for q in self._members.get(queue.cohort, ())
-                       if self.queues[q].gpus is not None)
-        if refusal.pool_free + borrowed + EPSILON < refusal.needs_from_pool:
+        if refusal.pool_free + self.cohort_borrowed(queue.cohort, flavor) + EPSILON \
+                < refusal.needs_from_pool:
             return False
         self.pool_holds[key] = request.workload
         return True
@@ -517,6 +533,7 @@ class Quotas:
             return
         key = (queue.cohort, flavor)
         self._users.pop(key, None)
+        self._cohort_borrowed.pop(key, None)
         if key in self._pool_used:
             self._pool_used[key] += (self._from_pool(queue, before + amount, flavor)
                                      - self._from_pool(queue, before, flavor))
@@ -559,20 +576,15 @@ class Quotas:
     def _flavor_standings(self, queue: QueueSpec) -> dict[str, FlavorStanding]:
         if not queue.models:
             return {}
-        out = {}
-        for flavor in queue.flavors:
-            used = self.used_in(queue.name, flavor)
-            nominal = float(queue.nominal(flavor))
-            out[flavor] = FlavorStanding(nominal, used, max(used - nominal, 0.0))
-        return out
+        return {flavor: FlavorStanding(float(queue.nominal(flavor)),
+                                       self.used_in(queue.name, flavor),
+                                       self.borrowed_in(queue.name, flavor))
+                for flavor in queue.flavors}
 
     def _borrowed(self, name: str) -> float:
-        spec = self.queues[name]
-        if spec.gpus is None:
-            return 0.0
-        if spec.models:  # per flavor: one may borrow while another is idle
-            return sum(max(self.used_in(name, f) - spec.nominal(f), 0.0) for f in spec.flavors)
-        return max(self.used.get(name, 0.0) - spec.gpus, 0.0)
+        """Per flavor: one may borrow while another is idle (one, ``REST``, without
+        ``models``)."""
+        return sum(self.borrowed_in(name, f) for f in self.queues[name].flavors)
 
     def _idle(self, name: str) -> float:
         """What ``name`` lends and does not use itself."""

@@ -50,8 +50,9 @@ class QuotaRefusal:
     flavor: str | None = None
     others: tuple[QuotaRefusal, ...] = ()
     #: the pool would have room, but it is held this pass for a request ahead of it in the
-    #: fair order that waits for the pool (``hafo.decisions.quota.Quotas.hold_pool``); said
-    #: by ``render`` only
+    #: fair order that waits for the pool (``hafo.decisions.quota.Quotas.hold_pool``); the
+    #: words are a short pool's (readers' live reasons are computed without the pass's
+    #: holds: ``hafo.decisions.pending_reasons``)
     held: bool = False
 
     @property
@@ -91,7 +92,7 @@ class QuotaRefusal:
         what = "" if self.flavor is None else f"{kind} GPUs"
         # The same words whether the room is short or held for a request ahead (``held``):
         # which of the two changes from cycle to cycle, and a stored reason is rewritten
-        # only when its words change (the live reason, ``render``, tells them apart).
+        # only when its words change.
         return f"{text}; cohort {self.cohort} has too little{what} to lend"
 
     def render(self) -> str:
@@ -112,10 +113,6 @@ class QuotaRefusal:
             return f"{text}; at its borrowing limit ({_amount(self.borrowing_limit)})"
         if self.cohort is None:
             return text
-        if self.held:
-            return (f"{text}; cohort {self.cohort} has {_amount(max(self.pool_free, 0.0))} "
-                    f"of {_amount(self.pool)}{kind} free, held for a request ahead of it "
-                    f"that waits for more")
         text += (f"; cohort {self.cohort} lends {_amount(max(self.pool_free, 0.0))} of "
                  f"{_amount(self.pool)}{kind}")
         others = [user for user in self.users if user[0] != self.queue]

@@ -120,5 +120,5 @@ def test_a_request_within_its_quota_is_never_held() -> None:
     assert quotas.refusal(mine) is None
     held = quotas.refusal(borrower)
     assert held is not None and held.held
-    assert "held for a request ahead of it" in held.render()
+    assert held.summary() == "queue a: needs 1; cohort c has too little to lend"
     assert not quotas.hold_pool(borrower, held)  # one hold per pool and pass
