@@ -26,6 +26,7 @@ from hafo.controller.history import HistoryWriter
 from hafo.controller.metrics import ControllerMetrics
 from hafo.decisions.api_auth import api_auth_of
 from hafo.decisions.demand import Demand, demand, observe_idle
+from hafo.decisions.live_view import live_view
 from hafo.decisions.observed import Observations, observe
 from hafo.decisions.reconcile import reconcile
 from hafo.model.clocks import SteadyClock
@@ -340,12 +341,15 @@ class Controller:
                 self.cache.changed.clear()
                 now = self.clock()
                 snapshot = self.conditions.decide(snapshot, now)  # shared faults
-                self.seen = observe(self.seen, snapshot, now)
-                usage_history = await self.fair_share.before_cycle(snapshot, now)
+                # The workloads a cycle can act on: a cluster's thousands of ended ones are
+                # read by nothing below but the histories (hafo.decisions.live_view).
+                live = live_view(snapshot)
+                self.seen = observe(self.seen, live, now)
+                usage_history = await self.fair_share.before_cycle(live, now)
                 # In a thread: a big cycle (thousands of placements) must not starve the
                 # lease keepalives on this loop. The snapshot is frozen.
                 plan = await asyncio.to_thread(
-                    reconcile, snapshot, now,
+                    reconcile, live, now,
                     allow_failover=self.failsafe.failover_allowed(),
                     strategy=self.config.placement_strategy,
                     spares=self.config.placement.spares, seen=self.seen,
@@ -372,13 +376,13 @@ class Controller:
                         if not await self.events.forget_if_gone():
                             raise
                         log.warning("apply failed: the event lease is gone; granted anew")
-                self.metrics.cycle(snapshot, now, applied, time.monotonic() - started)
-                self.fair_share.after_plan(applied, snapshot)
+                self.metrics.cycle(live, now, applied, time.monotonic() - started)
+                self.fair_share.after_plan(applied, live)
                 await self.fair_share.save(self.election, now)
                 # After the plan: recording what happened never delays deciding about it.
                 await self.history.step(self.election, snapshot, now)
                 await self.conditions.say()
-                self._elastic_step(snapshot, now)
+                self._elastic_step(live, now)
                 if plan:
                     continue
             await wait_event(self.cache.changed, TICK)

@@ -195,6 +195,10 @@ def update_history(previous: WorkloadHistory | None, snapshot: ClusterSnapshot, 
     if not exists and assignment is None:
         return None
     epochs = previous.epochs if previous is not None else ()
+    if exists and assignment is not None and assignment.phase in ("completed", "failed") \
+            and (not epochs or epochs[-1].over):
+        return previous  # ended, its last epoch closed: nothing below changes it (and a
+        # cluster keeps thousands of these, read every cycle)
     current = running_epoch(assignment)
     last = epochs[-1] if epochs else None
     updated = epochs
@@ -232,7 +236,7 @@ def history_changes(histories: Mapping[str, WorkloadHistory], snapshot: ClusterS
     """``update_history`` for every workload the snapshot or ``histories`` knows."""
     changed: dict[str, WorkloadHistory] = {}
     gone: list[str] = []
-    for wid in sorted({*snapshot.workloads, *snapshot.assignments, *histories}):
+    for wid in {*snapshot.workloads, *snapshot.assignments, *histories}:
         previous = histories.get(wid)
         new = update_history(previous, snapshot, wid, now, keep)
         if new is None:
@@ -240,4 +244,4 @@ def history_changes(histories: Mapping[str, WorkloadHistory], snapshot: ClusterS
                 gone.append(wid)
         elif new is not previous:
             changed[wid] = new
-    return HistoryChanges(changed, tuple(gone))
+    return HistoryChanges(dict(sorted(changed.items())), tuple(sorted(gone)))
