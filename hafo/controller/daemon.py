@@ -26,7 +26,7 @@ from hafo.controller.history import HistoryWriter
 from hafo.controller.metrics import ControllerMetrics
 from hafo.decisions.api_auth import api_auth_of
 from hafo.decisions.demand import Demand, demand, observe_idle
-from hafo.decisions.live_view import live_view
+from hafo.decisions.live_view import dormant, live_view
 from hafo.decisions.observed import Observations, observe
 from hafo.decisions.reconcile import reconcile
 from hafo.model.clocks import SteadyClock
@@ -61,6 +61,9 @@ TICK = 1.0  # time-based decisions (restart windows, cool-downs) are re-evaluate
 #: The leader's demand (pending shapes, removable nodes: ``hafo.decisions.demand``) is
 #: computed again at most this often (seconds); the autoscale hook is rate-limited far more.
 DEMAND_EVERY = 1.0
+#: ... and at most this share of the leader's time: it repeats admission over every pending
+#: workload, on the event loop (at thousands pending, every few seconds).
+DEMAND_SHARE = 0.05
 TRUST_EVERY = 1.0  # how often the store's identity is read (hafo.store.identity)
 
 
@@ -121,6 +124,7 @@ class Controller:
         #: the demand of the leader's last cycle (None: not leading, or no cycle yet)
         self.last_demand: Demand | None = None
         self.demand_at = 0.0  # when last_demand was computed (the controller's clock)
+        self.demand_every = DEMAND_EVERY  # until it is computed next (DEMAND_SHARE)
         self.autoscaler = Autoscaler(config.autoscale, self.registry)
         register_demand_metrics(self.registry, self.current_demand)
         register_history_metrics(self.registry, self.fair_share, self.leading)
@@ -200,13 +204,16 @@ class Controller:
         goes on whatever happens here."""
         try:
             self.idle_since = observe_idle(self.idle_since, snapshot, now)
-            if self.last_demand is None or not 0.0 <= now - self.demand_at < DEMAND_EVERY:
-                # At most every DEMAND_EVERY: the demand repeats admission over every
-                # pending workload, on this loop, between two cycles.
+            if self.last_demand is None or not 0.0 <= now - self.demand_at < self.demand_every:
+                # At most every DEMAND_EVERY, and DEMAND_SHARE of this loop's time: the
+                # demand repeats admission over every pending workload, between two cycles.
+                started = time.monotonic()
                 self.last_demand = demand(snapshot, self.idle_since, now,
                                           self.config.autoscale.idle_after,
                                           self.config.placement.spares)
                 self.demand_at = now
+                self.demand_every = max(DEMAND_EVERY,
+                                        (time.monotonic() - started) / DEMAND_SHARE)
             self.autoscaler.step(self.last_demand, now)
         except Exception:
             log.exception("demand not computed")
@@ -343,7 +350,8 @@ class Controller:
                 snapshot = self.conditions.decide(snapshot, now)  # shared faults
                 # The workloads a cycle can act on: a cluster's thousands of ended ones are
                 # read by nothing below but the histories (hafo.decisions.live_view).
-                live = live_view(snapshot)
+                quiet = dormant(snapshot)
+                live = live_view(snapshot, quiet)
                 self.seen = observe(self.seen, live, now)
                 usage_history = await self.fair_share.before_cycle(live, now)
                 # In a thread: a big cycle (thousands of placements) must not starve the
@@ -380,7 +388,7 @@ class Controller:
                 self.fair_share.after_plan(applied, live)
                 await self.fair_share.save(self.election, now)
                 # After the plan: recording what happened never delays deciding about it.
-                await self.history.step(self.election, snapshot, now)
+                await self.history.step(self.election, snapshot, now, quiet)
                 await self.conditions.say()
                 self._elastic_step(live, now)
                 if plan:

@@ -42,11 +42,13 @@ class HistoryWriter:
         self.histories = None
         self.settled = -1
 
-    async def step(self, election: Election, snapshot: ClusterSnapshot, now: float) -> int:
+    async def step(self, election: Election, snapshot: ClusterSnapshot, now: float,
+                   quiet: frozenset[str] = frozenset()) -> int:
         """Write what this snapshot changes; returns the number of histories written or
         removed. Raises NotLeader if leadership is lost; etcd errors are logged. A snapshot
         at the revision already written changes nothing (the histories follow etcd's data,
-        not the clock)."""
+        not the clock). ``quiet``: its dormant workloads (``hafo.decisions.live_view``),
+        whose closed histories are not looked at."""
         if snapshot.revision == self.settled:
             return 0
         try:
@@ -54,7 +56,7 @@ class HistoryWriter:
                 self.histories = await read_histories(self.store, self.keys)
             known = self.histories
             changes = await asyncio.to_thread(history_changes, known, snapshot, now,
-                                              self.keep)
+                                              self.keep, quiet)
             written = 0
             for batch in history_writes(self.keys, changes.changed, changes.gone):
                 await election.fenced([], batch)

@@ -232,11 +232,17 @@ class HistoryChanges:
 
 
 def history_changes(histories: Mapping[str, WorkloadHistory], snapshot: ClusterSnapshot,
-                    now: float, keep: int = HISTORY_KEEP) -> HistoryChanges:
-    """``update_history`` for every workload the snapshot or ``histories`` knows."""
+                    now: float, keep: int = HISTORY_KEEP,
+                    quiet: frozenset[str] = frozenset()) -> HistoryChanges:
+    """``update_history`` for every workload the snapshot or ``histories`` knows.
+    ``quiet``: workloads of the snapshot that ended (``hafo.decisions.live_view.dormant``):
+    passed over where their history's last epoch is closed (it cannot change)."""
     changed: dict[str, WorkloadHistory] = {}
     gone: list[str] = []
-    for wid in {*snapshot.workloads, *snapshot.assignments, *histories}:
+    closed = {wid for wid in quiet
+              if (known := histories.get(wid)) is None or not known.epochs
+              or known.epochs[-1].over}
+    for wid in {*snapshot.workloads, *snapshot.assignments, *histories} - closed:
         previous = histories.get(wid)
         new = update_history(previous, snapshot, wid, now, keep)
         if new is None:

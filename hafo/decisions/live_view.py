@@ -42,10 +42,12 @@ def dormant(snapshot: ClusterSnapshot) -> frozenset[str]:
     return frozenset(out)
 
 
-def live_view(snapshot: ClusterSnapshot) -> ClusterSnapshot:
+def live_view(snapshot: ClusterSnapshot,
+              quiet: frozenset[str] | None = None) -> ClusterSnapshot:
     """``snapshot`` less its dormant workloads' submissions and assignments (the same object
-    when there are none)."""
-    quiet = dormant(snapshot)
+    when there are none); ``quiet``: ``dormant(snapshot)``, if computed already."""
+    if quiet is None:
+        quiet = dormant(snapshot)
     if not quiet:
         return snapshot
     return replace(

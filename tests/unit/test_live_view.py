@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from hafo.decisions.history import history_changes
 from hafo.decisions.live_view import dormant, live_view
 from hafo.decisions.observed import Observations, observe
 from hafo.decisions.plan import Plan
@@ -22,6 +23,7 @@ from hafo.model.cluster import (
     Phase,
     Submission,
 )
+from hafo.model.history import WorkloadHistory
 from hafo.model.queues import QueueSpec
 from hafo.model.spec import RestartPolicy
 
@@ -180,7 +182,8 @@ def operator(snapshot: ClusterSnapshot, rng: random.Random, now: float,
 def test_a_cycle_decides_the_same_without_its_dormant_workloads(seed: int) -> None:
     """Over a random trace, every cycle's plan on the live view is the plan on the whole
     snapshot (the controller's observations kept on each, as the daemon keeps them on the
-    live view)."""
+    live view), and the histories' changes are the same when the dormant workloads' closed
+    histories are passed over."""
     rng = random.Random(seed)
     queues = {"a": QueueSpec(name="a", gpus=6, cohort="c"),
               "b": QueueSpec(name="b", gpus=6, cohort="c")}
@@ -190,6 +193,7 @@ def test_a_cycle_decides_the_same_without_its_dormant_workloads(seed: int) -> No
     seen_whole, seen_live = Observations(), Observations()
     revision, now = [100], NOW
     left_out = 0
+    histories: dict[str, WorkloadHistory] = {}
     for cycle in range(60):
         now += 1.0
         workloads = dict(snapshot.workloads)
@@ -203,6 +207,11 @@ def test_a_cycle_decides_the_same_without_its_dormant_workloads(seed: int) -> No
         whole = reconcile(snapshot, now, seen=seen_whole, min_runtime=0.0, strategy="binpack")
         live = reconcile(view, now, seen=seen_live, min_runtime=0.0, strategy="binpack")
         assert live == whole, f"cycle {cycle}"
+        changes = history_changes(histories, snapshot, now, quiet=dormant(snapshot))
+        assert changes == history_changes(histories, snapshot, now), f"cycle {cycle}"
+        histories.update(changes.changed)
+        for wid in changes.gone:
+            del histories[wid]
         snapshot = agents(applied(snapshot, whole, revision), rng, now)
     assert left_out > 0  # not vacuous: workloads ended and were left out
 
