@@ -213,6 +213,17 @@ class _Tried:
     changed: bool
 
 
+def _past_holds(request: PlacementRequest, index: PlacementIndex) -> PlacementRequest:
+    """``request`` for a victim search: victims only where it would fit once they stop, so
+    not on the nodes held for a waiting gang ahead of it (it would not get them: its
+    victims' room would go back to others, and it would stop them again, every other cycle:
+    loops the property test found, for a gang refused a node and for one refused its
+    cohort's pool)."""
+    if not index.held or index.held_by == request.workload:
+        return request
+    return replace(request, exclude={**request.exclude, **dict.fromkeys(index.held, math.inf)})
+
+
 def _place_one_request(request: PlacementRequest, index: PlacementIndex, gangs: GangPlacer,
                        groups: dict[str, set[str]], unplaceable: Fallback | None,
                        quotas: Quotas | None) -> Placed | _Tried:
@@ -224,7 +235,8 @@ def _place_one_request(request: PlacementRequest, index: PlacementIndex, gangs: 
         changed: tuple[str, ...] = ()
         if unplaceable is not None and request.workload in quotas.entitled \
                 and quotas.reclaim_need(request) is not None:
-            changed = tuple(unplaceable(quotas.for_reclaim(request), waits))
+            changed = tuple(unplaceable(_past_holds(quotas.for_reclaim(request), index),
+                                        waits))
             for name in changed:
                 index.refresh(name)
         # Reclaiming or not, it holds the pool's room against the borrowers after it: else
@@ -248,14 +260,7 @@ def _place_one_request(request: PlacementRequest, index: PlacementIndex, gangs: 
         gangs.hold_for(request)
         if unplaceable is not None and quotas is not None \
                 and request.workload in quotas.entitled:  # its lent quota, in use
-            reclaim = quotas.for_reclaim(request)
-            if index.held and index.held_by != request.workload:
-                # Victims only where it would fit once they stop: not on nodes held for
-                # work ahead of it (it would not get them, its victims' room would go back
-                # to them, and it would stop them again: a loop the property test found).
-                reclaim = replace(reclaim, exclude={**reclaim.exclude,
-                                                    **dict.fromkeys(index.held, math.inf)})
-            unplaceable(reclaim, gang)
+            unplaceable(_past_holds(quotas.for_reclaim(request), index), gang)
         return _Tried(gang, True)  # a gang is never repeated
     outcome = _place_single(index, request, quotas)
     if isinstance(outcome, Placed):
@@ -267,11 +272,12 @@ def _place_one_request(request: PlacementRequest, index: PlacementIndex, gangs: 
         return outcome
     changed = ()
     if unplaceable is not None:
-        changed = tuple(unplaceable(request, outcome))
+        changed = tuple(unplaceable(_past_holds(request, index), outcome))
         if not changed and quotas is not None and request.workload in quotas.entitled:
             # Within its quota, but the room it needs is held by borrowers (free GPUs
             # scattered over nodes they fill): it takes it back as when the quota is.
-            changed = tuple(unplaceable(quotas.for_reclaim(request), outcome))
+            changed = tuple(unplaceable(_past_holds(quotas.for_reclaim(request), index),
+                                        outcome))
         for name in changed:
             index.refresh(name)
     return _Tried(outcome, bool(changed))

@@ -365,6 +365,16 @@ def test_random_traces_come_to_rest_without_ping_pong(seed: int) -> None:
     replay(seed)
 
 
+@pytest.mark.parametrize("seed", [614, 10761])
+def test_the_traces_that_found_loops_come_to_rest(seed: int) -> None:
+    """Traces past CI's first 40 that once reclaimed every other cycle: 614 (a lender's
+    victims' room taken in the same pass by the borrowers after it: the pool's hold) and
+    10761 (a gang refused its cohort's pool reclaimed a single whose node, with a node held
+    for an older gang, could never take it: its victim went back, and was stopped again;
+    ``hafo.decisions.placement._past_holds``)."""
+    replay(seed)
+
+
 def test_the_traces_exercise_reclaim_and_every_node_change() -> None:
     """The first 20 traces reclaim, and power nodes off, back on, add and remove them (so
     the property test is not vacuous)."""
