@@ -84,30 +84,39 @@ p99 <= checkpoint + 2 s; 0 preemption cycles.
     python benchmarks/queues.py --profile large            # 1,000 queues, 50,000 workloads
 
 Figures (2 cores shared with other jobs; etcd, the controller, the fleet and the benchmark on
-them). The baseline, once on 2026-12-05 (load 1.5 at the start, nothing else running):
+them). The baseline, 2026-12-05, nothing else running, with the cycle reading only the live
+workloads (``hafo.decisions.live_view``):
 
     python benchmarks/queues.py --profile baseline --timeout 600     # time scale 5
-    wall 403.2 s (80.6 kueue-s) = 1.22x the lower bound 330 s (arrival floor 305 s); usage
-    82.3%, 84.1% while demand exceeds supply; time-to-admission mean / p99 in kueue-s: large
-    5.5 / 20.6, medium 19.7 / 48.1, small 27.2 / 65.0; 15,000 admissions at 37/s (busiest
-    5 s: 265/s); Jain 0.999, largest deviation 4.0 GPUs; lenders' reclaim p99 0.45 s (2
-    lenders reclaimed); 5 preemptions (all reclaims); 0 preemption cycles; controller: 1,854
-    cycles, reconcile mean 0.125 s, 28,823 ``pending`` rewrites against 15,005 placements.
-    Against Kueue's published means, all five beaten: wall 80.6 vs 351.1 kueue-s, usage
-    82.3% vs 58.7%, large 5.5 vs 6.7 s, medium 19.7 vs 76.8 s, small 27.2 vs 215.5 s.
+    wall 369.2 s (73.8 kueue-s) = 1.12x the lower bound 330 s (arrival floor 305 s); usage
+    89.8%, 91.7% while demand exceeds supply; time-to-admission mean / p99 in kueue-s: large
+    4.6 / 14.2, medium 15.9 / 38.9, small 17.8 / 53.0; 15,000 admissions at 41/s (busiest
+    5 s: 286/s); Jain 0.999, largest deviation 3.2 GPUs; lenders' reclaim p99 0.60 s (12
+    lenders reclaimed); 15 preemptions (all reclaims); 0 preemption cycles; controller:
+    3,321 cycles, reconcile mean 0.059 s. Against Kueue's published means, all five beaten:
+    wall 73.8 vs 351.1 kueue-s, usage 89.8% vs 58.7%, large 4.6 vs 6.7 s, medium 15.9 vs
+    76.8 s, small 17.8 vs 215.5 s.
 
-Before that run's changes (a completion's GPUs and quota placed only in the next cycle, no
-hold of the cohort's pool, the demand computed after every cycle), the same command gave
-1.33x and 77.5% (lenders' reclaim p99 93 s) on the same day; with the completion alone, 1.19x
-and 86.5% (lenders' p99 64 s): the pool's hold costs a few points of usage (its room idles
-while borrowed work ends) and buys the lenders' reclaim. What is left of the usage goal is
-mostly the controller's cycle: in the run with the completion alone, a completion was acted
-on 0.44 s (mean) after its instance exited, against runtimes of 1 to 5 s.
+Three more runs that day (the second with py-spy attached for 90 s; the third with the
+demand's 5% share and the histories' skip too) gave, while demand exceeded supply, 89.0%,
+91.3% and 90.8% (wall 1.16x, 1.13x, 1.14x; the 90% goal missed once), and the lenders'
+reclaim p99 0.63 s, 0.63 s and 152 s: in the last, two medium requests (5 GPUs) of a queue
+within its quota waited 150 s for a node where their cohort's borrowed work could free 5
+GPUs: the nodes hold all five cohorts' work, and a reclaim takes its victims from one node.
+The run before the live view, the same day: 1.19x, 86.3%, a cycle of 0.4 s once most of the
+15,000 workloads had ended (``exit -> completed`` 0.47 s mean, 0.9 s at the peak), and the
+lenders' p99 61 s (a large request, the same node-level cause).
 
-The large profile (``python benchmarks/queues.py --profile large --timeout 780``) was run
-once on 2026-12-05: its figures are in the README ("Queues sharing one pool"). It is bound by
-the controller's cycle (1.25 s mean at 50,000 workloads on 1,000 nodes, two cores shared with
-etcd and the 1,000 simulated agents), against runtimes of 1.5 to 7 s.
+The large profile, once that day, with the live view (README, "Queues sharing one pool"):
+
+    python benchmarks/queues.py --profile large --timeout 780        # time scale 10
+    wall 100.3 s (10.0 kueue-s) = 2.49x the lower bound 40.3 s (arrival floor 36.5 s);
+    usage 40.4%, 51.2% while demand exceeds supply; time-to-admission mean in kueue-s: large
+    1.3, medium 4.3, small 5.5; 50,000 admissions at 506/s (busiest 5 s: 1,956/s); Jain
+    1.000, largest deviation 10.4 GPUs; no lender's request reclaimed; 0 preemption cycles;
+    controller: 36 cycles (2.8 s apart: each writes thousands of decisions, 38 s of writing
+    in all), reconcile mean 0.86 s. (A run earlier that day, before the completion, the
+    pool hold and the live view: 357 admissions/s, 3.52x, 32.9%.)
 
     python benchmarks/queues.py --profile small                  # time scale 3 (2026-12-05)
     wall 25.4 s = 1.28x the lower bound 19.8 s (arrival floor 21.0 s); usage 78.7%, 92.7%

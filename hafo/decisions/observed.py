@@ -115,12 +115,11 @@ def bounded(current: Assignment, seen: float, policy: RestartPolicy,
     this controller are within those bounds already (it wrote them when it decided, no later
     than it saw the result); only those of a leader whose clock was ahead are cut. The same
     object when nothing is cut."""
-    if not (current.restart_times or current.failed_on or current.avoid) \
-            and current.not_before <= seen:
+    timeless = not (current.restart_times or current.failed_on or current.avoid)
+    if timeless and current.not_before <= seen:
         return current  # nothing to cut (most assignments: a cheap path for every cycle)
     latest = seen + max(policy.max_backoff, UNCOUNTED_MAX_BACKOFF)
-    if not (current.restart_times or current.failed_on or current.avoid) \
-            and current.not_before <= latest:
+    if timeless and current.not_before <= latest:
         return current
     times = tuple(min(t, seen) for t in current.restart_times)
     failed_on = {n: min(t, seen + policy.window) for n, t in current.failed_on.items()}

@@ -203,6 +203,9 @@ async def _update(store: Store, keys: Keys, current: Submission, current_rev: in
             request = MoveRequest(current.id, None, "update to the new spec", restart=True)
             ops.append(Put(keys.move(current.id), codec.encode(request.to_dict())))
             how = "planned move: checkpoint, stop, start with the new spec"
+        elif assignment is not None and assignment.phase in ("completed", "failed"):
+            how = (f"the new spec is stored; the workload {assignment.phase} and does not "
+                   "start again (delete it, then submit, to run it anew)")
         else:
             how = "the new spec applies to its next start"
     event = Event(ts=time.time(), kind="updated", workload=current.id,
