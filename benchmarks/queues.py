@@ -98,11 +98,12 @@ workloads (``hafo.decisions.live_view``):
     76.8 s, small 17.8 vs 215.5 s.
 
 Three more runs that day (the second with py-spy attached for 90 s; the third with the
-demand's 5% share and the histories' skip too) gave, while demand exceeded supply, 89.0%,
-91.3% and 90.8% (wall 1.16x, 1.13x, 1.14x; the 90% goal missed once), and the lenders'
-reclaim p99 0.63 s, 0.63 s and 152 s: in the last, two medium requests (5 GPUs) of a queue
-within its quota waited 150 s for a node where their cohort's borrowed work could free 5
-GPUs: the nodes hold all five cohorts' work, and a reclaim takes its victims from one node.
+final code: the demand's 5% share and the histories' skip too) gave, while demand exceeded
+supply, 89.0%, 91.3% and 90.8% (wall 1.16x, 1.13x, 1.14x; the 90% goal missed once), and
+the lenders' reclaim p99 0.63 s, 0.63 s and 152 s: in the last, two medium requests (5 GPUs)
+of a queue within its quota waited 150 s for a node where their cohort's borrowed work could
+free 5 GPUs: the nodes hold all five cohorts' work, and a reclaim takes its victims from one
+node (the other 7 lenders took at most 0.62 s).
 The run before the live view, the same day: 1.19x, 86.3%, a cycle of 0.4 s once most of the
 15,000 workloads had ended (``exit -> completed`` 0.47 s mean, 0.9 s at the peak), and the
 lenders' p99 61 s (a large request, the same node-level cause).

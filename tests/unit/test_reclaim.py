@@ -29,7 +29,7 @@ from .conftest import make_node, make_snapshot, placed, status, submit
 NOW = 10_000.0
 #: How many random traces the property test replays (each 70 cycles); CI runs 40, the
 #: issue's full check is ``HAFO_RECLAIM_TRACES=100000 pytest -n 2 tests/unit/test_reclaim.py
-#: -k traces`` (about 0.2 s a trace on one core).
+#: -k traces`` (about 0.07 s a trace on one core: an hour on two; it passed on 2026-12-05).
 TRACES = int(os.environ.get("HAFO_RECLAIM_TRACES", "40"))
 #: The first trace's seed (to spread a long check over several runs).
 FIRST_TRACE = int(os.environ.get("HAFO_RECLAIM_FIRST_TRACE", "0"))
