@@ -184,6 +184,12 @@ def _follow(record: EpochRecord, snapshot: ClusterSnapshot, wid: str,
     return replace(record, **changes) if changes else record  # type: ignore[arg-type]
 
 
+def _closed(history: WorkloadHistory | None) -> bool:
+    """No epoch of it can change any more: it has none, or its last one ended (for a
+    workload whose assignment ended)."""
+    return history is None or not history.epochs or history.epochs[-1].over
+
+
 def update_history(previous: WorkloadHistory | None, snapshot: ClusterSnapshot, wid: str,
                    now: float, keep: int = HISTORY_KEEP) -> WorkloadHistory | None:
     """The history workload ``wid`` has after this snapshot: ``previous`` (the same object
@@ -195,10 +201,9 @@ def update_history(previous: WorkloadHistory | None, snapshot: ClusterSnapshot, 
     if not exists and assignment is None:
         return None
     epochs = previous.epochs if previous is not None else ()
-    if exists and assignment is not None and assignment.phase in ("completed", "failed") \
-            and (not epochs or epochs[-1].over):
-        return previous  # ended, its last epoch closed: nothing below changes it (and a
-        # cluster keeps thousands of these, read every cycle)
+    if exists and assignment is not None and assignment.ended and _closed(previous):
+        return previous  # nothing below changes it (and a cluster keeps thousands of these,
+        # read every cycle)
     current = running_epoch(assignment)
     last = epochs[-1] if epochs else None
     updated = epochs
@@ -239,9 +244,7 @@ def history_changes(histories: Mapping[str, WorkloadHistory], snapshot: ClusterS
     passed over where their history's last epoch is closed (it cannot change)."""
     changed: dict[str, WorkloadHistory] = {}
     gone: list[str] = []
-    closed = {wid for wid in quiet
-              if (known := histories.get(wid)) is None or not known.epochs
-              or known.epochs[-1].over}
+    closed = {wid for wid in quiet if _closed(histories.get(wid))}
     for wid in {*snapshot.workloads, *snapshot.assignments, *histories} - closed:
         previous = histories.get(wid)
         new = update_history(previous, snapshot, wid, now, keep)

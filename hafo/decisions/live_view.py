@@ -23,16 +23,13 @@ from hafo.model.cluster import ClusterSnapshot
 
 __all__ = ["dormant", "live_view"]
 
-ENDED = frozenset({"completed", "failed"})
-
-
 def dormant(snapshot: ClusterSnapshot) -> frozenset[str]:
     """The ids of the workloads no cycle acts on (the module's docstring)."""
     reported = {wid for wid, _node in snapshot.statuses}
     moves = snapshot.moves
     out: list[str] = []
     for wid, assignment in snapshot.assignments.items():
-        if assignment.phase not in ENDED or wid in reported or wid in moves:
+        if not assignment.ended or wid in reported or wid in moves:
             continue
         submission = snapshot.workloads.get(wid)
         if (submission is None or submission.retiring is not None

@@ -242,6 +242,11 @@ class Assignment(Record):
         return self.epoch - self.epoch_base
 
     @property
+    def ended(self) -> bool:
+        """Completed or failed: it runs nothing, and nothing restarts it."""
+        return self.phase in ("completed", "failed")
+
+    @property
     def holds_node(self) -> bool:
         """Placed, or being moved off its node (its instance still runs there)."""
         return self.phase in ("placed", "moving") and self.node is not None

@@ -203,7 +203,7 @@ async def _update(store: Store, keys: Keys, current: Submission, current_rev: in
             request = MoveRequest(current.id, None, "update to the new spec", restart=True)
             ops.append(Put(keys.move(current.id), codec.encode(request.to_dict())))
             how = "planned move: checkpoint, stop, start with the new spec"
-        elif assignment is not None and assignment.phase in ("completed", "failed"):
+        elif assignment is not None and assignment.ended:
             how = (f"the new spec is stored; the workload {assignment.phase} and does not "
                    "start again (delete it, then submit, to run it anew)")
         else:
