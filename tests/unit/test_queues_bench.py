@@ -146,13 +146,29 @@ def test_reclaim_time_is_the_lenders_submit_until_running() -> None:
 def test_a_lender_s_reclaim_is_one_whose_queue_was_within_its_quota_at_submit() -> None:
     """r came while its queue a held 3 of its 4 GPUs and needs 1: a lender's; s came while
     a held 3 and needs 2: it borrowed at its submit, and is left out."""
-    j = jobs(queue={"v": "b", "r": "a", "s": "a"}, gpus={"r": 1, "s": 2},
-             submitted={"r": 10.0, "s": 10.0},
+    j = jobs(queue={"v": "b", "r": "a", "s": "a", "a0": "a"}, gpus={"r": 1, "s": 2, "a0": 3},
+             submitted={"a0": 0.0, "r": 10.0, "s": 10.0}, completed={"a0": 20.0},
              held=[Held("a", 3, 0.0, 20.0), Held("b", 8, 0.0, 11.0)],
              preemptions=[Preemption(11.0, "v", "b", "r", "a"),
                           Preemption(11.0, "v", "b", "s", "a")],
-             ran={"r": [12.0], "s": [13.0]})
+             ran={"a0": [0.0], "r": [12.0], "s": [13.0]})
     assert lender_reclaims(j, 4.0) == {"r": pytest.approx(2.0)}
+
+
+def test_a_request_behind_its_own_queue_s_backlog_is_not_a_lender_s() -> None:
+    """At r's submit its queue a ran 1 GPU of its 4, but 3 more of its GPUs waited ahead of
+    r (w, submitted earlier, not completed): the queue's order counts them first, so r came
+    behind its own queue's work and is left out, although the queue held room for it. Once
+    w completed, a later request t of the same size is a lender's again."""
+    j = jobs(queue={"v": "b", "a0": "a", "w": "a", "r": "a", "t": "a"},
+             gpus={"a0": 1, "w": 3, "r": 1, "t": 1},
+             submitted={"a0": 0.0, "w": 1.0, "r": 2.0, "t": 30.0},
+             completed={"a0": 40.0, "w": 20.0, "r": 25.0},
+             held=[Held("a", 1, 0.0, 40.0), Held("a", 3, 5.0, 20.0), Held("b", 8, 0.0, 31.0)],
+             preemptions=[Preemption(3.0, "v", "b", "r", "a"),
+                          Preemption(30.5, "v", "b", "t", "a")],
+             ran={"a0": [0.0], "w": [5.0], "r": [21.0], "t": [31.0]})
+    assert lender_reclaims(j, 4.0) == {"t": pytest.approx(1.0)}
 
 
 def test_preemption_cycles_from_the_event_log() -> None:
