@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: demo test test-deps lint unit integration e2e bench clean
+.PHONY: demo test test-deps lint docs docs-serve unit integration e2e bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,9 +25,18 @@ demo: $(VENV)/.installed
 	$(BIN)/hafo demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check hafo tests benchmarks examples plugins scripts
+	$(BIN)/ruff check hafo tests benchmarks examples plugins scripts docs/hooks
 	$(BIN)/mypy hafo $(addsuffix /src,$(PLUGINS))
 	$(BIN)/lint-imports
+
+# The documentation site (mkdocs.yml): docs/ plus the reference generated from the code
+# (docs/hooks/reference.py); --strict: a broken link or anchor, a missing page or an
+# undocumented field fails the build. Into site/; `make docs-serve` serves it with live reload.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --quiet
+
+docs-serve: $(STAMP)
+	$(BIN)/mkdocs serve
 
 unit: $(STAMP)
 	$(BIN)/pytest -q -n 2 tests/unit $(addsuffix /tests,$(PLUGINS))
@@ -50,10 +59,11 @@ e2e: $(STAMP) test-deps
 # it started.
 test: $(STAMP) test-deps
 	$(MAKE) lint
+	$(MAKE) docs
 	$(BIN)/python scripts/test_lanes.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/failover.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site

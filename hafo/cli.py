@@ -36,7 +36,7 @@ COMMAND_MODULES = ("agent", "controller", "guard", "submit", "status", "nodes", 
 MODULE_OF = {"uncordon": "cordon"}
 
 #: Commands that keep running (and log what happens meanwhile at ``warning``); the others log
-#: only errors unless ``$HAFO_LOG_LEVEL`` says otherwise (docs/contract.md, "Commands").
+#: only errors unless ``$HAFO_LOG_LEVEL`` says otherwise (docs/reference/commands.md, "Commands").
 KEEPS_RUNNING = frozenset({"lb", "dev", "demo", "sim"})
 
 #: Commands that set up their logging themselves (the daemons, from their config; the guard).
@@ -47,7 +47,7 @@ def build_parser() -> Parser:
     """The argument parser of every subcommand."""
     parser = Parser(prog="hafo", description="High-availability failover for GPU clusters.",
                     epilog="exit codes: 0 ok, 1 error, 2 bad input or usage, 3 etcd "
-                           "unreachable, 4 no such node or workload, 5 refused, 6 timed out "
+                           "unreachable, 4 no such node, workload or queue, 5 refused, 6 timed out "
                            "(--wait), 130 interrupted")
     parser.add_argument("--version", action="version", version=f"hafo {_version()}",
                         help="print hafo's version and exit")

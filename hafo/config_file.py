@@ -41,7 +41,7 @@ def load_config(path: str, role: str) -> Any:
     raw = load_yaml(path, "config")
     if raw is None:
         raise CliError(f"{path}: the file is empty (a config is a mapping: see "
-                       "docs/contract.md, \"Config files\")", EXIT_USAGE)
+                       "docs/reference/config-files.md, \"Config files\")", EXIT_USAGE)
     try:
         return parse_config(raw, role)
     except ValidationError as exc:

@@ -1,4 +1,4 @@
-"""One-line failures with an exit code (docs/contract.md, "Commands"), shared by the
+"""One-line failures with an exit code (docs/reference/commands.md, "Commands"), shared by the
 ``hafo`` commands (``hafo.commands``) and the daemons' start-up (``hafo.agent.main``,
 ``hafo.controller.main``); ``hafo.cli.main`` prints them. Imports nothing: the agent's
 start-up must stay fast."""

@@ -57,6 +57,9 @@ def render_nodes(nodes: list[dict[str, Any]]) -> str:
 
 #: The fewest characters of REASON ``render_workloads`` shows, however narrow the terminal.
 MIN_REASON = 40
+#: The most characters of REASON ``render_workloads`` shows, however wide the terminal (and
+#: when stdout is no terminal): the reason in full is in ``--json`` and the detail view.
+MAX_REASON = 80
 
 
 def shorten(text: str, width: int | None) -> str:
@@ -66,14 +69,27 @@ def shorten(text: str, width: int | None) -> str:
     return text[:max(0, width - 3)].rstrip() + "..."
 
 
+def brief(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters, for a table cell: whole if it fits, else its
+    first clause (up to the first "; ") followed by "; ..." if that fits, else cut with
+    "..."."""
+    if len(text) <= width:
+        return text
+    clause, sep, _rest = text.partition("; ")
+    if sep and len(clause) + 5 <= width:
+        return f"{clause}; ..."
+    return shorten(text, width)
+
+
 def _gpus(allocated: int, requested: int | None) -> str:
     return f"{allocated}/{requested}" if requested is not None else str(allocated)
 
 
 def render_workloads(workloads: Sequence[Mapping[str, Any]], width: int | None = None) -> str:
     """``hafo workloads``: one row per workload (a service's replicas below it); GPUS is
-    allocated/requested; REASON is cut with "..." to fit ``width`` columns (a terminal's;
-    at least ``MIN_REASON`` characters), shown whole when ``width`` is None."""
+    allocated/requested; REASON is cut (``brief``) to at most ``MAX_REASON`` characters, and
+    to fit ``width`` columns (a terminal's; None: no terminal) but never below
+    ``MIN_REASON``: the reason in full is in ``--json`` and the detail view."""
     rows = []
     reasons = []
     for w in workloads:
@@ -102,12 +118,12 @@ def render_workloads(workloads: Sequence[Mapping[str, Any]], width: int | None =
                      _gpus(gpus, w.get("gpus_requested")), f"step {ck['step']}" if ck else "-"])
         reasons.append(w.get("reason") or "-")
     headers = ["ID", "STATE", "NODE", "EPOCH", "RESTARTS", "GPUS", "CHECKPOINT"]
-    room = None
+    room = MAX_REASON
     if width is not None:  # REASON starts after the widest line of the other columns
         start = max(len(line) for line in table(headers, rows).splitlines()) + 2
-        room = max(MIN_REASON, width - start)
+        room = max(MIN_REASON, min(MAX_REASON, width - start))
     return table([*headers, "REASON"],
-                 [[*r, shorten(why, room)] for r, why in zip(rows, reasons, strict=True)])
+                 [[*r, brief(why, room)] for r, why in zip(rows, reasons, strict=True)])
 
 
 def _clock(ts: float) -> str:
@@ -127,11 +143,45 @@ def _when(ts: float | None, now: float | None) -> str | None:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) + f" ({ago(ts, now)})"
 
 
+#: What the views say of a workload no checkpoint of which is known (not reported by any
+#: agent, nor remembered by its assignment).
+NO_CHECKPOINT = "none yet"
+
+
 def _checkpoint(ck: Mapping[str, Any] | None) -> str:
     if not ck:
-        return "none reported"
+        return NO_CHECKPOINT
     return f"step {ck['step']} (epoch {ck['epoch']})" + (f" at {ck['path']}" if ck.get("path")
                                                           else "")
+
+
+def _restarts(total: int, window: Mapping[str, Any] | None) -> str:
+    """``8 in all; 1 of the 3 allowed in place within 600s, then it moves to another node``:
+    the count ever beside the restart policy's count now (``restart_window``), so that the
+    two never read as one number above its maximum."""
+    if window is None:
+        return str(total)
+    most, within = window["max_restarts"], f"{window['window']:g}s"
+    if most == 0:
+        return f"{total} in all; none allowed in place: a failure moves it to another node"
+    return (f"{total} in all; {window['restarts']} of the {most} allowed in place within "
+            f"{within}, then it moves to another node")
+
+
+def gpu_label(index: int | None, uuid: str, node: str | None = None) -> str:
+    """``GPU 0 (GPU-4f3a...)``, ``GPU 0 of node-2 (...)``: a GPU as the README and ``hafo dev
+    fault --gpu I`` name it (its index on its node), with its UUID."""
+    if index is None:
+        return uuid
+    return f"GPU {index}" + (f" of {node}" if node else "") + f" ({uuid})"
+
+
+def _gpu_labels(uuids: Sequence[str], indexes: Sequence[int] | None,
+                node: str | None = None) -> list[str]:
+    """Each GPU's ``gpu_label``; UUIDs alone from a view without indexes (an older API)."""
+    if not indexes or len(indexes) != len(uuids):
+        return list(uuids)
+    return [gpu_label(i, u, node) for i, u in zip(indexes, uuids, strict=True)]
 
 
 def render_workload(view: Mapping[str, Any], now: float | None = None) -> str:
@@ -140,7 +190,9 @@ def render_workload(view: Mapping[str, Any], now: float | None = None) -> str:
     ended instance, and where to look next."""
     members = view.get("members") or []
     gpus = sum(len(m["gpus"]) for m in members) if members else len(view["gpus"])
-    uuids = [u for m in members for u in m["gpus"]] if members else list(view["gpus"])
+    labels = ([label for m in members
+               for label in _gpu_labels(m["gpus"], m.get("gpu_indexes"), m["node"])]
+              if members else _gpu_labels(view["gpus"], view.get("gpu_indexes")))
     requested = view.get("gpus_requested")
     ports = " ".join(f"{k}={v}" for k, v in sorted((view.get("ports") or {}).items()))
     node = view["node"]
@@ -152,8 +204,8 @@ def render_workload(view: Mapping[str, Any], now: float | None = None) -> str:
         ("node", node),
         ("epoch", view["epoch"]),
         ("gpus", (f"{gpus} of {requested} allocated" if requested is not None
-                  else f"{gpus} allocated") + (f": {', '.join(uuids)}" if uuids else "")),
-        ("restarts", view["restarts"]),
+                  else f"{gpus} allocated") + (f": {', '.join(labels)}" if labels else "")),
+        ("restarts", _restarts(view["restarts"], view.get("restart_window"))),
         ("priority", view.get("priority")),
         ("submitted", _when(view.get("submitted_at"), now)),
         ("reason", view["reason"]),
@@ -162,7 +214,9 @@ def render_workload(view: Mapping[str, Any], now: float | None = None) -> str:
     ])
     if members:
         lines += ["", "members:", table(["RANK", "NODE", "STATE", "GPUS"], [
-            [m["rank"], m["node"], m["state"], ", ".join(m["gpus"]) or "-"] for m in members])]
+            [m["rank"], m["node"], m["state"],
+             ", ".join(_gpu_labels(m["gpus"], m.get("gpu_indexes"))) or "-"]
+            for m in members])]
     service = view.get("replicas")
     if service is not None:
         lines += ["", f"replicas: {service['ready']} of {service['desired']} ready, "
@@ -257,8 +311,8 @@ def _spec_summary(spec: dict[str, Any]) -> str:
     parts.append(f"priority {spec.get('priority', 0)}")
     restart = spec.get("restart") or {}
     if restart:
-        parts.append(f"max {restart.get('max_restarts')} restarts in "
-                     f"{restart.get('window'):g}s")
+        parts.append(f"up to {restart.get('max_restarts')} restarts in place within "
+                     f"{restart.get('window'):g}s, then another node")
     return ", ".join(parts)
 
 
@@ -274,13 +328,17 @@ def render_show(view: Mapping[str, Any]) -> str:
         where = " ".join(f"{rank}:{node}" for rank, node in enumerate(now["nodes"]))
     epoch = f" (epoch {now['epoch']})" if now["epoch"] is not None else ""
     checkpoint = now["checkpoint"]
+    window = now.get("restart_window")
+    restarts = f"{now['restarts']} restart(s)" + (
+        f" in all, {window['restarts']} of {window['max_restarts']} in place within "
+        f"{window['window']:g}s" if window else "")
     lines = [f"workload:   {view['name']} ({view['id']})"
              + (f", replica of {view['service']}" if view["service"] else ""),
              f"spec:       {_spec_summary(spec)}",
              f"command:    {' '.join(spec['command'])}",
-             f"now:        {now['state']} on {where}{epoch}, {now['restarts']} restart(s)",
+             f"now:        {now['state']} on {where}{epoch}, {restarts}",
              f"reason:     {now['reason'] or '-'}",
-             f"checkpoint: {_resumed(checkpoint) if checkpoint else 'none reported'}",
+             f"checkpoint: {_resumed(checkpoint) if checkpoint else NO_CHECKPOINT}",
              "", f"history ({len(view['history'])} epoch(s), oldest first):"]
     rows = [[" ".join(e["nodes"]) or "-", e["epoch"], _clock(e["started_at"])
              if e["started_at"] is not None else "-",

@@ -54,6 +54,7 @@ from hafo.model.config import Config
 from hafo.model.errors import ValidationError
 from hafo.model.output import OutputChunk, OutputRequest
 from hafo.model.output_view import OutputLog
+from hafo.model.resume import resume_note
 from hafo.retry import Retry, RetryPolicy
 from hafo.store import (
     TRANSIENT,
@@ -764,7 +765,7 @@ class Agent:
     def _readiness(self, key: InstanceKey, status: InstanceStatus,
                    desired: dict[InstanceKey, Any]) -> float | None:
         """Since when a running, wanted instance is ready (its readiness checks pass), or
-        None (docs/contract.md, "Readiness")."""
+        None (docs/reference/workloads.md, "Readiness")."""
         ready = (status.state == "running" and key in desired and not status.failing
                  and self.app_checks.ready(key, self.assignments.specs.get(key.workload)))
         if not ready:
@@ -800,9 +801,9 @@ class Agent:
         if key in self.supervisor.stopping:
             kind = "stopped"
             if guard.stop_checkpoint is None:  # no checkpoint committed for this stop
-                last = status.checkpoint.step if status.checkpoint else None
-                reason = (f"{reason}; resumes from its last checkpoint"
-                          + (f" (step {last})" if last is not None else " (none: from start)"))
+                # the report of an exited instance reads the checkpoints after its end
+                # (Supervisor.checkpoint_info): the one the next instance restores
+                reason = f"{reason}; {resume_note(status.checkpoint, exact=True)}"
             if guard.transparent:
                 reason = f"transparent checkpoint refused: {guard.transparent}; {reason}"
         elif guard.ended is InstanceEnd.FENCED:

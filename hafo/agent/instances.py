@@ -1,6 +1,6 @@
 """Instances (one workload at one epoch) on disk: what the agent launched, what each guard
 reports. Each lives in ``<state_dir>/instances/<workload>.<epoch>/`` so a restarted agent
-finds its guards again (docs/contract.md, "Files on a node"):
+finds its guards again (docs/reference/files.md, "Files on a node"):
 
     launch.json   written by the agent: workload, epoch, node, argv, env, cwd, grace,
                   fence_file, checkpoint_mode, launched_at

@@ -1,5 +1,5 @@
 """The ports of an instance: each declared port as given, or, for 0, a free port of this
-node's range (``node.ports``), chosen at launch (docs/contract.md, "Ports").
+node's range (``node.ports``), chosen at launch (docs/reference/workloads.md, "Ports").
 
 A port is free when no other live instance on this node holds it and a TCP socket can bind
 it on every address now. The choice starts at an offset taken from the instance (workload

@@ -1,6 +1,6 @@
-"""The environment of a gang member (docs/contract.md, "Environment of a workload"): who its
-peers are and where they meet, in hafo's names, torch.distributed's and torchrun's, so that
-``command: ["torchrun", "train.py"]`` runs unchanged."""
+"""The environment of a gang member (docs/reference/workloads.md, "Environment of a
+workload"): who its peers are and where they meet, in hafo's names, torch.distributed's and
+torchrun's, so that ``command: ["torchrun", "train.py"]`` runs unchanged."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ before its previous one is forgotten, keeps it). Caches meant to outlive workloa
 where they were: torch.compile's (``torchinductor_<user>``, which PyTorch keeps in
 ``TMPDIR``) is pointed back at the agent's temporary directory with
 ``TORCHINDUCTOR_CACHE_DIR``, so a gang restarted after a failure does not compile from
-scratch (docs/contract.md, "What a workload gets").
+scratch (docs/reference/workloads.md, "What a workload gets").
 """
 
 from __future__ import annotations

@@ -104,7 +104,8 @@ class Supervisor:
         self._forgotten: set[InstanceKey] = set()  # forgotten, but the directory stays
         self.stopping: set[InstanceKey] = set()
         self.stopping_now: set[InstanceKey] = set()
-        self._checkpoint_cache: dict[str, tuple[float, CheckpointInfo | None]] = {}
+        # workload -> (monotonic and wall-clock time of the reading, the checkpoint read)
+        self._checkpoint_cache: dict[str, tuple[float, float, CheckpointInfo | None]] = {}
 
     # -- state --------------------------------------------------------------------------
 
@@ -409,15 +410,19 @@ class Supervisor:
 
     # -- reporting ----------------------------------------------------------------------
 
-    def checkpoint_info(self, workload: str) -> CheckpointInfo | None:
-        """The workload's newest committed checkpoint (re-read at most every 2 s)."""
-        now = time.monotonic()
+    def checkpoint_info(self, workload: str, after: float | None = None) -> CheckpointInfo | None:
+        """The workload's newest committed checkpoint (re-read at most every 2 s, and once
+        more when the reading is older than ``after``, wall-clock: an instance's end, so that
+        its exited report and its ``stopped`` event name the checkpoint the next instance
+        restores, not one read up to 2 s before its last commit)."""
+        now, wall = time.monotonic(), time.time()
         cached = self._checkpoint_cache.get(workload)
-        if cached is not None and now - cached[0] < 2.0:
-            return cached[1]
+        if cached is not None and now - cached[0] < 2.0 and (after is None
+                                                             or cached[1] >= after):
+            return cached[2]
         refs = list_all_checkpoints(self.checkpoint_root / workload)
         info = CheckpointInfo(refs[0].step, refs[0].epoch, str(refs[0].path)) if refs else None
-        self._checkpoint_cache[workload] = (now, info)
+        self._checkpoint_cache[workload] = (now, wall, info)
         return info
 
     def status_of(self, key: InstanceKey, state: GuardState) -> InstanceStatus:
@@ -427,7 +432,9 @@ class Supervisor:
                               state=reported,  # type: ignore[arg-type]
                               pid=state.pid, exit_code=state.exit_code,
                               started_at=state.started_at, finished_at=state.finished_at,
-                              checkpoint=self.checkpoint_info(key.workload),
+                              checkpoint=self.checkpoint_info(
+                                  key.workload, state.finished_at
+                                  if state.state == "exited" else None),
                               ended=state.ended if state.state == "exited" else None,
                               ports=self.ports_of(key),
                               stderr_tail=bounded_tail(state.last_words)

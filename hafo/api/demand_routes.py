@@ -1,5 +1,5 @@
 """``GET /v1/demand``: the pending work as shapes and the removable nodes
-(``hafo.decisions.demand``; docs/contract.md, "Elastic capacity"). A read: open to every
+(``hafo.decisions.demand``; docs/reference/elastic.md, "Elastic capacity"). A read: open to every
 caller, served by every controller; the removable nodes are those the answering controller
 observed idle while it led (a standby lists none)."""
 

@@ -1,5 +1,5 @@
-"""Team tokens' scopes on the controller's API (``hafo.decisions.api_scopes``; docs/contract.md,
-"Team tokens").
+"""Team tokens' scopes on the controller's API (``hafo.decisions.api_scopes``;
+docs/reference/http.md, "Team tokens").
 
 ``bearer_auth`` (``hafo.api.auth``) says who calls (``CALLER``); here:
 

@@ -1,4 +1,4 @@
-"""The checkpoint SDK used inside workloads (docs/contract.md, "Checkpoint SDK")."""
+"""The checkpoint SDK used inside workloads (docs/reference/checkpoint-sdk.md, "Checkpoint SDK")."""
 
 from __future__ import annotations
 

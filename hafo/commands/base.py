@@ -35,9 +35,9 @@ class Parser(argparse.ArgumentParser):
 
 def resolve_workdir(raw: Any, spec_path: str) -> Any:
     """A spec file's relative ``workdir`` made absolute against the directory of the file
-    (docs/contract.md, "Workload spec"), so ``workdir: ..`` in ``examples/train.yaml`` names
-    the repository wherever ``hafo submit`` runs. Anything else is returned as it is (the spec
-    parser judges it)."""
+    (docs/reference/workloads.md, "Workload spec"), so ``workdir: ..`` in
+    ``examples/train.yaml`` names the repository wherever ``hafo submit`` runs. Anything else
+    is returned as it is (the spec parser judges it)."""
     if not isinstance(raw, dict):
         return raw
     workdir = raw.get("workdir")

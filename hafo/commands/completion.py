@@ -2,8 +2,8 @@
 
 Completion is argcomplete's: the script makes the shell run ``hafo`` with ``_ARGCOMPLETE``
 set, and ``hafo.cli.main`` answers from its own argument parser before parsing anything
-(docs/contract.md, "Shell completion"). Node, workload and queue names are completed from etcd
-(``$HAFO_ETCD``/``$HAFO_CLUSTER``/``$HAFO_CONFIG``, as every command reads them), within
+(docs/reference/commands.md, "Shell completion"). Node, workload and queue names are completed
+from etcd (``$HAFO_ETCD``/``$HAFO_CLUSTER``/``$HAFO_CONFIG``, as every command reads them), within
 ``NAME_TIMEOUT`` seconds; when etcd cannot be reached, names are simply not offered.
 """
 

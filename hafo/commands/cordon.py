@@ -15,7 +15,7 @@ def register(sub: Any) -> None:
     for name, text in (("cordon", "allow no new work on a node"),
                        ("uncordon", "allow work on a node again")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("node")
+        p.add_argument("node", help="the node's name")
         store_args(p)
 
 

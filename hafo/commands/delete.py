@@ -12,7 +12,7 @@ from hafo.commands.base import EXIT_NOT_FOUND, CliError, store_args
 def register(sub: Any) -> None:
     """Add the ``delete`` subparser."""
     p = sub.add_parser("delete", help="stop and forget a workload")
-    p.add_argument("workload")
+    p.add_argument("workload", help="a workload's name or id")
     store_args(p)
 
 

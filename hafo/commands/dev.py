@@ -106,13 +106,13 @@ def register(sub: Any) -> None:
                        ("power-on", "start NODE again after a power-off (a powered NODE "
                                     "whose agent exited: start its agent again)")):
         a = actions.add_parser(name, help=text, description=text)
-        a.add_argument("node", metavar="NODE")
+        a.add_argument("node", metavar="NODE", help="the node's name")
         _dev_arg(a)
     a = actions.add_parser("fault", help="set or clear a simulated GPU fault on NODE",
                            description="Write a simulated GPU fault into NODE's faults file "
                                        "(it replaces that GPU's earlier fault); the agent's "
                                        "health checks see it within a second.")
-    a.add_argument("node", metavar="NODE")
+    a.add_argument("node", metavar="NODE", help="the node's name")
     a.add_argument("--gpu", type=_gpu_index, required=True, metavar="I", help="GPU index")
     kind = a.add_mutually_exclusive_group(required=True)
     kind.add_argument("--xid", type=positive_int, metavar="N",

@@ -15,7 +15,7 @@ def register(sub: Any) -> None:
     from hafo.commands.wait import add_wait_args
 
     p = sub.add_parser("drain", help="cordon a node and move its work off (with checkpoints)")
-    p.add_argument("node")
+    p.add_argument("node", help="the node's name")
     store_args(p)
     json_arg(p)
     add_wait_args(p, "the node is empty")

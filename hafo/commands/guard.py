@@ -11,7 +11,7 @@ from typing import Any
 def register(sub: Any) -> None:
     """Add the ``guard`` subparser."""
     p = sub.add_parser("guard", help="(internal) parent and fence of one workload process")
-    p.add_argument("instance_dir")
+    p.add_argument("instance_dir", help="the instance directory the agent prepared")
 
 
 def run(args: argparse.Namespace) -> int:

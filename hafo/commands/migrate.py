@@ -16,7 +16,7 @@ def register(sub: Any) -> None:
     from hafo.commands.wait import add_wait_args
 
     p = sub.add_parser("migrate", help="planned move of a workload, with a fresh checkpoint")
-    p.add_argument("workload")
+    p.add_argument("workload", help="a workload's name or id")
     p.add_argument("--to", metavar="NODE", help="the node to move it to (default: any other)")
     p.add_argument("--from", dest="member_node", metavar="NODE",
                    help="for a gang: the node of the member that moves")

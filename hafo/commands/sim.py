@@ -14,7 +14,8 @@ def register(sub: Any) -> None:
     """Add the ``sim`` subparser."""
     p = sub.add_parser("sim", help="many simulated agents in one process (scale tests)")
     p.add_argument("--nodes", type=positive_int, required=True, help="how many nodes")
-    p.add_argument("--gpus-per-node", type=positive_int, default=8)
+    p.add_argument("--gpus-per-node", type=positive_int, default=8,
+                   help="simulated GPUs of each node (default 8)")
     p.add_argument("--lease-ttl", type=positive_int, default=3, help="seconds")
     p.add_argument("--heartbeat", type=float, default=1.0, help="seconds")
     p.add_argument("--kill-fraction", type=float, default=0.1,

@@ -82,7 +82,7 @@ class WaitResult:
         return EXIT_CODES[self.result]
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``outcome`` object of ``--json --wait`` (docs/contract.md, "Waiting")."""
+        """The ``outcome`` object of ``--json --wait`` (docs/reference/commands.md, "Waiting")."""
         return {"result": self.result, "message": self.message, "line": self.line,
                 "seconds": round(self.seconds, 3), "node": self.node, "epoch": self.epoch}
 

@@ -20,6 +20,8 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``hafo workloads``."""
+    import time
+
     from hafo import render
     from hafo.decisions.pending_reasons import with_live_reasons
     from hafo.model import views
@@ -31,9 +33,11 @@ def run(args: argparse.Namespace) -> int:
             wid, why = resolve(snapshot, args.workload)
             if wid is None:
                 raise CliError(why, EXIT_NOT_FOUND)
-            data = with_live_reasons(views.workload_view(snapshot, wid), snapshot)
+            # now: the restart policy's count is of the restarts within its window
+            data = with_live_reasons(views.workload_view(snapshot, wid, time.time()),
+                                     snapshot)
             return data, render.render_workload(data)
-        data = with_live_reasons(views.all_workloads(snapshot), snapshot)
+        data = with_live_reasons(views.all_workloads(snapshot, time.time()), snapshot)
         return data, render.render_workloads(data, width) if data else "no workloads"
 
     return run_view(args, view)

@@ -1,4 +1,4 @@
-"""The leader's autoscale hook (``autoscale`` in the controller's config; docs/contract.md,
+"""The leader's autoscale hook (``autoscale`` in the controller's config; docs/reference/elastic.md,
 "Elastic capacity"; docs/autoscaling.md): the I/O.
 
 Each reconcile cycle the leader hands ``Autoscaler.step`` the demand it computed

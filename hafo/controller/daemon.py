@@ -195,7 +195,7 @@ class Controller:
             return Demand()
 
     def demand_view(self) -> dict[str, Any]:
-        """``GET /v1/demand``'s body (docs/contract.md, "Elastic capacity")."""
+        """``GET /v1/demand``'s body (docs/reference/elastic.md, "Elastic capacity")."""
         return {**self.current_demand().to_dict(time.time()), "leader": self.leading()}
 
     def _elastic_step(self, snapshot: ClusterSnapshot, now: float) -> None:

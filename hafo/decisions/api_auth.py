@@ -1,4 +1,4 @@
-"""Do the controllers agree on their API's auth? (issue 28, finding 5; docs/contract.md,
+"""Do the controllers agree on their API's auth? (issue 28, finding 5; docs/reference/http.md,
 "API auth across controllers").
 
 Every controller serves the mutations (standbys too: they are intents in etcd), so a
@@ -129,7 +129,7 @@ class AuthVerdict:
 
 
 #: Where the refusal tells people to read on.
-HOW_TO = 'docs/contract.md, "API auth across controllers"'
+HOW_TO = 'docs/reference/http.md, "API auth across controllers"'
 
 
 def differences(mine: ApiAuth, cluster: ApiAuth) -> str:

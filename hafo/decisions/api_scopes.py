@@ -1,4 +1,4 @@
-"""What a bearer token may change (issue 30; docs/contract.md, "Team tokens").
+"""What a bearer token may change (issue 30; docs/reference/http.md, "Team tokens").
 
 The controller's API knows three callers of a mutation:
 

@@ -14,21 +14,27 @@ from collections.abc import Mapping
 from hafo.decisions.failures import after_failure, uncounted_backoff
 from hafo.decisions.gangs import assess_gang, moved_off_gang, resumes_note
 from hafo.decisions.hardware import hardware_fault
-from hafo.decisions.moves import moved_off, start_move, stop_then_place
+from hafo.decisions.moves import moved_off, resume_point, start_move, stop_then_place
 from hafo.decisions.observed import Observations, bounded
 from hafo.decisions.placement_rules import PlacementRequest
 from hafo.decisions.plan import Action, Assessment, Cause, Need, Settled, SettledReason
-from hafo.model.cluster import Assignment, CheckpointInfo, ClusterSnapshot, InstanceEnd
+from hafo.model.cluster import (
+    Assignment,
+    CheckpointInfo,
+    ClusterSnapshot,
+    InstanceEnd,
+    InstanceStatus,
+)
 
 __all__ = ["assess", "revision"]
 
 
-def _resume(checkpoints: Mapping[str, CheckpointInfo], wid: str) -> str:
-    """Where the next instance resumes: the work since that checkpoint is redone."""
-    checkpoint = checkpoints.get(wid)
-    if checkpoint is None:
-        return "resumes from its latest checkpoint, if any"
-    return f"resumes from its latest checkpoint (last reported: step {checkpoint.step})"
+def _resume(checkpoints: Mapping[str, CheckpointInfo], wid: str,
+            ended: InstanceStatus | None = None) -> str:
+    """Where the next instance resumes (the work since that checkpoint is redone): exactly
+    when ``ended``, the exited report of the instance it replaces, says so, else as far as
+    reported (``hafo.decisions.moves.resume_point``)."""
+    return resume_point(checkpoints.get(wid), ended)
 
 
 def revision(assignment: Assignment | None) -> int:
@@ -71,7 +77,8 @@ def assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
                                              spares_first=bool(remembered)), previous=current,
                     restarts=current.restarts if current else 0,
                     restart_times=current.restart_times if current else (), cause=Cause.NEW,
-                    why="new workload", quick_restarts=current.quick_restarts if current else 0)
+                    why="new workload", quick_restarts=current.quick_restarts if current else 0,
+                    failure=current.failure if current else "")
     if current.phase in ("completed", "failed") or current.node is None:
         return Settled(SettledReason.ENDED, current.phase)
     node = current.node
@@ -132,8 +139,8 @@ def assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
     return Need(request=request, previous=current, restarts=after.restarts,
                 restart_times=after.restart_times,
                 cause=Cause.EXITED if restart else Cause.APP_FAILED,
-                why=f"{after.why}; {_resume(checkpoints, wid)}",
-                known_since=after.not_before if restart else failed_at)
+                why=f"{after.why}; {_resume(checkpoints, wid, status)}",
+                known_since=after.not_before if restart else failed_at, failure=after.subject)
 
 
 def _infrastructure_restart(snapshot: ClusterSnapshot, current: Assignment, now: float,

@@ -1,5 +1,5 @@
 """What the pool lacks, and what it could give back: the input of an autoscaler (issue 30,
-"Elastic capacity"; docs/contract.md, "Elastic capacity"). Pure.
+"Elastic capacity"; docs/reference/elastic.md, "Elastic capacity"). Pure.
 
 **Pending demand, as shapes.** A workload that waits is described by what one placement of
 it needs, never as loose GPUs: a gang of 4 nodes x 8 GPUs is the shape ``nodes=4,
@@ -70,7 +70,7 @@ class Shape:
     count: int
 
     def to_dict(self) -> dict[str, Any]:
-        """The shape's JSON (docs/contract.md, "Elastic capacity")."""
+        """The shape's JSON (docs/reference/elastic.md, "Elastic capacity")."""
         return {"queue": self.queue, "gpu_model": self.gpu_model,
                 "gpu_profile": self.gpu_profile, "nodes": self.nodes,
                 "gpus_per_node": self.gpus_per_node, "count": self.count}

@@ -46,7 +46,8 @@ def uncounted_backoff(streak: int, ran_for: float | None) -> tuple[int, float]:
 
 @dataclass(frozen=True)
 class AfterFailure:
-    """The decision for one failure."""
+    """The decision for one failure: ``subject`` says what failed, where, and what it said
+    (``exited with code 1 on n1: ...``), ``why`` that and what follows from it."""
 
     kind: Literal["restart", "move"]
     restarts: int
@@ -54,6 +55,7 @@ class AfterFailure:
     failed_on: dict[str, float]
     not_before: float
     why: str
+    subject: str = ""
 
 
 def after_failure(current: Assignment, policy: RestartPolicy, node: str, what: str,
@@ -71,9 +73,9 @@ def after_failure(current: Assignment, policy: RestartPolicy, node: str, what: s
         return AfterFailure("restart", current.restarts + 1, (*recent, now), failed_on,
                             failed_at + delay,
                             f"{subject}; restart {len(recent) + 1}/"
-                            f"{policy.max_restarts} in place{wait}")
+                            f"{policy.max_restarts} in place{wait}", subject)
     failed_on[node] = now + policy.window
     return AfterFailure("move", current.restarts + 1, (), failed_on, now,
                         f"{subject}; {len(recent)} restarts within "
                         f"{policy.window:g}s (max {policy.max_restarts}): moving to another "
-                        f"node, {node} excluded for {policy.window:g}s")
+                        f"node, {node} excluded for {policy.window:g}s", subject)

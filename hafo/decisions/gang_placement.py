@@ -211,9 +211,11 @@ class GangPlacer:
         spec = request.spec
         held = len(self.index.held) if self.index.held and self.holder != request.workload \
             else 0
+        excluded = sum(1 for node, until in request.exclude.items()
+                       if until > self.now and self.capacity_of(node) is not None)
         return GangShortage(members=spec.nodes, found=found, gpus=spec.gpus,
                             kind=_qualified(spec, spec.gpus != 1), topology=key, held=held,
-                            holder=self.holder)
+                            holder=self.holder, excluded=excluded)
 
     def commit(self, placed: Placed) -> None:
         """Take every member's GPUs out of its node."""

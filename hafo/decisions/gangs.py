@@ -36,8 +36,10 @@ from hafo.model.cluster import (
     Member,
     MoveRequest,
 )
+from hafo.model.resume import resume_note
 
-#: The rendezvous ports a gang's ``MASTER_PORT`` is chosen from (docs/contract.md).
+#: The rendezvous ports a gang's ``MASTER_PORT`` is chosen from (docs/reference/workloads.md,
+#: "What a workload gets").
 GANG_PORT_FIRST = 29500
 GANG_PORT_COUNT = 2000
 
@@ -59,7 +61,7 @@ def stop_gang(current: Assignment, why: str, cause: Cause, *, urgent: bool,
         quick_restarts=quick_restarts,
         after_stop=after.kind if after else ("move" if leave else "restart"),
         reason=after.why if after else why, move_to=move_to, leave=leave,
-        cause=move_cause(cause), preempted_for=None)
+        cause=move_cause(cause), preempted_for=None, failure=after.subject if after else "")
     how = "stop every member now" if urgent else "checkpoint and stop every member"
     return Action(kind="move", workload=current.workload, cause=cause,
                   why=f"{after.why if after else why}: {how}", expected_revision=current.revision,
@@ -186,11 +188,11 @@ def moved_off_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
     down = tuple(m.node for m in current.members if snapshot.node_state(m.node) == "down")
     restarts, times = current.restarts, current.restart_times
     cause = Cause.RESTARTED
-    why = current.reason
+    why, failure = current.reason, current.failure
     if down and current.cause == "app-failed" and restarts > 0 and times:
         # a member exited because a peer's node died: not the workload's failure
         restarts, times = restarts - 1, times[:-1]
-        why = f"gang member on {down[0]} lost (node down)"
+        why, failure = f"gang member on {down[0]} lost (node down)", ""
     if down:
         cause = Cause.NODE_DOWN
     elif current.leave:
@@ -207,7 +209,7 @@ def moved_off_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
                                spares_first=current.cause not in PLANNED_CAUSES)
     return Need(request=request, previous=current, restarts=restarts, restart_times=times,
                 cause=cause, why=f"{why} (gang instance {current.stopping} stopped){resumes}",
-                avoid=kept, quick_restarts=current.quick_restarts)
+                avoid=kept, quick_restarts=current.quick_restarts, failure=failure)
 
 
 def gang_move_refusal(snapshot: ClusterSnapshot, current: Assignment, move: MoveRequest,
@@ -294,7 +296,7 @@ def with_addresses(snapshot: ClusterSnapshot, members: tuple[Member, ...]) -> tu
 
 
 def resumes_note(checkpoints: Mapping[str, CheckpointInfo], wid: str) -> str:
-    """The "resumes from" part of a reason."""
+    """The "resumes from" part of a gang's reason, as far as reported ("" if none is known):
+    its members stop at different times, the newest checkpoint is read at each one's end."""
     checkpoint = checkpoints.get(wid)
-    return (f"; resumes from its latest checkpoint (last reported: step {checkpoint.step})"
-            if checkpoint else "")
+    return f"; {resume_note(checkpoint)}" if checkpoint else ""

@@ -29,8 +29,10 @@ from hafo.model.cluster import (
     Assignment,
     CheckpointInfo,
     ClusterSnapshot,
+    InstanceStatus,
     MoveRequest,
 )
+from hafo.model.resume import resume_note
 from hafo.model.views import latest_checkpoint
 
 
@@ -143,7 +145,8 @@ def stop_then_place(current: Assignment, why: str, cause: Cause, *, urgent: bool
         urgent=urgent, after_stop=after.kind if after else "move",
         not_before=after.not_before if after else 0.0,
         failed_on=after.failed_on if after else current.failed_on,
-        preempted_for=preempted_for, cause=move_cause(cause))
+        preempted_for=preempted_for, cause=move_cause(cause),
+        failure=after.subject if after else "")
     how = "stop now" if urgent else "checkpoint and stop"
     return Action(kind="move", workload=current.workload, cause=cause,
                   why=f"{after.why if after else why}: {how} on {current.node}",
@@ -170,7 +173,8 @@ def moved_off(snapshot: ClusterSnapshot, current: Assignment, now: float, cooldo
                                    avoid, prefer=node, exclude=current.failed_on)
         return Need(request=request, previous=current, restarts=current.restarts,
                     restart_times=current.restart_times, cause=Cause.RESTARTED,
-                    why=f"{current.reason}{_resumes(snapshot, current.workload, checkpoints)}")
+                    why=f"{current.reason}{_resumes(snapshot, current, checkpoints)}",
+                    failure=current.failure)
     kept = dict(avoid)  # what the new assignment remembers
     if current.move_to is None:
         avoid[node] = now + cooldown  # this placement goes elsewhere if it can
@@ -182,15 +186,19 @@ def moved_off(snapshot: ClusterSnapshot, current: Assignment, now: float, cooldo
     return Need(request=request, previous=current, restarts=current.restarts,
                 restart_times=current.restart_times, cause=Cause.MOVED,
                 why=f"move off {node}: {current.reason} (instance {current.stopping} stopped"
-                f"{_resumes(snapshot, current.workload, checkpoints)})", avoid=kept)
+                f"{_resumes(snapshot, current, checkpoints)})", avoid=kept,
+                failure=current.failure)
 
 
 def latest_checkpoints(snapshot: ClusterSnapshot) -> dict[str, CheckpointInfo]:
     """``hafo.model.views.latest_checkpoint`` of every workload at once (one pass over the
-    reports instead of one per workload)."""
+    reports and the assignments instead of one per workload)."""
     best: dict[str, CheckpointInfo] = dict(snapshot.checkpoints)
-    for (wid, _node), status in snapshot.statuses.items():
-        ck = status.checkpoint
+    found: list[tuple[str, CheckpointInfo | None]] = [
+        (wid, a.checkpoint) for wid, a in snapshot.assignments.items()
+        if a.checkpoint is not None]
+    found += [(wid, status.checkpoint) for (wid, _node), status in snapshot.statuses.items()]
+    for wid, ck in found:
         if ck is None:
             continue
         known = best.get(wid)
@@ -199,9 +207,30 @@ def latest_checkpoints(snapshot: ClusterSnapshot) -> dict[str, CheckpointInfo]:
     return best
 
 
-def _resumes(snapshot: ClusterSnapshot, wid: str,
+def resume_point(known: CheckpointInfo | None, ended: InstanceStatus | None) -> str:
+    """Where the next instance resumes (``hafo.model.resume``): exactly when ``ended``, the
+    exited report of the instance it replaces, names the newest ``known`` checkpoint (its agent
+    read the checkpoints after that instance ended) or when ``ended`` and nothing else names
+    one; else as far as reported."""
+    if ended is not None and ended.state == "exited":
+        mine = ended.checkpoint
+        if mine is None and known is None:
+            return resume_note(None, exact=True)
+        if mine is not None and (known is None
+                                 or (mine.epoch, mine.step) >= (known.epoch, known.step)):
+            return resume_note(mine, exact=True)
+    return resume_note(known)
+
+
+def _resumes(snapshot: ClusterSnapshot, current: Assignment,
              checkpoints: Mapping[str, CheckpointInfo] | None) -> str:
+    """The "resumes from" part of a stopped instance's reason ("" while no checkpoint is
+    known: a workload that does not checkpoint, a service's replica)."""
+    wid = current.workload
     checkpoint = (checkpoints.get(wid) if checkpoints is not None
                   else latest_checkpoint(snapshot, wid))
-    return (f"; resumes from its latest checkpoint (last reported: step {checkpoint.step})"
-            if checkpoint else "")
+    if checkpoint is None:
+        return ""
+    status = snapshot.statuses.get((wid, current.node)) if current.node is not None else None
+    ended = status if status is not None and status.epoch == current.stopping else None
+    return f"; {resume_point(checkpoint, ended)}"

@@ -14,9 +14,17 @@ from hafo.decisions.quota import Quotas
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.views import WorkloadView
 
-__all__ = ["live_reasons", "ordinal", "with_live_reasons"]
+__all__ = ["live_reasons", "ordinal", "waiting_after", "with_live_reasons"]
 
 _Views = TypeVar("_Views", WorkloadView, list[WorkloadView])
+
+
+def waiting_after(failure: str) -> str:
+    """What the stored reason of a workload pending after a failure starts with (its
+    ``Assignment.failure``; "" for none), before why it waits: its last instance's failure
+    comes first, so that a gang whose member could not start says so, not only that too few
+    nodes are left."""
+    return f"{failure}; waiting to run again: " if failure else ""
 
 
 def ordinal(n: int) -> str:
@@ -55,9 +63,13 @@ def live_reasons(snapshot: ClusterSnapshot) -> dict[str, str]:
         wid, name = request.workload, request.spec.queue
         assignment = snapshot.assignments.get(wid)
         stored = assignment.reason if assignment is not None else ""
+        lead = waiting_after(assignment.failure) if assignment is not None else ""
+        if not stored.startswith(lead):
+            lead = ""
+        body = stored[len(lead):]
         refusal = quotas.refusal(request)
-        if refusal is not None and stored.startswith(refusal.summary()):
-            stored = refusal.render() + stored[len(refusal.summary()):]
+        if refusal is not None and body.startswith(refusal.summary()):
+            stored = lead + refusal.render() + body[len(refusal.summary()):]
         waiting = by_queue[name]
         place = f"{ordinal(waiting.index(wid) + 1)} of {len(waiting)} waiting in queue {name}"
         out[wid] = f"{stored}; {place}" if stored else place

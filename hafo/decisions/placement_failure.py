@@ -10,12 +10,13 @@ was no ready node at all (``NoReadyNodes``), or how many members of a gang had r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 __all__ = ["Filtered", "GangShortage", "NoReadyNodes", "NodeReason", "NodesFiltered",
-           "PlacementFailure", "Rule"]
+           "PlacementFailure", "Rule", "node_states", "with_node_states"]
 
 
 class Rule(StrEnum):
@@ -64,13 +65,33 @@ class NodesFiltered:
         return f"no node fits ({parts})"
 
 
+#: The states of a node that takes no new work, in the order a reason names them, and what
+#: brings one back where that is a command.
+_UNREADY: tuple[tuple[str, str], ...] = (
+    ("cordoned", " (hafo uncordon NODE)"), ("unhealthy", ""), ("down", ""))
+
+
+def _unready(states: tuple[tuple[str, int], ...]) -> str:
+    """``2 node(s) cordoned (hafo uncordon NODE), 1 node(s) down``."""
+    counts = dict(states)
+    return ", ".join(f"{counts[state]} node(s) {state}{how}" for state, how in _UNREADY
+                     if counts.get(state))
+
+
 @dataclass(frozen=True)
 class NoReadyNodes:
-    """There is no ready node to place on."""
+    """There is no ready node to place on. ``states``: how many nodes are in each state that
+    takes no new work (``cordoned``, ``unhealthy``, ``down``; none: not known, or no node
+    at all), filled in by ``with_node_states``."""
+
+    states: tuple[tuple[str, int], ...] = ()
 
     def render(self) -> str:
-        """``no ready nodes``."""
-        return "no ready nodes"
+        """``no node takes new work: 2 node(s) cordoned (hafo uncordon NODE)``; ``no ready
+        nodes`` when the states are not known or there is no node at all."""
+        if not self.states:
+            return "no ready nodes"
+        return f"no node takes new work: {_unready(self.states)}"
 
 
 @dataclass(frozen=True)
@@ -78,7 +99,9 @@ class GangShortage:
     """A gang of ``members`` found room for only ``found`` of them: nodes with ``gpus`` free
     healthy GPUs of its ``kind`` (``gpus`` 0: ready nodes), in one value of the ``topology``
     label where that is required; ``held`` nodes held for the waiting gang ``holder`` (0:
-    none, or held for this gang)."""
+    none, or held for this gang). ``excluded``: ready nodes left out because the workload
+    failed there too often (``PlacementRequest.exclude``); ``states``: as for
+    ``NoReadyNodes``."""
 
     members: int
     found: int
@@ -87,15 +110,38 @@ class GangShortage:
     topology: str | None = None
     held: int = 0
     holder: str | None = None
+    excluded: int = 0
+    states: tuple[tuple[str, int], ...] = ()
 
     def render(self) -> str:
         """``gang of 4: only 2 of 4 nodes with 8 free healthy GPUs in one rack; ...``."""
         what = f"with {self.gpus} free healthy {self.kind}" if self.gpus else "ready"
         where = f" in one {self.topology}" if self.topology is not None else ""
         held = f"; {self.held} node(s) held for {self.holder}" if self.held else ""
+        excluded = (f"; {self.excluded} more node(s) excluded: the workload failed there "
+                    "too often" if self.excluded else "")
+        unready = f"; taking no new work: {_unready(self.states)}" if self.states else ""
         return (f"gang of {self.members}: only {self.found} of {self.members} nodes "
-                f"{what}{where}{held}")
+                f"{what}{where}{held}{excluded}{unready}")
 
 
 #: Why a request could not be placed, as data.
 PlacementFailure = NodesFiltered | NoReadyNodes | GangShortage
+
+
+def node_states(states: Iterable[str]) -> tuple[tuple[str, int], ...]:
+    """How many nodes are in each state that takes no new work (``states``: every node's
+    state, ``ClusterSnapshot.node_state``), for ``with_node_states``: counted once a cycle."""
+    counts = Counter(states)
+    return tuple((state, counts[state]) for state, _how in _UNREADY if counts[state])
+
+
+def with_node_states(failure: PlacementFailure | str,
+                     states: tuple[tuple[str, int], ...]) -> PlacementFailure | str:
+    """``failure`` with ``states`` (``node_states``), where it says too few nodes were ready
+    (``NoReadyNodes``, a ``GangShortage``): the placer sees only the ready nodes, so "no
+    ready nodes" alone reads as if every node were gone when they are cordoned (``hafo
+    drain``)."""
+    if not isinstance(failure, NoReadyNodes | GangShortage) or not states:
+        return failure
+    return replace(failure, states=states)

@@ -11,7 +11,7 @@ from typing import Literal
 
 from hafo.decisions.placement import PlacementRequest
 from hafo.decisions.services import ReplicaChange
-from hafo.model.cluster import Assignment, MoveCause
+from hafo.model.cluster import Assignment, CheckpointInfo, MoveCause
 
 ActionKind = Literal["place", "pending", "finish", "forget", "move", "refuse-move"]
 FAILED_NODE_COOLDOWN = 60.0
@@ -22,25 +22,44 @@ class Cause(StrEnum):
     never read it back out of a message (``Action.why`` is for people only)."""
 
     NEW = "new"                        # a workload placed for the first time (or pending)
+    """A workload placed for the first time (or pending)."""
     NODE_DOWN = "node-down"            # its node's lease expired
+    """Its node's lease expired: the node is down."""
     NODE_UNHEALTHY = "node-unhealthy"  # its agent marked the node unhealthy
+    """Its agent marked the node unhealthy."""
     GPU_FAULT = "gpu-fault"            # one of its GPUs is unhealthy
+    """One of its GPUs is unhealthy."""
     GPU_DEGRADED = "gpu-degraded"      # one of its GPUs is degrading (still usable)
+    """One of its GPUs is degrading (still usable)."""
     APP_FAILED = "app-failed"          # the application failed past its restart limit: move
+    """The application failed past its restart limit: it moves."""
     EXITED = "exited"                  # a non-zero exit: restart in place
+    """A non-zero exit: restart in place."""
     FAILING = "failing"                # a check past its threshold: stop, restart in place
+    """A check failed past its threshold: stop, then restart in place."""
     INFRASTRUCTURE = "infrastructure"  # fenced, guard lost, node claimed anew: not its fault
+    """Fenced, guard lost, or node claimed anew: not the workload's fault (the restart is not
+    counted)."""
     PLANNED = "planned"                # hafo migrate / hafo drain
+    """A planned move: `hafo migrate` or `hafo drain`."""
     PREEMPTED = "preempted"            # room for a higher-priority workload
+    """Stopped to make room for a higher-priority workload (or reclaimed by the queue that lent
+    the quota)."""
     MOVED = "moved"                    # a move's instance stopped: place it elsewhere
+    """A move's instance stopped: place it elsewhere."""
     RESTARTED = "restarted"            # a failing instance stopped: run it again in place
+    """A failing instance stopped: run it again in place."""
     COMPLETED = "completed"            # exited 0
+    """Exited 0 (a gang: every member)."""
     DELETED = "deleted"                # deleted by the user
+    """Deleted by the user."""
     MOVE_REFUSED = "move-refused"      # a move request that cannot be honoured
+    """A move request that cannot be honoured."""
     MEMBER_LOST = "member-lost"        # a gang member's node is down: stop the others first
+    """A gang member's node is down: the other members are stopped first."""
 
 
-#: The event-log kind (a public contract: docs/contract.md, "Events") of a move's first
+#: The event-log kind (a public contract: docs/reference/reasons.md, "Events") of a move's first
 #: step, by cause.
 _MOVE_EVENTS: Mapping[Cause, str] = {
     Cause.PLANNED: "checkpoint-requested", Cause.NODE_UNHEALTHY: "node-unhealthy",
@@ -115,7 +134,9 @@ class Plan:
 class Need:
     """Why a workload needs a (new) placement, and with which history. ``avoid``: the
     cool-downs the new assignment keeps (None: those of the request; a planned move avoids
-    its old node for this placement only)."""
+    its old node for this placement only). ``failure``: how its last instance failed, when
+    that is why it needs one ("" otherwise: ``Assignment.failure``); ``checkpoint``: the
+    newest checkpoint known, where its next instance resumes (``Assignment.checkpoint``)."""
 
     request: PlacementRequest
     previous: Assignment | None
@@ -126,6 +147,8 @@ class Need:
     avoid: Mapping[str, float] | None = None
     known_since: float | None = None
     quick_restarts: int = 0  # the new assignment's (``Assignment.quick_restarts``)
+    failure: str = ""
+    checkpoint: CheckpointInfo | None = None
 
 
 class SettledReason(StrEnum):

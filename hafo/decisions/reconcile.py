@@ -29,6 +29,7 @@ from hafo.decisions.gang_placement import choose_spares
 from hafo.decisions.gangs import gang_ports, master_port, stop_gang, with_addresses
 from hafo.decisions.moves import latest_checkpoints, stop_then_place
 from hafo.decisions.observed import Observations, observe
+from hafo.decisions.pending_reasons import waiting_after
 from hafo.decisions.placement import (
     NodeCapacity,
     Placed,
@@ -38,6 +39,7 @@ from hafo.decisions.placement import (
     capacity_from,
     place_in_order,
 )
+from hafo.decisions.placement_failure import node_states, with_node_states
 from hafo.decisions.plan import FAILED_NODE_COOLDOWN, Action, Cause, Need, Plan, Settled
 from hafo.decisions.preemption import (
     Preempting,
@@ -156,7 +158,7 @@ def _assess_all(snapshot: ClusterSnapshot, now: float, cooldown: float, allow_fa
         if isinstance(outcome, Action):
             actions.append(outcome)
         elif isinstance(outcome, Need):
-            needs.append(outcome)
+            needs.append(replace(outcome, checkpoint=checkpoints.get(wid)))
         else:
             settled[wid] = outcome
     return _Assessed(tuple(actions), tuple(needs), settled)
@@ -286,6 +288,7 @@ def _placement_actions(snapshot: ClusterSnapshot, needs: tuple[Need, ...],
     waiting, releasing, spare_nodes = placing.waiting, placing.releasing, placing.spares
     actions: list[Action] = []
     ports = gang_ports(snapshot) if any(n.request.spec.is_gang for n in needs) else {}
+    states: tuple[tuple[str, int], ...] | None = None
     for need in needs:
         wid = need.request.workload
         result = results[wid]
@@ -301,7 +304,8 @@ def _placement_actions(snapshot: ClusterSnapshot, needs: tuple[Need, ...],
                              restarts=need.restarts, restart_times=need.restart_times,
                              reason=need.why, avoid=avoid, failed_on=failed_on,
                              members=with_addresses(snapshot, result.members),
-                             master_port=port, quick_restarts=need.quick_restarts)
+                             master_port=port, quick_restarts=need.quick_restarts,
+                             checkpoint=need.checkpoint)
             where = ", ".join(f"{m.rank}:{m.node}" for m in result.members) or result.node
             actions.append(Action(kind="place", workload=wid, cause=need.cause,
                                   why=f"{need.why} -> {where}",
@@ -314,6 +318,8 @@ def _placement_actions(snapshot: ClusterSnapshot, needs: tuple[Need, ...],
             reason = failed_everywhere(what, sorted(failed_on),
                                        need.request.spec.restart.max_restarts,
                                        _last_words(snapshot, need) if what else "")
+            if not what and need.failure:  # a gang's: which member failed how, and where
+                reason += f"; last failure: {need.failure}"
             failed = Assignment(workload=wid, phase="failed", node=None,
                                 restarts=need.restarts, restart_times=need.restart_times,
                                 reason=reason, failed_on=failed_on)
@@ -321,11 +327,15 @@ def _placement_actions(snapshot: ClusterSnapshot, needs: tuple[Need, ...],
                                   expected_revision=revision(previous), assignment=failed,
                                   known_since=need.known_since))
             continue
-        reason = _waiting_reason(wid, preemptions, waiting, releasing) or result.reason
+        if states is None:  # the nodes by state, once, for the reasons that count them
+            states = node_states(snapshot.node_state(n) for n in snapshot.nodes)
+        reason = (_waiting_reason(wid, preemptions, waiting, releasing)
+                  or Unplaceable(with_node_states(result.failure, states)).reason)
         if spare_nodes and not need.request.spec.is_gang:
             reason += f"; {len(spare_nodes)} spare node(s) kept for gang failover"
         if wid in notes:
             reason += f"; {notes[wid]}"
+        reason = waiting_after(need.failure) + reason  # why it runs no more comes first
         unchanged = previous is not None and previous.phase == "pending" \
             and previous.reason == reason
         if unchanged:
@@ -335,7 +345,8 @@ def _placement_actions(snapshot: ClusterSnapshot, needs: tuple[Need, ...],
                              avoid=avoid, failed_on=failed_on,
                              members=_remembered(need),
                              master_port=previous.master_port if previous else 0,
-                             quick_restarts=need.quick_restarts)
+                             quick_restarts=need.quick_restarts, failure=need.failure,
+                             checkpoint=need.checkpoint)
         actions.append(Action(kind="pending", workload=wid, cause=need.cause,
                               why=f"{need.why}; {reason}", expected_revision=revision(previous),
                               assignment=pending, known_since=need.known_since))

@@ -1,5 +1,5 @@
 """Whether a node may be retired now (``hafo node remove``, ``DELETE /v1/nodes/{name}``), and
-why not. Pure (issue 30, "Elastic capacity"; docs/contract.md, "Elastic capacity").
+why not. Pure (issue 30, "Elastic capacity"; docs/reference/elastic.md, "Elastic capacity").
 
 A node is removed only when nothing could still need its records:
 

@@ -1,14 +1,14 @@
 """Simulated GPUs for machines without them: inventory from config, faults from a JSON file.
 
-The faults file (docs/contract.md, "Simulated GPUs and the faults file") maps a GPU index to a
-fault, e.g. ``{"0": {"xid": 79}}``, ``{"1": {"ecc_dbe": 1}}``, ``{"2": {"lost": true}}``. It is
-re-read on every call; an absent file or ``{}`` means healthy. Each key of a GPU's entry
-becomes a finding (see ``hafo.model.health``): ``xid`` (number), ``ecc_dbe`` (count),
-``ecc_sbe_rate`` (per hour), ``thermal`` (degrees C at or above slowdown), ``pcie_replay`` (per
-minute), ``recovery_action`` (NVML value), and the flags ``lost``, ``remap_pending``,
-``remap_failed``, ``retired_pages_pending``, ``hw_slowdown``, ``hw_thermal_slowdown``,
-``hw_power_brake``. A fault stays while it is in the file, as a persistent hardware fault
-would.
+The faults file (docs/reference/simulation.md, "Simulated GPUs and the faults file") maps a
+GPU index to a fault, e.g. ``{"0": {"xid": 79}}``, ``{"1": {"ecc_dbe": 1}}``, ``{"2":
+{"lost": true}}``. It is re-read on every call; an absent file or ``{}`` means healthy. Each
+key of a GPU's entry becomes a finding (see ``hafo.model.health``): ``xid`` (number),
+``ecc_dbe`` (count), ``ecc_sbe_rate`` (per hour), ``thermal`` (degrees C at or above
+slowdown), ``pcie_replay`` (per minute), ``recovery_action`` (NVML value), and the flags
+``lost``, ``remap_pending``, ``remap_failed``, ``retired_pages_pending``, ``hw_slowdown``,
+``hw_thermal_slowdown``, ``hw_power_brake``. A fault stays while it is in the file, as a
+persistent hardware fault would.
 
 ``utilization`` (GPU index -> percent) is reported with the inventory (unlisted: unknown).
 

@@ -56,7 +56,7 @@ class GpuFault(Section):
     thermal: Number | None = None
 
     def entry(self) -> dict[str, Any]:
-        """The GPU's entry in the faults file (docs/contract.md, "Simulated GPUs")."""
+        """The GPU's entry in the faults file (docs/reference/simulation.md, "Simulated GPUs")."""
         out: dict[str, Any] = {}
         if self.xid is not None:
             out["xid"] = self.xid

@@ -68,8 +68,62 @@ def export_line(etcd: Sequence[str], cluster: str, dev_dir: Path) -> str:
             f"HAFO_CLUSTER={shlex.quote(cluster)} HAFO_DEV={shlex.quote(str(dev_dir))}")
 
 
-def banner(status: DevStatus, took: float, temporary: bool) -> list[str]:
-    """What ``hafo dev`` prints once the cluster is ready."""
+@dataclass(frozen=True)
+class Found:
+    """What the example specs need that ``hafo dev`` looks for, and whether it found it:
+    ``python`` (the agents' workloads run its ``python3``: ``hafo dev`` puts its directory
+    first on their PATH), whether ``torch`` imports there, whether ``torchrun`` is on that
+    PATH, whether the ``openai`` check plugin is installed."""
+
+    python: str
+    torch: bool
+    torchrun: bool
+    openai_check: bool
+
+    @classmethod
+    def here(cls) -> Found:
+        """Look (nothing is imported: torch takes seconds)."""
+        import importlib.util
+        from importlib.metadata import entry_points
+
+        from hafo.checks.api import ENTRY_POINT_GROUP
+
+        return cls(python=sys.executable, torch=importlib.util.find_spec("torch") is not None,
+                   torchrun=shutil.which("torchrun") is not None,
+                   openai_check=any(ep.name == "openai"
+                                    for ep in entry_points(group=ENTRY_POINT_GROUP)))
+
+
+def example_lines(found: Found, nodes: int) -> list[str]:
+    """What each spec of examples/ needs beyond hafo and whether this cluster has it: every
+    one runs as shipped only where all of it is there (``make test``'s environment, 3 nodes);
+    ``make demo`` installs what counter.yaml and service.yaml need. Each spec's header says
+    the same."""
+    def nodes_for(count: int) -> list[str]:
+        return [] if nodes >= count else [f"{count} nodes (this cluster has {nodes})"]
+
+    torch = [] if found.torch else [f"torch for {found.python} (pip install torch)"]
+    torchrun = [] if found.torchrun or not found.torch else ["torchrun on the PATH"]
+    plugin = ([] if found.openai_check
+              else ["its check plugin (pip install -e plugins/hafo-check-openai)"])
+    rows = [("counter.yaml", "a training loop with hafo.checkpoint", []),
+            ("service.yaml", "3 HTTP replicas, one per node", nodes_for(3)),
+            ("train.yaml", "a PyTorch MLP", torch),
+            ("ddp.yaml", "PyTorch DDP under torchrun, a gang of 2 nodes",
+             [*torch, *torchrun, *nodes_for(2)]),
+            ("openai-service.yaml", "2 replicas judged by the openai check",
+             [*plugin, *nodes_for(2)])]
+    lines = ["examples/ (each file's header says what it needs):"]
+    for name, what, lacks in rows:
+        lines.append(f"  {name:<20} {what}: " + (f"needs {'; '.join(lacks)}" if lacks
+                                                  else "runs here as shipped"))
+    return lines
+
+
+def banner(status: DevStatus, took: float, temporary: bool,
+           found: Found | None = None) -> list[str]:
+    """What ``hafo dev`` prints once the cluster is ready (``found``: what the examples need
+    that it found, for a line on each; None: no such lines)."""
     first = status.nodes[0].name if status.nodes else "node-1"
     dashboards = "  ".join(c.dashboard for c in status.controllers)
     lines = [
@@ -94,6 +148,7 @@ def banner(status: DevStatus, took: float, temporary: bool) -> list[str]:
         " --clear",
         "  hafo dev status",
         "",
+        *([*example_lines(found, len(status.nodes)), ""] if found is not None else []),
         "Ctrl-C stops everything" + (f" and removes {status.dir}" if temporary
                                      else f" (state stays in {status.dir})") + ".",
     ]
@@ -362,7 +417,8 @@ class DevCluster:
         self.server = await asyncio.start_unix_server(self.serve_client,
                                                       path=str(socket_path(self.base)),
                                                       limit=MAX_REQUEST)
-        for line in banner(self.status(), time.monotonic() - started, self.temporary):
+        for line in banner(self.status(), time.monotonic() - started, self.temporary,
+                           Found.here()):
             say(line)
         await self.stop_requested.wait()
         return 0

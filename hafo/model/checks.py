@@ -79,16 +79,26 @@ class HttpOptions(Section):
 
     url: Annotated[str, Strict(), Matches(HTTP_URL, "must be an http:// or https:// URL "
                                                     "with a host")] | None = None
+    """The URL to probe, http or https; else `port`, with `path`, `host` and `scheme`. One of
+    `url` and `port` is required."""
     port: PortRef | None = None
+    """The port to probe: a number, or the name of a declared port (resolved on the node)."""
     path: Annotated[str, Strict(), Matches(r"/[^\x00-\x20]*", "must start with '/'")] = "/"
+    """The path to probe on `port`."""
     host: Text = "127.0.0.1"
+    """The host to probe on `port`."""
     scheme: Literal["http", "https"] = "http"
+    """`http` or `https`, on `port`."""
     method: Annotated[str, Strict(), Matches(HTTP_METHOD, f"must be one of "
                                                           f"{', '.join(HTTP_METHODS)}"),
                       AfterValidator(str.upper)] = "GET"
+    """The request's method, in any case: GET, HEAD, POST, PUT, PATCH, DELETE or OPTIONS."""
     expect_status: Annotated[tuple[StatusCode, ...], Field(min_length=1), OneOrMore()] = ()
+    """The status code(s) that say healthy: one code or a list; none given: any 2xx or 3xx."""
     body_contains: Text | None = None
+    """Text the first MiB of the body must contain."""
     headers: StrMap = field(default_factory=dict)
+    """The request's headers."""
 
     def _check(self) -> None:
         if self.url is None and self.port is None:
@@ -110,7 +120,9 @@ class TcpOptions(Section):
     port)."""
 
     host: Text = "127.0.0.1"
+    """The host to connect to."""
     port: PortRef
+    """The port to connect to: a number, or the name of a declared port (resolved on the node)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,8 +131,12 @@ class ExecOptions(Section):
     ``env``, in ``cwd`` (default: the agent's working directory)."""
 
     command: Argv
+    """The command (argv, no shell); exit 0 is healthy. Its process group is killed at the
+    timeout."""
     env: StrMap = field(default_factory=dict)
+    """Added to the workload's environment for the command."""
     cwd: Text | None = None
+    """The command's working directory (default: the agent's)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,6 +145,7 @@ class ProcessOptions(Section):
     most ``max_rss_mib`` of memory."""
 
     max_rss_mib: Annotated[int, Field(ge=1), INTEGER] | None = None
+    """The most resident memory, in MiB, the workload's process may use."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,7 +154,11 @@ class ProgressOptions(Section):
     relative to its checkpoint directory) within ``stall_after`` seconds."""
 
     stall_after: Positive
+    """Seconds without progress (no change of the heartbeat, or of the file's mtime or size)
+    before the check fails, on the agent's monotonic clock."""
     file: Text | None = None
+    """The file whose change is progress, relative to the checkpoint directory (default: the
+    SDK's `heartbeat.json`)."""
 
 
 HTTP_OPTIONS: Schema[HttpOptions] = Schema(HttpOptions, "options", prefix="")
@@ -154,14 +175,21 @@ class CheckTiming(Section):
     """When a check runs: every ``interval`` seconds (after ``initial_delay``), each probe
     within ``timeout``; ``failure_threshold`` failures in a row fail the instance (unless
     ``liveness`` is false). ``readiness``: the instance is ready only while this check's last
-    probe passed (docs/contract.md, "Readiness")."""
+    probe passed (docs/reference/workloads.md, "Readiness")."""
 
     interval: Positive = 10.0
+    """Seconds between probes."""
     timeout: Positive = 5.0
+    """Seconds one probe may take."""
     failure_threshold: Annotated[int, Field(ge=1), INTEGER] = 3
+    """Failed probes in a row before the instance counts as failing."""
     initial_delay: NonNegative = 0.0
+    """Seconds before the first probe."""
     readiness: Flag = True
+    """The instance is ready (in rotation) only while this check's last probe passed."""
     liveness: Flag = True
+    """Failing past `failure_threshold` restarts the instance; false: the check only gates
+    readiness."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,6 +197,7 @@ class HttpCheckSpec(HttpOptions, CheckTiming):
     """An ``http`` check (its options, then the timing every check has)."""
 
     type: Literal["http"]
+    """`http`: an HTTP request."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,6 +205,7 @@ class TcpCheckSpec(TcpOptions, CheckTiming):
     """A ``tcp`` check."""
 
     type: Literal["tcp"]
+    """`tcp`: a TCP connection."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,6 +213,7 @@ class ExecCheckSpec(ExecOptions, CheckTiming):
     """An ``exec`` check."""
 
     type: Literal["exec"]
+    """`exec`: a command."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,6 +221,7 @@ class ProcessCheckSpec(ProcessOptions, CheckTiming):
     """A ``process`` check."""
 
     type: Literal["process"]
+    """`process`: the workload's process."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,6 +229,7 @@ class ProgressCheckSpec(ProgressOptions, CheckTiming):
     """A ``progress`` check."""
 
     type: Literal["progress"]
+    """`progress`: the workload's progress reports."""
 
 
 #: The built-in check types and the JSON form of a check of each.
@@ -215,6 +248,8 @@ class PluginCheckSpec(CheckTiming):
     __pydantic_config__ = ConfigDict(extra="allow")
     type: Annotated[str, Strict(), Field(min_length=1, json_schema_extra={
         "not": {"enum": list(BUILTIN_CHECK_TYPES)}})]
+    """A type a plugin provides (entry-point group `hafo.checks`); its other fields are the
+    plugin's options, checked by the plugin on the agent."""
 
 
 _TIMING_KEYS = frozenset({"type", "interval", "timeout", "failure_threshold", "initial_delay",

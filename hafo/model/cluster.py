@@ -209,6 +209,12 @@ class Assignment(Record):
     ``quick_restarts``: uncounted restarts (the infrastructure's) in a row of instances that
     ran less than a minute, for their backoff (``hafo.decisions.failures.uncounted_backoff``);
     0 once any other restart or a longer run ends the row.
+
+    ``failure``: how its last instance failed (``member 0 exited with code 127 on n1: could
+    not start: ...``), from the failure until it is placed again: a pending assignment's
+    reason starts with it. ``checkpoint``: the newest checkpoint the controller knew of when
+    it placed the workload or put it back to pending (where its next instance resumes, as far
+    as known; null: none known): the views show it once the reports that named it are gone.
     """
 
     workload: str
@@ -234,6 +240,8 @@ class Assignment(Record):
     master_port: int = 0
     leave: tuple[str, ...] = ()
     quick_restarts: int = 0
+    failure: str = ""
+    checkpoint: CheckpointInfo | None = None
 
     @property
     def revision(self) -> int:
@@ -354,11 +362,17 @@ class Event(Record):
     """Something that happened, for people (``hafo events``)."""
 
     ts: float
+    """When it happened (seconds since the epoch)."""
     kind: str
+    """What happened: one of the event kinds."""
     message: str
+    """What happened, in one sentence for people."""
     workload: str | None = None
+    """The workload's id, for an event about a workload."""
     node: str | None = None
+    """The node's name, for an event about a node (or where the workload is)."""
     epoch: int | None = None
+    """The instance's epoch, for an event about one instance."""
 
 
 def replica_serial(replica_id: str) -> int:
@@ -371,7 +385,7 @@ def replica_serial(replica_id: str) -> int:
 class Submission(Record):
     """A workload as submitted: its id, spec and submit time (key ``workloads/<id>``).
 
-    A replica of a service (written by the controller, docs/contract.md, "Services") also
+    A replica of a service (written by the controller, docs/reference/services.md, "Services") also
     says whose replica it is (``service``: the service's id), which replica it replaces
     (``replaces``: during a rolling update or a drain) and, once it is replaced, since when
     it is out of rotation (``retiring``)."""

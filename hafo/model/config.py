@@ -1,4 +1,5 @@
-"""Daemon configuration (docs/contract.md, "Daemon config"), validated into frozen records.
+"""Daemon configuration (docs/reference/config-files.md, "Daemon config"), validated into
+frozen records.
 
 ``Config`` and its sections are the one declaration of the config file: ``parse_config``
 validates with them; each dataclass mirrors its section of the YAML.
@@ -94,15 +95,27 @@ class EtcdConfig(Section):
     """Where etcd is, how to authenticate to it, and its raft election timeout."""
 
     endpoints: Endpoints = ("http://127.0.0.1:2379",)
+    """etcd's client URLs, each `http(s)://HOST:PORT`: a list, or one comma-separated string; not
+    a mix of http and https."""
     ca: Text | None = None
+    """The CA certificate that signed etcd's (a path): required with `https://` endpoints, and
+    only with them."""
     cert: Text | None = None
+    """Client certificate (a path), with `etcd.key`; needs `etcd.ca`."""
     key: Text | None = None
+    """Client key (a path), with `etcd.cert`."""
     username: Text | None = None
+    """etcd user name; needs exactly one of `etcd.password` and `etcd.password_file`."""
     password: Text | None = None
+    """etcd password; needs `etcd.username`."""
     password_file: Text | None = None
+    """A file holding the etcd password (its content, stripped); needs `etcd.username`."""
     #: etcd's ``--election-timeout`` in seconds (checked against ``timing``: see
     #: ``election_problem``).
     election_timeout: Positive = ETCD_ELECTION_TIMEOUT_MS / 1000
+    """etcd's `--election-timeout` in seconds. Refused unless `2 x election_timeout + 0.25 <
+    lease_ttl - heartbeat - fence_margin`: etcd elects a new leader within 2 x its election
+    timeout, and agents must get a keepalive acknowledged before their deadline."""
 
     def _check(self) -> None:
         problem = _etcd_problem(self)
@@ -153,9 +166,14 @@ class TimingConfig(Section):
     """Lease TTL, keepalive period and the self-fencing safety margin, in seconds."""
 
     lease_ttl: Annotated[int, Field(ge=2, le=3600), INTEGER] = 3
+    """The node lease's TTL in seconds, 2 to 3600 (controllers use it for their own lease too)."""
     heartbeat: Positive = 1.0
+    """The keepalive period in seconds; at most half of `lease_ttl`."""
     fence_margin: Positive = 0.5
+    """How long before the lease can expire the guards kill their workloads, in seconds;
+    `fence_margin + heartbeat` must be below `lease_ttl`."""
     failsafe_max: NonNegative = 300.0
+    """The longest an agent keeps its work without reaching etcd, in seconds."""
 
     def _check(self) -> None:
         if self.heartbeat * 2 > self.lease_ttl:
@@ -200,11 +218,21 @@ class ApiConfig(Section):
 
     listen: Annotated[str, Strict(), Matches(LISTEN, "must be HOST:PORT"),
                       _port_in(LISTEN, 0)] = "127.0.0.1:8600"
+    """The HTTP API's address, `HOST:PORT`; a controller's must be reachable by the agents
+    (failsafe questions)."""
     token_file: Text | None = None
+    """Controller: mutations need `Authorization: Bearer <token>`; the file holds one token of at
+    least 16 characters without spaces, not readable by every user. Every controller of a cluster
+    must have the same token (or none)."""
     tls_cert: Text | None = None
+    """Serve the API over TLS (TLS 1.2+) with this certificate (a path); with `api.tls_key`."""
     tls_key: Text | None = None
+    """The key of `api.tls_cert` (a path); with `api.tls_cert`."""
     tls_ca: Text | None = None
+    """Agent: the CA that signed the controllers' API certificates (a path)."""
     team_tokens_file: Annotated[Text | None, OMIT_DEFAULT] = None
+    """Controller: team tokens, each scoped to its queues; needs `api.token_file` (then the admin
+    token). Every controller of a cluster must have the same team tokens (or none)."""
 
     def _check(self) -> None:
         if self.team_tokens_file is not None and self.token_file is None:
@@ -243,15 +271,23 @@ class SimulatedGpus(Section):
     """
 
     count: Annotated[int, Field(ge=0, le=64), INTEGER] = 4
+    """How many GPUs the node has."""
     model: Text = "NVIDIA H100 80GB HBM3"
+    """The GPUs' model name, as NVML would report it."""
     memory_mib: Annotated[int, Field(ge=1), INTEGER] = 81559
+    """Each GPU's memory, in MiB."""
     faults_file: Text | None = None
+    """The faults file (a path): JSON mapping a GPU index (as a string) to its faults, re-read
+    every health cycle; absent or `{}`: healthy."""
     utilization: Mapping[GpuKey, Annotated[Number, Field(ge=0, le=100)]] = field(
         default_factory=dict)
+    """GPU index -> the percent busy reported for it; unlisted: unknown."""
     mig: Mapping[GpuKey, Annotated[tuple[MigProfile, ...],
                                    Field(min_length=1, max_length=MAX_MIG_DEVICES),
                                    Expect(f"a list of 1 to {MAX_MIG_DEVICES} MIG profiles "
                                           "like 1g.10gb")]] = field(default_factory=dict)
+    """GPU index -> the profiles of its MIG devices (1 to 7, like `1g.10gb`); that GPU is then
+    listed as those devices."""
 
     def _check(self) -> None:
         for name, indices in (("utilization", self.utilization), ("mig", self.mig)):
@@ -274,6 +310,7 @@ class Simulation(Section):
     """``node.gpus: {simulate: {...}}``: simulated GPUs (tests, demos)."""
 
     simulate: SimulatedGpus = SimulatedGpus()
+    """Simulated GPUs instead of NVML (tests, demos), described by the fields under it."""
 
 
 class _GpusSetting:
@@ -305,7 +342,9 @@ class PortRange(Section):
     """``node.ports``: where a replica's port 0 is taken from (``first``..``last``)."""
 
     first: Annotated[int, Field(ge=1, le=65535), INTEGER] = 30000
+    """The first port of the range."""
     last: Annotated[int, Field(ge=1, le=65535), INTEGER] = 32767
+    """The last port of the range, at least `first`."""
 
     def _check(self) -> None:
         if self.last < self.first:
@@ -319,7 +358,11 @@ class NodeLogs(Section):
     workload is kept under ``<state_dir>/logs/``."""
 
     max_mib: Annotated[int, Field(ge=1, le=1048576), INTEGER] = 64
+    """The most MiB one instance's output holds on disk (`output.log` and `output.log.1`, at most
+    half each); older output is dropped."""
     keep_epochs: Annotated[int, Field(ge=0, le=1000), INTEGER] = 3
+    """How many ended instances' output each workload keeps under `<state_dir>/logs/` (the oldest
+    are deleted)."""
 
 
 @dataclass(frozen=True)
@@ -330,13 +373,24 @@ class NodeConfig(Section):
     etcd (``hafo.agent.address``)."""
 
     name: NodeName
+    """The node's name, unique in the cluster (required)."""
     labels: StrMap = field(default_factory=dict)
+    """The node's labels, matched by a spec's `node_selector`; values become strings (`true` is
+    `"true"`)."""
     state_dir: Text = DEFAULT_STATE_DIR
+    """Where the agent keeps its instance records, lease record and fence file."""
     address: Annotated[Text | None, OMIT_DEFAULT] = None
+    """Where the node's peers reach it: a gang's `MASTER_ADDR` when this node runs rank 0; shown
+    by `hafo nodes`. Default: the local address of the route to the first etcd endpoint, else the
+    host name."""
     gpu_source: Annotated[GpuSource | SimulatedGpus, Field(alias="gpus"),
                           _GpusSetting()] = GpuSource.AUTO
+    """Where the node's GPUs come from: `auto` (NVML; finding none is reported, not an error),
+    `none` (a node without GPUs) or `{simulate: {...}}` (simulated GPUs)."""
     ports: Annotated[PortRange, OMIT_DEFAULT] = PortRange()
+    """Where a spec's port `0` is taken from on this node."""
     logs: Annotated[NodeLogs, OMIT_DEFAULT] = NodeLogs()
+    """How much of each instance's output this node keeps."""
 
     @property
     def simulate(self) -> SimulatedGpus | None:
@@ -349,6 +403,8 @@ class CheckpointSection(Section):
     """``checkpoint``: the shared checkpoint root (every node mounts it at this path)."""
 
     root: Text = DEFAULT_CHECKPOINT_ROOT
+    """Agent: storage every node can read and write, mounted at this path on each; a workload's
+    checkpoint directory is `<root>/<workload id>`."""
 
 
 @dataclass(frozen=True)
@@ -356,6 +412,8 @@ class ControllerSection(Section):
     """``controller``: this controller's name (required for the controller)."""
 
     name: Text | None = None
+    """This controller's name: required for the controller, unique per controller; held by the
+    leader key."""
 
 
 @dataclass(frozen=True)
@@ -364,6 +422,7 @@ class LogSection(Section):
 
     format: Annotated[str, Strict(), Matches("auto|json|console", "must be auto, json or "
                                              "console")] = "auto"
+    """`auto` (JSON lines unless stderr is a terminal), `json` or `console`."""
 
 
 @dataclass(frozen=True)
@@ -373,7 +432,11 @@ class PlacementSection(Section):
     failed gang members (they take no other work)."""
 
     strategy: Strategy = "spread"
+    """Controller: the placement strategy of workloads whose spec chooses none, `spread` or
+    `binpack`."""
     spares: Annotated[int, Field(ge=0, le=100000), INTEGER] = 0
+    """Controller: how many idle ready nodes to keep as spares for failed gang members, besides
+    the nodes labelled `hafo.io/spare: "true"`."""
 
 
 #: The longest ``fair_sharing.usage_half_life`` accepted: 30 days, in seconds.
@@ -390,7 +453,11 @@ class FairSharingSection(Section):
     (``hafo.decisions.usage_history``); none: by their usage now."""
 
     min_runtime: NonNegative = 300.0
+    """Controller: seconds borrowed work runs before the queue that lent the quota may take it
+    back (checkpoint first); work of a queue over its borrowing limit is reclaimed sooner."""
     usage_half_life: Annotated[Positive | None, OMIT_DEFAULT] = None
+    """Controller: given, queues that borrow are ordered by their decayed usage history with this
+    half-life in seconds (at most 30 days) instead of their usage now; none: by their usage now."""
 
     def _check(self) -> None:
         if self.usage_half_life is not None and self.usage_half_life > MAX_HALF_LIFE:
@@ -406,17 +473,26 @@ HookUrl = Annotated[str, Strict(), Matches(r"https?://[^\s/]+(/\S*)?", "must be 
 @dataclass(frozen=True)
 class AutoscaleSection(Section):
     """``autoscale``: the hook the leader tells the pending demand and the removable nodes
-    (docs/contract.md, "Elastic capacity"): ``command`` (an argv list, the demand's JSON on
+    (docs/reference/elastic.md, "Elastic capacity"): ``command`` (an argv list, the demand's JSON on
     its stdin) or ``url`` (an HTTP POST of it), at most once per ``interval`` seconds, when
     either changed; ``idle_after``: seconds a ready node has had no work before it is
     removable; ``timeout``: seconds a call may take (a command is then killed). Neither
     ``command`` nor ``url``: no hook (``GET /v1/demand`` and the metrics still say it)."""
 
     command: Annotated[Argv | None, OMIT_DEFAULT] = None
+    """The hook as a command (argv, no shell): started in its own process group with the demand's
+    JSON on its stdin; exit 0 is success; killed at `autoscale.timeout`. Not with
+    `autoscale.url`."""
     url: Annotated[HookUrl | None, OMIT_DEFAULT] = None
+    """The hook as an HTTP endpoint: the demand's JSON is POSTed to it; a 2xx answer is success.
+    Not with `autoscale.command`."""
     interval: Positive = 30.0
+    """The least time between two calls, in seconds; a call is made only when the pending shapes
+    or the removable nodes changed (a failed call is tried again after this)."""
     idle_after: NonNegative = 600.0
+    """Seconds a ready node has had no work before it is removable."""
     timeout: Positive = 30.0
+    """Seconds one call may take: a command still running is then killed, an HTTP call abandoned."""
 
     def _check(self) -> None:
         if self.command is not None and self.url is not None:
@@ -434,17 +510,29 @@ class Config(Section):
 
     cluster: Annotated[str, Strict(), Matches("[a-z0-9][a-z0-9-]{0,62}", "must be lowercase "
                                               "letters, digits and '-'")] = "default"
+    """The cluster's name: every key lives under `/hafo/<cluster>/`."""
     etcd: EtcdConfig = EtcdConfig()
+    """Where etcd is, how to authenticate to it, and its election timeout."""
     timing: TimingConfig = TimingConfig()
+    """The lease TTL, the keepalive period and the fencing margin."""
     api: ApiConfig = ApiConfig()
+    """The daemon's HTTP API: its address, tokens and TLS."""
     node: NodeConfig | None = None
+    """Agent only: this node (required for the agent, ignored by the others)."""
     checkpoint: CheckpointSection = CheckpointSection()
+    """The shared checkpoint storage."""
     controller: ControllerSection = ControllerSection()
+    """Controller only: this controller."""
     log: LogSection = LogSection()
+    """How the daemon logs (to stderr)."""
     health: HealthConfig = field(default_factory=HealthConfig)
+    """Agent only: health polling, its thresholds and the classification overrides."""
     placement: PlacementSection = PlacementSection()
+    """Controller only: the default placement strategy and the spare nodes."""
     fair_sharing: FairSharingSection = FairSharingSection()
+    """Controller only: how queues share the pool."""
     autoscale: AutoscaleSection = AutoscaleSection()
+    """Controller only: the hook the leader tells the pending demand and the removable nodes."""
 
     def _check(self) -> None:
         problem = election_problem(self.etcd.election_timeout, self.timing)

@@ -1,4 +1,4 @@
-"""Where a workload's instances serve: one ``Endpoint`` per replica (docs/contract.md,
+"""Where a workload's instances serve: one ``Endpoint`` per replica (docs/reference/workloads.md,
 "Endpoints"), the JSON of ``GET /v1/workloads/{name}/endpoints`` and ``hafo endpoints``, and
 what ``hafo lb haproxy`` puts in rotation. Pure.
 
@@ -6,7 +6,7 @@ One rule decides "ready" for everything that needs it (``instance_ready``): the 
 the API and CLI, ``hafo lb haproxy``, Prometheus discovery and the rolling updates of
 ``hafo.decisions.services``: the instance of the replica's current assignment runs on a node
 whose agent is alive (not merely not yet confirmed expired), reports every readiness check
-passing, and the replica is not being replaced (docs/contract.md, "Readiness").
+passing, and the replica is not being replaced (docs/reference/workloads.md, "Readiness").
 """
 
 from __future__ import annotations

@@ -12,9 +12,13 @@ class InstanceEnd(StrEnum):
     that a reworded message can never change what the controller decides."""
 
     EXIT = "exit"  # the workload exited by itself; its exit code says how
+    """The workload exited by itself; its exit code says how."""
     STOPPED = "stopped"  # the agent stopped it (planned move, failing check, deletion)
+    """The agent stopped it (a planned move, a failing check, a deletion)."""
     FENCED = "fenced"  # killed at the fencing deadline or on lease loss: not its fault
+    """Killed at the fencing deadline or on lease loss: not the workload's fault."""
     GUARD_LOST = "guard-lost"  # its guard died (or never started); the agent killed it
+    """Its guard died (or never started); the agent killed it."""
 
 
 #: Ends caused by the infrastructure (fencing, lease loss, an etcd outage, a lost guard), not

@@ -52,8 +52,8 @@ def api_url(scheme: str, host: str, port: int) -> str:
 
 @dataclass(frozen=True)
 class ServingLine:
-    """A daemon's one start-up line, the static event ``serving API`` (docs/contract.md,
-    "Daemon logs"): its structured fields."""
+    """A daemon's one start-up line, the static event ``serving API``
+    (docs/reference/config-files.md, "Daemon logs"): its structured fields."""
 
     role: Role
     name: str
@@ -76,7 +76,7 @@ def serving_line(role: Role, name: str, url: str) -> ServingLine:
 @dataclass(frozen=True)
 class OpenApi:
     """An API without a token on an address other hosts may reach: the fields of the
-    warning ``API open without a token ...`` (docs/contract.md, "Daemon logs")."""
+    warning ``API open without a token ...`` (docs/reference/config-files.md, "Daemon logs")."""
 
     role: Role
     address: str

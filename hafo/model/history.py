@@ -1,6 +1,6 @@
 """A workload's history: one record per epoch (instance) it had, newest last.
 
-Kept by the leader under ``Keys.history`` (docs/contract.md, "etcd keys"), written when an
+Kept by the leader under ``Keys.history`` (docs/reference/etcd.md, "etcd keys"), written when an
 epoch is placed, starts and ends (``hafo.decisions.history`` decides the record, the
 controller writes it), bounded to the newest ``HISTORY_KEEP`` epochs. Unlike the event log
 it outlives a day and a controller failover; it is deleted with the workload.

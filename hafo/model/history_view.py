@@ -13,7 +13,7 @@ from hafo.model.cluster import ClusterSnapshot, Event, Phase
 from hafo.model.history import EpochEnd, EpochRecord, WorkloadHistory
 from hafo.model.schema import JsonOf
 from hafo.model.spec import WorkloadSpec
-from hafo.model.views import CheckpointJson, workload_view
+from hafo.model.views import CheckpointJson, RestartWindowView, workload_view
 
 #: The contract's objects, as their records' ``to_dict()``.
 EndJson = Annotated[dict[str, Any] | None, JsonOf(EpochEnd | None)]
@@ -41,8 +41,9 @@ class EpochView(TypedDict):
 
 class NowView(TypedDict):
     """Where the workload is now: the assignment's phase (null before the controller placed
-    it), the workload's state, node(s), epoch, restart count, the reason and the newest
-    checkpoint (as in the workload view)."""
+    it), the workload's state, node(s), epoch, restart count (ever, and the restart policy's
+    count now: ``restart_window``), the reason and the newest checkpoint (as in the workload
+    view)."""
 
     phase: Phase | None
     state: str
@@ -50,6 +51,7 @@ class NowView(TypedDict):
     nodes: list[str]
     epoch: int | None
     restarts: int
+    restart_window: RestartWindowView | None
     reason: str
     checkpoint: CheckpointJson
 
@@ -105,6 +107,7 @@ def show_view(snapshot: ClusterSnapshot, workload_id: str, history: WorkloadHist
         "now": {"phase": assignment.phase if assignment is not None else None,
                 "state": current["state"], "node": current["node"], "nodes": nodes,
                 "epoch": current["epoch"], "restarts": current["restarts"],
+                "restart_window": current["restart_window"],
                 "reason": current["reason"], "checkpoint": current["checkpoint"]},
         "history": [epoch_view(r) for r in history.epochs] if history is not None else [],
         "events": [e.to_dict() for e in events],

@@ -12,7 +12,7 @@ what it borrows goes first (``weight``: a larger weight, a larger fair share; de
 docs/design.md, "Queues and fair share"; decisions in ``hafo.decisions.quota`` and
 ``hafo.decisions.fair_order``).
 
-``QueueSpec`` is the one declaration of the format (docs/contract.md, "Queues"):
+``QueueSpec`` is the one declaration of the format (docs/reference/queues.md, "Queues"):
 ``parse_queue`` validates with it, ``to_dict`` writes its JSON form (what etcd holds under
 ``Keys.queue``), and the OpenAPI document's ``QueueSpec`` schema is generated from it.
 """
@@ -68,13 +68,25 @@ class QueueSpec(Section):
     all of it) and its fair-share ``weight``."""
 
     name: QueueName
+    """The queue's name, as a workload's name (required; the API takes it from the path)."""
     gpus: Annotated[QueueGpus | None, OMIT_DEFAULT] = None
+    """The nominal quota in GPUs (a MIG device counts by its fraction of a GPU, a gang all its
+    members, a service all its replicas); none: no quota, its work is admitted whenever there is
+    room."""
     cohort: Annotated[QueueName | None, OMIT_DEFAULT] = None
+    """A cohort's name: queues of one cohort lend each other the quota they do not use; none: it
+    neither borrows nor lends."""
     borrowing_limit: Annotated[QueueGpus | None, OMIT_DEFAULT] = None
+    """The most GPUs it borrows above its quota (none: as much as the cohort lends); needs a
+    `cohort`."""
     lending_limit: Annotated[QueueGpus | None, OMIT_DEFAULT] = None
+    """The most of its unused quota it lends, at most `gpus` (none: all of it); needs a `cohort`."""
     weight: Annotated[Positive, Field(le=1000), OMIT_DEFAULT] = 1.0
+    """Among queues that borrow, a larger weight, a larger fair share."""
     models: Annotated[Mapping[ModelGlob, QueueGpus], OMIT_DEFAULT] = field(
         default_factory=dict)
+    """Per-GPU-model quotas: GPU model glob -> GPUs of `gpus`; GPUs of models matching no glob
+    share the rest. Needs `gpus`; the sum may not exceed it."""
 
     def _check(self) -> None:
         if self.models:

@@ -47,9 +47,15 @@ class RestartPolicy(Section):
     """Restart in place up to ``max_restarts`` within ``window`` seconds."""
 
     max_restarts: Annotated[int, Field(ge=0), INTEGER] = 3
+    """Restarts in place within `window` before the workload moves."""
     window: Positive = 600.0
+    """Seconds the restarts are counted over; also how long a node it failed on too often stays
+    excluded."""
     backoff: NonNegative = 1.0
+    """Seconds before the second restart in a window (the first is immediate), doubling; timed
+    from when the leader saw the exit."""
     max_backoff: NonNegative = 30.0
+    """The largest backoff, in seconds."""
 
     def delay(self, restarts_in_window: int) -> float:
         """Seconds to wait before restart number ``restarts_in_window + 1`` of the window:
@@ -65,6 +71,8 @@ class CheckpointPolicy(Section):
     (CRIU)."""
 
     mode: Literal["cooperative", "transparent"] = "cooperative"
+    """`cooperative` (the SDK) or `transparent` (CRIU + cuda-checkpoint: refused with its reason
+    in this version; the workload is stopped normally)."""
 
 
 #: One transaction writes the gang's assignment, its event and a copy per member node (and
@@ -78,7 +86,10 @@ class Topology(Section):
     an NVLink domain): ``required`` (else the gang waits) or ``preferred`` (else anywhere)."""
 
     key: Text
+    """The node label every member shares one value of, e.g. `rack`."""
     mode: Literal["required", "preferred"] = "required"
+    """`required`: the gang waits until one value of the label has room for all; `preferred`:
+    else anywhere."""
 
 
 #: The most replicas one service keeps (a service's replicas are deleted with it in one etcd
@@ -107,22 +118,27 @@ PortNumber = Annotated[int, Field(ge=0, le=65535), INTEGER]
 
 @dataclass(frozen=True, slots=True)
 class UpdatePolicy(Section):
-    """How a service's replicas are replaced when its spec changes (docs/contract.md,
+    """How a service's replicas are replaced when its spec changes (docs/reference/services.md,
     "Services"): ``max_unavailable`` replacements at a time; a replacement counts once it has
     been ready ``min_ready_seconds``; one not ready within ``progress_deadline`` seconds stops
     the rollout; a replaced replica leaves rotation ``drain_delay`` seconds before it is
     asked to stop (then it has ``stop_grace``)."""
 
     max_unavailable: Annotated[int, Field(ge=1, le=MAX_REPLICAS), INTEGER] = 1
+    """Replacements under way at once."""
     min_ready_seconds: NonNegative = 0.0
+    """A replacement counts once it has been ready this long, in seconds."""
     progress_deadline: Positive = 600.0
+    """A replacement not ready this many seconds after it was created stops the rollout."""
     drain_delay: NonNegative = 2.0
+    """Seconds between a replaced replica leaving rotation and its stop signal (then it has
+    `stop_grace`)."""
 
 
 @dataclass(frozen=True, slots=True)
 class WorkloadSpec(Section):
     """A workload spec (the YAML of `hafo submit`, as JSON): what the user asked to run
-    (docs/contract.md, "Workload spec").
+    (docs/reference/workloads.md, "Workload spec").
 
     ``gpu_profile``: run on ``gpus`` MIG devices of this profile (e.g. "1g.10gb") instead of
     whole GPUs. ``placement``: ``spread`` or ``binpack`` for this workload (None: the
@@ -132,29 +148,61 @@ class WorkloadSpec(Section):
     """
 
     name: WorkloadName
+    """The workload's name, unique in the cluster (required); the workload id is `<name>-<6 hex
+    digits>`."""
     command: Argv
+    """The command, as an argv list, never a shell string (required)."""
     gpus: Annotated[int, Field(ge=0, le=64), INTEGER] = 0
+    """Whole GPUs per member (or MIG devices with `gpu_profile`)."""
     gpu_model: Annotated[Text | None, OMIT_DEFAULT] = None
+    """A glob matched against the GPU model, e.g. `*H100*`."""
     gpu_memory_mib: Annotated[Annotated[int, Field(ge=1), INTEGER] | None, OMIT_DEFAULT] = None
+    """The least memory per GPU, in MiB."""
     env: StrMap = field(default_factory=dict)
+    """Added to the workload's environment."""
     restart: RestartPolicy = RestartPolicy()
+    """Restart in place up to `max_restarts` times within `window` seconds, then move."""
     checks: tuple[CheckSpec, ...] = ()
+    """Application checks: each has a `type`, the timing every check has and its type's options
+    (see Checks)."""
     stop_grace: NonNegative = 30.0
+    """Seconds to checkpoint and exit on a planned stop."""
     workdir: Annotated[Text | None, OMIT_DEFAULT] = None
+    """The working directory (default: the agent's). Relative in a file given to `hafo submit`:
+    to that file's directory; relative in a spec sent to the API: to the agent's."""
     priority: Annotated[int, Field(ge=-1000, le=1000), INTEGER] = 0
+    """Placement order, and who may preempt whom."""
     node_selector: StrMap = field(default_factory=dict)
+    """Node labels that must match exactly."""
     checkpoint: Annotated[CheckpointPolicy, OMIT_DEFAULT] = CheckpointPolicy()
+    """How the workload is checkpointed."""
     gpu_profile: Annotated[MigProfile | None, OMIT_DEFAULT] = None
+    """A MIG profile like `1g.10gb`: run on `gpus` MIG devices of that profile instead of whole
+    GPUs."""
     placement: Annotated[Strategy | None, OMIT_DEFAULT] = None
+    """`spread` or `binpack` for this workload; none: the controller's `placement.strategy`."""
     preempt: Annotated[Flag, OMIT_DEFAULT] = False
+    """When it cannot be placed, it may stop strictly lower-priority work on one node (checkpoint
+    first)."""
     nodes: Annotated[int, Field(ge=1, le=MAX_GANG_NODES), INTEGER, OMIT_DEFAULT] = 1
+    """Above 1, a gang of that many members, each on its own node with `gpus` GPUs, started,
+    stopped and failed over as one; a gang ignores `preempt`."""
     topology: Annotated[Topology | None, OMIT_DEFAULT] = None
+    """Keep every member of a gang in one value of a node label."""
     replicas: Annotated[Annotated[int, Field(ge=0, le=MAX_REPLICAS), INTEGER] | None,
                         OMIT_DEFAULT] = None
+    """Makes the workload a service of that many replicas, each placed and failed over on its
+    own; none: a single workload."""
     ports: Annotated[Mapping[PortName, PortNumber], OMIT_DEFAULT] = field(default_factory=dict)
+    """The ports an instance listens on, by name (`HAFO_PORT_<NAME>` in its environment); `0`: a
+    free port of the node's `node.ports` range."""
     distinct_nodes: Annotated[Flag, OMIT_DEFAULT] = True
+    """A service's replicas each on a node no other replica of it uses."""
     update: Annotated[UpdatePolicy, OMIT_DEFAULT] = UpdatePolicy()
+    """How a service's replicas are replaced when its spec changes."""
     queue: Annotated[QueueName, OMIT_DEFAULT] = DEFAULT_QUEUE
+    """The queue whose quota it runs in; while any queue is declared, it must be one of them.
+    Changing only `queue` restarts nothing."""
 
     def _check(self) -> None:
         for i, check in enumerate(self.checks):

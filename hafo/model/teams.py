@@ -1,6 +1,6 @@
 """Team tokens (``api.team_tokens_file``): one bearer token per team, scoped to its queues.
 
-The file (YAML, mode 600 like ``api.token_file``; docs/contract.md, "Team tokens") maps each
+The file (YAML, mode 600 like ``api.token_file``; docs/reference/http.md, "Team tokens") maps each
 team's name to its token and the queues whose workloads that token may submit, change,
 migrate and delete::
 
@@ -109,7 +109,8 @@ def parse_team_tokens(raw: Any, admin_token: str | None) -> TeamTokensFile:
         raise ValidationError("teams", "is required (the file is empty)")
     if not isinstance(raw, Mapping):  # never echoed: it may be a token (a token file's)
         raise ValidationError("teams", "the file must be a mapping with 'teams' (it holds "
-                              f"a {type(raw).__name__}); see docs/contract.md, \"Team tokens\"")
+                              f"a {type(raw).__name__}); see docs/reference/http.md, "
+                              "\"Team tokens\"")
     teams = TEAM_TOKENS.validate(raw)
     for name, team in teams.teams.items():
         if hmac.compare_digest(team.token.encode(), admin_token.encode()):

@@ -1,4 +1,4 @@
-"""The public JSON shapes (docs/contract.md, "JSON shapes") computed from a snapshot: used
+"""The public JSON shapes (docs/reference/http.md, "JSON shapes") computed from a snapshot: used
 by the CLI and the API."""
 
 from __future__ import annotations
@@ -31,13 +31,24 @@ CheckpointJson = Annotated[dict[str, Any] | None, JsonOf(CheckpointInfo | None)]
 
 
 class MemberView(TypedDict):
-    """One member of a gang: its rank, node, state (of its instance at the gang's epoch) and
-    the UUIDs of its GPUs."""
+    """One member of a gang: its rank, node, state (of its instance at the gang's epoch), the
+    UUIDs of its GPUs and their indexes on its node (in the same order)."""
 
     rank: int
     node: str
     state: str
     gpus: list[str]
+    gpu_indexes: list[int]
+
+
+class RestartWindowView(TypedDict):
+    """The restart policy's count (``spec.restart``): ``restarts`` counted in place within the
+    last ``window`` seconds (since it last moved); one more failure once ``max_restarts``
+    are used moves it to another node. A workload's ``restarts`` counts them all, ever."""
+
+    restarts: int
+    max_restarts: int
+    window: float
 
 
 class ReplicaView(TypedDict):
@@ -69,11 +80,13 @@ class WorkloadView(TypedDict):
     ``nodes``: the members wanted (1 for a single-node workload); ``members``: a gang's, by
     rank (empty while it is not placed, and for a single-node workload); ``replicas``: a
     service's (null for any other workload; its ``state`` is then ``running``, ``updating``,
-    ``degraded`` or ``pending``, docs/contract.md, "Services"). ``gpus_requested``: the GPUs
-    it needs in all (``gpus`` x ``nodes``; a service: x its replicas); ``ports``: its
+    ``degraded`` or ``pending``, docs/reference/services.md, "Services"). ``gpus_requested``:
+    the GPUs it needs in all (``gpus`` x ``nodes``; a service: x its replicas); ``ports``: its
     instance's ports by name (rank 0's for a gang); ``stderr_tail``: the last lines of stderr
     of its newest instance that exited and is still reported ("" if none); ``reason``: why it
-    is where it is (``shown_reason``)."""
+    is where it is (``shown_reason``). ``gpu_indexes``: the indexes of ``gpus`` on its node
+    (``GPU 0``), in the same order; ``restart_window``: the restart policy's count now (null
+    for a service)."""
 
     id: str
     name: str
@@ -92,6 +105,8 @@ class WorkloadView(TypedDict):
     gpus_requested: int
     ports: dict[str, int]
     stderr_tail: str
+    gpu_indexes: list[int]
+    restart_window: RestartWindowView | None
 
 
 class GpuView(TypedDict):
@@ -263,15 +278,33 @@ def members_view(snapshot: ClusterSnapshot, workload_id: str) -> list[MemberView
              "state": ("stopping" if assignment.phase == "moving"
                        and _member_state(snapshot, workload_id, epoch, m.node) != "completed"
                        else _member_state(snapshot, workload_id, epoch, m.node)),
-             "gpus": _uuids(snapshot, m.node, m.gpus)} for m in assignment.members]
+             "gpus": _uuids(snapshot, m.node, m.gpus), "gpu_indexes": list(m.gpus)}
+            for m in assignment.members]
+
+
+def restart_window(submission: Submission, assignment: Assignment | None,
+                   now: float | None) -> RestartWindowView:
+    """The restart policy's count: the restarts counted within the window before ``now`` (all
+    those the assignment keeps when ``now`` is None: it drops the older ones at each
+    failure), of the most the policy allows there."""
+    policy = submission.spec.restart
+    times = assignment.restart_times if assignment is not None else ()
+    recent = [t for t in times if now is None or now - t < policy.window]
+    return {"restarts": len(recent), "max_restarts": policy.max_restarts,
+            "window": policy.window}
 
 
 def latest_checkpoint(snapshot: ClusterSnapshot, workload_id: str) -> CheckpointInfo | None:
-    """The newest checkpoint any agent reported for the workload (newest epoch, then step)."""
+    """The newest checkpoint any agent reported for the workload (newest epoch, then step),
+    or that its assignment remembers (``Assignment.checkpoint``: what the controller knew
+    when it placed it or put it back to pending, once the reports are gone)."""
     best: CheckpointInfo | None = snapshot.checkpoints.get(workload_id)
-    for (wid, _node), status in snapshot.statuses.items():
-        ck = status.checkpoint
-        if wid != workload_id or ck is None:
+    assignment = snapshot.assignments.get(workload_id)
+    found = [assignment.checkpoint] if assignment is not None else []
+    found += [status.checkpoint for (wid, _node), status in snapshot.statuses.items()
+              if wid == workload_id]
+    for ck in found:
+        if ck is None:
             continue
         if best is None or (ck.epoch, ck.step) > (best.epoch, best.step):
             best = ck
@@ -314,7 +347,7 @@ def _service_view(snapshot: ClusterSnapshot, submission: Submission,
                       f"{', '.join(nodes) or 'no node'}",
             "nodes": submission.spec.nodes, "members": [], "replicas": replicas,
             "gpus_requested": gpus_requested(submission), "ports": {},
-            "stderr_tail": ""}
+            "stderr_tail": "", "gpu_indexes": [], "restart_window": None}
 
 
 def workload_view(snapshot: ClusterSnapshot, workload_id: str,
@@ -353,6 +386,8 @@ def workload_view(snapshot: ClusterSnapshot, workload_id: str,
         "gpus_requested": gpus_requested(submission),
         "ports": ports,
         "stderr_tail": newest_stderr_tail(snapshot, workload_id),
+        "gpu_indexes": list(assignment.gpus) if gpu_uuids and assignment is not None else [],
+        "restart_window": restart_window(submission, assignment, now),
     }
     return view
 
@@ -366,7 +401,10 @@ def submitted_view(submission: Submission) -> WorkloadView:
             "members": [],
             "replicas": {"desired": submission.spec.replicas or 0, "ready": 0, "current": 0,
                          "items": []} if submission.spec.is_service else None,
-            "gpus_requested": gpus_requested(submission), "ports": {}, "stderr_tail": ""}
+            "gpus_requested": gpus_requested(submission), "ports": {}, "stderr_tail": "",
+            "gpu_indexes": [],
+            "restart_window": None if submission.spec.is_service
+            else restart_window(submission, None, None)}
 
 
 def allocations(snapshot: ClusterSnapshot, node: str) -> dict[int, str]:

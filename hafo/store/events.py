@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Sequence
+from enum import StrEnum
 
 import structlog
 
@@ -23,17 +24,109 @@ from hafo.tasks import loop_time
 
 log = structlog.get_logger("hafo.events")
 
-#: Every kind of event hafo writes (docs/contract.md, "Events"; a test keeps both equal).
-EVENT_KINDS: tuple[str, ...] = (
-    "submitted", "updated", "delete-requested", "cordoned", "uncordoned",
-    "placed", "pending", "failover", "restarted", "moved", "checkpoint-requested",
-    "move-refused", "node-unhealthy", "gpu-unhealthy", "gpu-degraded", "app-failed",
-    "preempted", "completed", "failed", "member-lost", "member-exited", "gang-restart",
-    "deleted", "replica-created", "replica-retiring", "replica-deleted", "leader-elected",
-    "health", "stopped", "fenced", "node-reregistered", "node-resumed", "duplicate-node",
-    "store-untrusted", "store-trusted", "cluster-condition", "api-auth-mismatch",
-    "queue-set", "queue-deleted", "node-removed",
-)
+
+class EventKind(StrEnum):
+    """The kinds of event hafo writes. Each member's description starts with who writes it: the
+    CLI / API, the leader, a controller or an agent. Events are for people: nothing decides on
+    them."""
+
+    SUBMITTED = "submitted"
+    """CLI / API: a workload was submitted (written in the submit's own transaction and stamped
+    before it: it sorts before whatever the controller then does with it)."""
+    UPDATED = "updated"
+    """CLI / API: a submit changed the spec of the workload of that name (the message says how it
+    rolls out)."""
+    DELETE_REQUESTED = "delete-requested"
+    """CLI / API: a workload was deleted."""
+    CORDONED = "cordoned"
+    """CLI / API: a node was cordoned (also by drain)."""
+    UNCORDONED = "uncordoned"
+    """CLI / API: a node was uncordoned."""
+    PLACED = "placed"
+    """Leader: a new workload was placed."""
+    PENDING = "pending"
+    """Leader: a workload cannot be placed (the reason in the message)."""
+    FAILOVER = "failover"
+    """Leader: its node is down: placed elsewhere."""
+    RESTARTED = "restarted"
+    """Leader: run again (in place, or wherever it fits) after a failure or an infrastructure
+    end."""
+    MOVED = "moved"
+    """Leader: placed again after a move's instance stopped (with the resume step)."""
+    CHECKPOINT_REQUESTED = "checkpoint-requested"
+    """Leader: a planned move started: checkpoint and stop."""
+    MOVE_REFUSED = "move-refused"
+    """Leader: a move request cannot be honoured (the reason in the message)."""
+    NODE_UNHEALTHY = "node-unhealthy"
+    """Leader: work moves off an unhealthy node."""
+    GPU_UNHEALTHY = "gpu-unhealthy"
+    """Leader: work moves off an unhealthy GPU."""
+    GPU_DEGRADED = "gpu-degraded"
+    """Leader: work moves off a degrading GPU."""
+    APP_FAILED = "app-failed"
+    """Leader: the application failed (check, exit or application XID): stopped to restart or
+    move."""
+    PREEMPTED = "preempted"
+    """Leader: stopped to make room for a higher-priority workload (or reclaimed by the queue
+    that lent the quota)."""
+    COMPLETED = "completed"
+    """Leader: exited 0 (a gang: every member)."""
+    FAILED = "failed"
+    """Leader: failed on every node that could run it, said in one sentence."""
+    MEMBER_LOST = "member-lost"
+    """Leader: a gang member's node is down: every other member is stopped (checkpoint first)
+    before the gang starts again."""
+    MEMBER_EXITED = "member-exited"
+    """Leader: a gang member exited non-zero: every member is stopped, then the gang restarts
+    (counted)."""
+    GANG_RESTART = "gang-restart"
+    """Leader: a gang member was ended by the infrastructure (fenced, node claimed anew): the
+    gang restarts, not counted."""
+    DELETED = "deleted"
+    """Leader: a deleted workload's assignment was withdrawn."""
+    REPLICA_CREATED = "replica-created"
+    """Leader: a service got a new replica (more needed, a rolling update, a drain)."""
+    REPLICA_RETIRING = "replica-retiring"
+    """Leader: a replica left rotation (its replacement is ready, scaled down, ended)."""
+    REPLICA_DELETED = "replica-deleted"
+    """Leader: a retired replica is stopped (after `update.drain_delay`), or its service is gone."""
+    LEADER_ELECTED = "leader-elected"
+    """Controller: it became leader."""
+    HEALTH = "health"
+    """Agent: a GPU or node health change."""
+    STOPPED = "stopped"
+    """Agent: an instance was stopped (with or without a checkpoint)."""
+    FENCED = "fenced"
+    """Agent: an instance was killed by fencing."""
+    NODE_REREGISTERED = "node-reregistered"
+    """Agent: it lost its hold on the node, fenced its work and registered again."""
+    NODE_RESUMED = "node-resumed"
+    """Agent: its lease expired in an etcd stall or outage; it holds the node again with a new
+    lease and kept its work."""
+    DUPLICATE_NODE = "duplicate-node"
+    """Agent: it asks for a node name another live lease holds; it waits."""
+    STORE_UNTRUSTED = "store-untrusted"
+    """Controller, agent: etcd is not the cluster the daemon knew (the reason in the message);
+    written into that store, once."""
+    STORE_TRUSTED = "store-trusted"
+    """Controller: the store is the cluster again (restored, accepted, or its identity back)."""
+    CLUSTER_CONDITION = "cluster-condition"
+    """Leader: a fault of a resource most live nodes report at once was set, or cleared; once
+    each."""
+    API_AUTH_MISMATCH = "api-auth-mismatch"
+    """Controller: its API auth differs from the cluster's record, so it refuses writes, or
+    agrees again; once each."""
+    QUEUE_SET = "queue-set"
+    """CLI / API: a queue was declared or its declaration changed."""
+    QUEUE_DELETED = "queue-deleted"
+    """CLI / API: a queue was deleted."""
+    NODE_REMOVED = "node-removed"
+    """CLI / API: a node was retired (`hafo node remove`): its record, cordon and reports are
+    gone."""
+
+
+#: Every kind of event hafo writes (docs/reference/reasons.md, "Events"; a test keeps both equal).
+EVENT_KINDS: tuple[str, ...] = tuple(kind.value for kind in EventKind)
 
 
 class _SharedLease:

@@ -90,8 +90,8 @@ def _update_refusal(current: Submission, spec: WorkloadSpec) -> str:
 
 async def submit(store: Store, keys: Keys, spec: WorkloadSpec) -> Submitted:
     """Create the workload named ``spec.name``, or update the one of that name (names are
-    identities, docs/contract.md, "Submit is declarative"). Refused: a change of kind, or a
-    queue that is not declared while any is (``queue_guard``)."""
+    identities, docs/reference/workloads.md, "Submit is declarative"). Refused: a change of
+    kind, or a queue that is not declared while any is (``queue_guard``)."""
     while True:
         guard = await queue_guard(store, keys, spec.queue)
         current, current_rev, name_rev = await _named(store, keys, spec.name)

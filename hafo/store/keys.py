@@ -1,5 +1,5 @@
 """The etcd key schema: every key of a cluster is built here, and taken apart here
-(``Keys.parse``) (docs/contract.md, "etcd keys").
+(``Keys.parse``) (docs/reference/etcd.md, "etcd keys").
 
 Outside this module only the root prefix ``/hafo/`` is spelled: in the probe key of
 ``EtcdStore.revision`` (``hafo/store/client.py``) and in the etcd role granted to hafo

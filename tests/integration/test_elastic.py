@@ -4,7 +4,7 @@ while the agent is alive; once the node is powered off it is removed, leaving no
 in ``hafo nodes``, the snapshot, the failsafe acknowledgements, any per-node key), a fresh
 submit runs at once, and an agent of that name registers again as a new node. The autoscale
 hook (a python script writing its stdin to a file) is called with a pending 2-node gang's
-shape, which ``GET /v1/demand`` and ``hafo_pending_demand`` show too (docs/contract.md,
+shape, which ``GET /v1/demand`` and ``hafo_pending_demand`` show too (docs/reference/elastic.md,
 "Elastic capacity")."""
 
 from __future__ import annotations

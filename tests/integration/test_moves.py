@@ -148,7 +148,7 @@ async def test_workload_that_does_not_checkpoint_is_stopped_anyway_and_says_so(
             "signal.signal(signal.SIGUSR1, lambda *a: None)  # listens, never saves\n"
             "while True: time.sleep(0.05)\n"]}, listens=True)
     assert stopped and "no checkpoint within stop_grace" in stopped[0].message
-    assert "resumes from its last checkpoint (none: from start)" in stopped[0].message
+    assert "resumes from the start (no checkpoint)" in stopped[0].message
 
 
 async def test_transparent_mode_is_refused_with_the_reason_and_stops_normally(

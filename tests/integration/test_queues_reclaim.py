@@ -1,7 +1,7 @@
 """Two teams' queues sharing one pool on a live local cluster (real etcd, a controller, two
 agents, the SDK's checkpointing workload): team-b borrows the idle team-a's quota, then
 team-a takes it back, checkpoint first, losing no step; team-b keeps its own quota, and its
-stopped work resumes where it stopped once there is room again (docs/contract.md,
+stopped work resumes where it stopped once there is room again (docs/reference/queues.md,
 "Queues"; the decision: ``hafo.decisions.reclaim``)."""
 
 from __future__ import annotations

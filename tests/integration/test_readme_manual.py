@@ -1,4 +1,5 @@
-"""The README's "Run it yourself without hafo dev", word by word: every command between the
+"""The docs' "Run it on your own nodes" (docs/getting-started/your-nodes.md, where the README
+points newcomers), word by word: every command between the
 ``manual-path`` markers runs, in order, from the repository root with the virtual
 environment's directory first on PATH (``. .venv/bin/activate``), and does what it says.
 
@@ -16,7 +17,7 @@ Conventions the README keeps (and this test relies on):
 The commands use fixed ports (2379, 2380, 8600, 8601) and /tmp/hafo, as a newcomer's would:
 the test is skipped when one of those ports is taken or /tmp/hafo exists (it is not ours to
 remove), and removes /tmp/hafo at the end. ``HAFO_README`` names another file to read instead
-of README.md (to try a draft).
+of that page (to try a draft).
 """
 
 from __future__ import annotations
@@ -172,7 +173,8 @@ class Walk:
 
 
 def test_readme_manual_path(tmp_path: Path) -> None:
-    source = Path(os.environ.get("HAFO_README", ROOT / "README.md"))
+    page = ROOT / "docs" / "getting-started" / "your-nodes.md"
+    source = Path(os.environ.get("HAFO_README", page))
     steps = manual_steps(source.read_text())
     assert 3 <= len(steps) <= 6, "the README promises a few commands"
     assert [Path(shlex.split(s.command)[0]).name for s in steps if s.daemon] == \

@@ -145,7 +145,7 @@ def test_judge(mine: ApiAuth, record: ApiAuth | None, live: dict[str, ApiAuth | 
     assert verdict.write == write
     if refused:
         assert refused in verdict.refusal and "writes refused" in verdict.refusal
-        assert "docs/contract.md" in verdict.refusal
+        assert "docs/reference/http.md" in verdict.refusal
     else:
         assert verdict.refusal == ""
 

@@ -1,4 +1,4 @@
-"""Table-driven validation of daemon configs (docs/contract.md, "Daemon config")."""
+"""Table-driven validation of daemon configs (docs/reference/config-files.md, "Daemon config")."""
 
 from __future__ import annotations
 

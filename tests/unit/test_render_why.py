@@ -10,7 +10,14 @@ import pytest
 
 from hafo.model.cluster import Assignment, Gpu, Member, mig_index
 from hafo.model.views import all_workloads, node_view, workload_view
-from hafo.render import MIN_REASON, render_node, render_workload, render_workloads, shorten
+from hafo.render import (
+    MAX_REASON,
+    MIN_REASON,
+    render_node,
+    render_workload,
+    render_workloads,
+    shorten,
+)
 
 from .conftest import make_node, make_snapshot, placed, sample_cluster, status, submit
 
@@ -38,10 +45,14 @@ def test_shorten(text: str, width: int | None, shown: str) -> None:
     assert shorten(text, width) == shown
 
 
-def test_the_reason_column_is_whole_without_a_terminal() -> None:
+def test_the_reason_column_is_cut_without_a_terminal_too() -> None:
+    """Piped or redirected, the table still fits a screen: the reason in full is in --json
+    and the detail view."""
     lines = render_workloads([failed_workload()]).splitlines()
     assert lines[0].split()[-1] == "REASON"
-    assert lines[1].endswith(FAILED)
+    reason = lines[1][lines[0].index("REASON"):]
+    assert len(reason) == MAX_REASON and reason.endswith("...")
+    assert FAILED.startswith(reason[:-3])
     assert lines[1].split()[:6] == ["w", "failed", "-", "-", "0", "0/1"]
 
 
@@ -103,7 +114,7 @@ def test_workload_detail_of_a_failed_workload() -> None:
     assert shown["state"] == "failed"
     assert shown["reason"] == FAILED  # in full
     assert shown["gpus"] == "0 of 1 allocated"
-    assert shown["checkpoint"] == "none reported"
+    assert shown["checkpoint"] == "none yet"
     assert "  | ModuleNotFoundError: No module named 'nosuchmodule'" in text.splitlines()
     assert "hafo show w" in text and "hafo logs w" in text
 
@@ -125,12 +136,13 @@ def test_workload_detail_of_a_pending_gang_and_a_running_one() -> None:
                                    status("t", "b", 30)])
     text = render_workload(workload_view(snap, "t"))
     shown = fields(text)
-    assert shown["gpus"] == "4 of 4 allocated: GPU-a-0, GPU-a-1, GPU-b-0, GPU-b-1"
+    assert shown["gpus"] == ("4 of 4 allocated: GPU 0 of a (GPU-a-0), GPU 1 of a (GPU-a-1), "
+                             "GPU 0 of b (GPU-b-0), GPU 1 of b (GPU-b-1)")
     assert shown["node"] == "gang of 2, rank 0 on a"
     assert shown["ports"] == "http=81"
     assert shown["epoch"] == "30"
-    assert any(line.split() == ["1", "b", "running", "GPU-b-0,", "GPU-b-1"]
-               for line in text.splitlines())
+    assert any(line.split() == ["1", "b", "running", "GPU", "0", "(GPU-b-0),", "GPU", "1",
+                                "(GPU-b-1)"] for line in text.splitlines())
 
 
 def test_node_detail() -> None:

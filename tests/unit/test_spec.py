@@ -1,4 +1,4 @@
-"""Table-driven validation of workload specs (docs/contract.md, "Workload spec")."""
+"""Table-driven validation of workload specs (docs/reference/workloads.md, "Workload spec")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The public JSON shapes (docs/contract.md, "JSON shapes") and the derived workload state."""
+"""The public JSON shapes (docs/reference/http.md, "JSON shapes") and the derived workload state."""
 
 from __future__ import annotations
 
