@@ -58,8 +58,10 @@ def render_nodes(nodes: list[dict[str, Any]]) -> str:
 #: The fewest characters of REASON ``render_workloads`` shows, however narrow the terminal.
 MIN_REASON = 40
 #: The most characters of REASON ``render_workloads`` shows, however wide the terminal (and
-#: when stdout is no terminal): the reason in full is in ``--json`` and the detail view.
-MAX_REASON = 80
+#: when stdout is no terminal): the reason in full is in ``--json`` and the detail view. A
+#: failure with its last line of stderr fits ("failed: exited with code 1 on node-1 (no
+#: restarts): ModuleNotFoundError: No module named 'torch'", 97): the README promises it.
+MAX_REASON = 120
 
 
 def shorten(text: str, width: int | None) -> str:

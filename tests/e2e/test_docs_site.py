@@ -45,7 +45,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _text(page: Path) -> str:
     """A built page's text, tags dropped."""
-    return html.unescape(re.sub(r"<[^>]+>", " ", page.read_text()))
+    return html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
 
 
 def _nav(index: Path) -> dict[str, str]:

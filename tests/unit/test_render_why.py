@@ -24,12 +24,16 @@ from .conftest import make_node, make_snapshot, placed, sample_cluster, status, 
 TAIL = ('Traceback (most recent call last):\n  File "<string>", line 1, in <module>\n'
         "ModuleNotFoundError: No module named 'nosuchmodule'\n")
 FAILED = ("failed: exited with code 1 on a (no restarts): ModuleNotFoundError: No module named "
-          "'nosuchmodule'; no other node can run it")
+          "'nosuchmodule'; no other node can run it; it asked for the GPU model H100 in rack "
+          "r7, which no ready node has")
+#: The common failure: whole in the table, its last line of stderr included (the README).
+SHORT = ("failed: exited with code 1 on a (no restarts): ModuleNotFoundError: No module named "
+         "'nosuchmodule'")
 
 
-def failed_workload() -> dict[str, Any]:
+def failed_workload(reason: str = FAILED) -> dict[str, Any]:
     snap = make_snapshot([make_node("a")], workloads=[submit("w")],
-                         assignments=[Assignment(workload="w", phase="failed", reason=FAILED)],
+                         assignments=[Assignment(workload="w", phase="failed", reason=reason)],
                          statuses=[dataclasses.replace(
                              status("w", "a", 10, "exited", exit_code=1), stderr_tail=TAIL)])
     return dict(workload_view(snap, "w"))
@@ -51,9 +55,13 @@ def test_the_reason_column_is_cut_without_a_terminal_too() -> None:
     lines = render_workloads([failed_workload()]).splitlines()
     assert lines[0].split()[-1] == "REASON"
     reason = lines[1][lines[0].index("REASON"):]
-    assert len(reason) == MAX_REASON and reason.endswith("...")
-    assert FAILED.startswith(reason[:-3])
+    assert len(reason) <= MAX_REASON and reason == FAILED.split("; ")[0] + "; ..."
     assert lines[1].split()[:6] == ["w", "failed", "-", "-", "0", "0/1"]
+
+
+def test_a_failure_and_its_last_stderr_line_show_whole() -> None:
+    lines = render_workloads([failed_workload(SHORT)]).splitlines()
+    assert lines[1][lines[0].index("REASON"):] == SHORT
 
 
 @pytest.mark.parametrize("width", [100, 120, 160])
