@@ -33,10 +33,10 @@ lint: $(STAMP)
 # (docs/hooks/reference.py); --strict: a broken link or anchor, a missing page or an
 # undocumented field fails the build. Into site/; `make docs-serve` serves it with live reload.
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 docs-serve: $(STAMP)
-	$(BIN)/mkdocs serve
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 unit: $(STAMP)
 	$(BIN)/pytest -q -n 2 tests/unit $(addsuffix /tests,$(PLUGINS))
