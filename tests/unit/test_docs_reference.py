@@ -28,15 +28,15 @@ from hafo.api import make_agent_app, make_controller_app
 from hafo.cli import build_parser
 from hafo.controller.daemon import Controller
 from hafo.decisions.plan import Cause
-from hafo.model.cluster import ClusterSnapshot, Event
 from hafo.model.config import CONFIG, Config, parse_config
 from hafo.model.ends import InstanceEnd
 from hafo.model.queues import QUEUE
 from hafo.model.schema import Section
 from hafo.model.spec import SPEC
-from hafo.store import Keys
 from hafo.store.events import EVENT_KINDS
 from scripts import docs_reference as ref
+
+from .memory_controller import MemoryController
 
 REPO = Path(__file__).resolve().parents[2]
 HOOK = REPO / "docs" / "hooks" / "reference.py"
@@ -95,42 +95,6 @@ def test_every_cli_command_and_flag_is_on_the_cli_page() -> None:
         assert f"| `{code}` |" in codes
 
 
-class _Controller:
-    """What the controller's app reads, without etcd."""
-
-    name = "ctl-1"
-    keys = Keys("docs")
-    store = None
-    failsafe_hold = 3.5
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-
-    def snapshot(self) -> ClusterSnapshot:
-        return ClusterSnapshot(1, {}, {}, frozenset(), {}, {}, {})
-
-    def ready(self) -> bool:
-        return True
-
-    def stale_seconds(self) -> float | None:
-        return None
-
-    def not_ready_reason(self) -> str:
-        return ""
-
-    def etcd_contact_age(self) -> float:
-        return 0.0
-
-    def leading(self) -> bool:
-        return False
-
-    async def recent_events(self, limit: int = 100) -> list[Event]:
-        return []
-
-    async def failsafe_probe(self, cluster: str | None = None) -> str:
-        return "available"
-
-
 class _Agent:
     """What the agent's app reads."""
 
@@ -159,7 +123,7 @@ def _routes(app: Any) -> set[str]:
 
 @pytest.mark.parametrize("app", ["controller", "agent"])
 def test_every_http_route_is_on_the_api_page(app: str) -> None:
-    built = (make_controller_app(_Controller()) if app == "controller"  # type: ignore[arg-type]
+    built = (make_controller_app(MemoryController()) if app == "controller"  # type: ignore[arg-type]
              else make_agent_app(_Agent()))  # type: ignore[arg-type]
     routes = _routes(built)
     assert "GET /healthz" in routes
