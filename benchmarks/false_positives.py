@@ -4,18 +4,23 @@ cores are saturated by other processes and a neighbour hammers the disk with fsy
     python benchmarks/false_positives.py --minutes 10
     python benchmarks/false_positives.py --minutes 10 --stall-every 60 --stall-for 2.5
 
-Counts, over the run, failovers, restarts, re-registrations and epoch changes (all spurious:
-nothing is injected but load). The baseline is the same cluster, measured first for a short
-while without the load. ``--stall-every S --stall-for T`` also freezes every etcd member
-(SIGSTOP) for T seconds every S seconds under the load, as a GC pause or a VM stall does:
-each stall expires every lease as etcd resumes, and the agents must hold their nodes again
-(``node-resumed``, counted apart) without a restart (docs/safety.md, "An etcd stall").
+Counts, over the run, failovers, restarts, hang detections, re-registrations and epoch
+changes (all spurious: nothing is injected but load). The quiet workloads report progress
+every step (the SDK's heartbeat) and set ``hang_timeout`` (``--hang-timeout``, default 5 s),
+and so does a real torchrun DDP gang of two members where torch is installed (``--ddp-gang``):
+a loaded machine must not make them look hung. The baseline is the same cluster, measured
+first for a short while without the load. ``--stall-every S --stall-for T`` also freezes
+every etcd member (SIGSTOP) for T seconds every S seconds under the load, as a GC pause or a
+VM stall does: each stall expires every lease as etcd resumes, and the agents must hold
+their nodes again (``node-resumed``, counted apart) without a restart (docs/safety.md, "An
+etcd stall").
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -48,7 +53,7 @@ async def observe(cluster: LocalCluster, ids: list[str], seconds: float) -> dict
                 epochs[w] = epoch
     events = [e for e in await read_events(cluster.store, cluster.keys, 0) if e.ts >= t0]
     count = {kind: sum(1 for e in events if e.kind == kind)
-             for kind in ("failover", "restarted", "node-reregistered", "fenced",
+             for kind in ("failover", "restarted", "hung", "node-reregistered", "fenced",
                           "leader-elected", "node-resumed")}
     count["epoch changes"] = changed
     return count
@@ -68,14 +73,30 @@ async def stall_etcd(cluster: LocalCluster, every: float, stall: float,
         done.append(stall)
 
 
-async def main(minutes: float, baseline: float, stall_every: float, stall_for: float) -> int:
+def ddp_gang_spec(hang_timeout: float) -> dict[str, object]:
+    """The DDP example (real torchrun, gloo on the CPU) as a 2-member gang with
+    ``hang_timeout``: its ranks report progress before each step's collectives."""
+    root = Path(__file__).resolve().parent.parent
+    return {"name": "quiet-ddp", "nodes": 2, "gpus": 0, "stop_grace": 15,
+            "hang_timeout": hang_timeout,
+            "command": [str(Path(sys.executable).parent / "torchrun"),
+                        str(root / "examples" / "ddp_train.py"), "--steps", "0",
+                        "--every", "20", "--sleep", "0.05"],
+            "env": {"HAFO_DDP_TIMEOUT": "120"}}
+
+
+async def main(minutes: float, baseline: float, stall_every: float, stall_for: float,
+               hang_timeout: float, ddp_gang: bool) -> int:
     cluster = LocalCluster(nodes=4, controllers=2, etcd_members=3)
     load = Stress(cluster.base / "etcd" / "stress")  # its fsyncs on etcd's disk
     cluster.start()
     try:
         await cluster.wait_ready(60)
-        ids = [await cluster.submit(demo_workload_spec(name=f"quiet-{i}", every=20))
+        ids = [await cluster.submit({**demo_workload_spec(name=f"quiet-{i}", every=20),
+                                     "hang_timeout": hang_timeout})
                for i in range(4)]
+        if ddp_gang:
+            ids.append(await cluster.submit(ddp_gang_spec(hang_timeout)))
         await cluster.wait_for(lambda s: all(workload_view(s, w)["state"] == "running"
                                              for w in ids), 60)
         quiet = await observe(cluster, ids, baseline)
@@ -94,10 +115,10 @@ async def main(minutes: float, baseline: float, stall_every: float, stall_for: f
                 stalling.cancel()
                 await asyncio.gather(stalling, return_exceptions=True)
         print(f"under load ({minutes:g} min, {len(stalls)} etcd stalls): {loaded}")
-        spurious = (loaded["failover"] + loaded["restarted"] + loaded["node-reregistered"]
-                    + loaded["fenced"])
-        print(f"spurious failovers/restarts/re-registrations: {spurious} "
-              f"(baseline {quiet['failover'] + quiet['restarted']})")
+        spurious = (loaded["failover"] + loaded["restarted"] + loaded["hung"]
+                    + loaded["node-reregistered"] + loaded["fenced"])
+        print(f"spurious failovers/restarts/hangs/re-registrations: {spurious} "
+              f"(baseline {quiet['failover'] + quiet['restarted'] + quiet['hung']})")
         await cluster.close_store()
         return 0 if spurious == 0 else 1
     finally:
@@ -113,8 +134,16 @@ if __name__ == "__main__":
     parser.add_argument("--stall-every", type=float, default=0.0,
                         help="freeze every etcd member every S seconds (0: never)")
     parser.add_argument("--stall-for", type=float, default=2.5, help="for T seconds")
+    parser.add_argument("--hang-timeout", type=float, default=5.0,
+                        help="the quiet workloads' hang_timeout (seconds, at least 1)")
+    parser.add_argument("--ddp-gang", action=argparse.BooleanOptionalAction,
+                        default=importlib.util.find_spec("torch") is not None,
+                        help="also run examples/ddp_train.py as a 2-member gang (default: "
+                             "where torch is installed)")
     args = parser.parse_args()
+    if args.hang_timeout < 1:
+        parser.error("--hang-timeout: must be at least 1 (the spec's minimum)")
     if args.stall_every and not 0 < args.stall_for < args.stall_every:
         parser.error("--stall-for: must be positive and below --stall-every")
     run_main(lambda: asyncio.run(main(args.minutes, args.baseline, args.stall_every,
-                                      args.stall_for)))
+                                      args.stall_for, args.hang_timeout, args.ddp_gang)))

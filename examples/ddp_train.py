@@ -25,6 +25,21 @@ like any failed collective. The progress log says what each rank saved (``saved`
 it restored (``start``: ``resumed_from`` and ``restored``, the same fields read from its
 shard).
 
+Progress: every rank calls ``ck.heartbeat(step + 1)`` once per step, after the forward pass
+and right before the step's first collective (``loss.backward()``, which all-reduces the
+gradients under DDP; this model has no buffers, so DDP's forward pass runs none): the step it
+works on has reached its collectives. In a hang the rank that never reached the collective then
+shows the oldest progress (the lowest step; the others report the next step and wait in its
+all-reduce), which is the rank hafo's ``hang_timeout`` names.
+
+Fault injection, for tests and demos: ``--stall-rank R --stall-at S`` makes rank R stall once S
+steps are done, as it starts step S + 1 (inside the step, before the forward pass: outside any
+collective; its last heartbeat said S, the other ranks report S + 1 and wait for it in that
+step's all-reduce), for ``--stall-seconds`` (default 3600), by ``--stall-how sleep``
+(``time.sleep``) or ``spin`` (a busy loop on the CPU). It stalls once per checkpoint directory:
+it leaves the marker ``stalled-rank-R-at-S`` there first and skips the stall when the marker
+exists, so the restarted gang trains on. The stall is logged (``event: stall``) and printed.
+
 Planned stop: hafo sends SIGUSR1 to the workers (``Checkpointer.should_checkpoint()``); the
 flag is summed across ranks every step (with the loss, logged as the gang's mean), so when any
 rank has it, rank 0 (with ``--sharded``: every rank) saves at that very step, all ranks meet at
@@ -32,7 +47,9 @@ a barrier, log ``preempted`` and exit 0: no step is lost.
 Lost peer: a collective that fails (a peer died; or stuck past ``$HAFO_DDP_TIMEOUT`` seconds,
 default 20) is logged and the process exits 3 at once, no retry: the gang restarts as a whole.
 A watchdog does the same when no step completes for twice that long (gloo's connection setup
-in ``init_process_group`` can block past its timeout, e.g. on a stale peer address).
+in ``init_process_group`` can block past its timeout, e.g. on a stale peer address). Both are
+last resorts: with hafo's ``hang_timeout`` set, keep ``$HAFO_DDP_TIMEOUT`` well above it, so
+that hafo, which names the rank that stalled first, acts first.
 
 Under hafo (one member per node; hafo sets torchrun's PET_* variables, so torchrun's default
 static rendezvous needs no arguments):
@@ -168,6 +185,16 @@ class Watchdog:
                 os._exit(EXIT_PEER_LOST)
 
 
+def stall(seconds: float, how: str) -> None:
+    """Stall for ``seconds``: asleep (``sleep``) or busy on the CPU (``spin``)."""
+    if how == "sleep":
+        time.sleep(seconds)
+        return
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Train until ``--steps`` (0: forever); exit 0 when done or stopped for a planned move,
     3 when a peer is lost."""
@@ -179,6 +206,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="every rank saves and restores a shard of its own")
     parser.add_argument("--keep-last", type=int, default=3,
                         help="checkpoints kept (older ones are removed)")
+    parser.add_argument("--stall-rank", type=int, default=-1,
+                        help="fault injection: this rank stalls once (-1: none)")
+    parser.add_argument("--stall-at", type=int, default=0,
+                        help="it stalls once this many steps are done, in the next one")
+    parser.add_argument("--stall-seconds", type=float, default=3600.0,
+                        help="how long it stalls")
+    parser.add_argument("--stall-how", choices=("sleep", "spin"), default="sleep",
+                        help="asleep, or busy on the CPU")
     args = parser.parse_args(argv)
     # Either installs the SIGUSR1 handler first thing.
     ck: Checkpointer | ShardedCheckpointer = (
@@ -246,9 +281,20 @@ def main(argv: list[str] | None = None) -> int:
                                f"({int(-agreed[1])}..{int(agreed[0])})")
         ddp = DistributedDataParallel(
             model, device_ids=[local_rank] if device.type == "cuda" else None)
+        stall_marker = ck.root / f"stalled-rank-{args.stall_rank}-at-{args.stall_at}"
         while args.steps == 0 or step < args.steps:
+            if rank == args.stall_rank and step == args.stall_at and not stall_marker.exists():
+                stall_marker.touch()  # once per checkpoint directory: a restart trains on
+                log.record(event="stall", step=step, seconds=args.stall_seconds,
+                           how=args.stall_how)
+                print(f"rank {rank} step {step}: stalling for {args.stall_seconds:g}s "
+                      f"({args.stall_how})", flush=True)
+                stall(args.stall_seconds, args.stall_how)
             x, y = batch(step, rank, device) if stream is None else stream.next(device)
             loss = torch.nn.functional.mse_loss(ddp(x), y)
+            # Progress, right before the step's first collective: in a hang, the rank that
+            # never reached it shows the oldest step.
+            ck.heartbeat(step + 1)
             optimizer.zero_grad()
             loss.backward()  # gradients all-reduced by DDP
             optimizer.step()
@@ -263,7 +309,6 @@ def main(argv: list[str] | None = None) -> int:
             loss_value = shared[0].item() / world
             watchdog.kick()
             log.record(event="step", step=step, loss=loss_value)
-            ck.heartbeat(step)
             if step % 10 == 0:
                 print(f"rank {rank} step {step} loss {loss_value:.5f}", flush=True)
             if shared[1].item() > 0:

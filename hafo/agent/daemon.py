@@ -28,6 +28,7 @@ from hafo.agent.health import HealthReport, NodeHealth
 from hafo.agent.instances import GuardState, InstanceKey, instance_dir
 from hafo.agent.metrics import AgentMetrics
 from hafo.agent.outputlog import list_outputs, read_output
+from hafo.agent.progress_watch import ProgressWatch, progress_dir
 from hafo.agent.recovery_report import (
     MAX_REPORT_BYTES,
     build_report,
@@ -48,6 +49,7 @@ from hafo.model.cluster import (
     InstanceStatus,
     NodeRecord,
     ResourceFault,
+    Stall,
     Submission,
 )
 from hafo.model.config import Config
@@ -131,6 +133,8 @@ class Agent:
         self.app_checks = AppChecks(self.name, Path(config.checkpoint_root),
                                     on_change=self.assignments.changed.set)
         self.ready_since: dict[InstanceKey, float] = {}  # running instances that are ready
+        self.progress = ProgressWatch(self.name)  # hang_timeout (hafo.agent.progress_watch)
+        self.health_now = asyncio.Event()  # set: the health loop runs a cycle at once
         self.app_faults: dict[InstanceKey, str] = {}  # restart-app findings on its GPUs
         self.reported: dict[str, InstanceStatus] = {}
         self._not_launched: dict[InstanceKey, InstanceStatus] = {}  # launches that failed
@@ -559,7 +563,8 @@ class Agent:
 
     async def _health_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.config.health.interval)
+            await wait_event(self.health_now, self.config.health.interval)
+            self.health_now.clear()
             report = await self.health.cycle()
             changed = self._apply_health(report)
             failsafe_changed = await self.failsafe.refresh()
@@ -717,6 +722,7 @@ class Agent:
         """Run the checks of desired, running instances; retire the others'."""
         live = {k for k, s in states.items() if k in desired and s.state == "running"}
         await self.app_checks.retire(live)
+        self.progress.retire(live)
         for key in live:
             submission = await self.assignments.spec(key.workload, key.epoch)
             if submission is not None:
@@ -737,6 +743,11 @@ class Agent:
             failing = self.failing(key) if status.state == "running" else ""
             if failing:
                 status = dataclasses.replace(status, failing=failing)
+            stalled = self._stalled(key, status, desired)
+            if stalled is not None:
+                status = dataclasses.replace(status, stalled=stalled)
+            if self.progress.progressed(key):
+                status = dataclasses.replace(status, progressed=True)
             since = self._readiness(key, status, desired)
             if since is not None:
                 status = dataclasses.replace(status, ready=True, ready_since=since)
@@ -761,6 +772,27 @@ class Agent:
             if self.reported.get(key.workload) == status:
                 await self.store.delete(self.keys.status(key.workload, self.name))
                 self.reported.pop(key.workload, None)
+
+    def _stalled(self, key: InstanceKey, status: InstanceStatus,
+                 desired: dict[InstanceKey, Any]) -> Stall | None:
+        """The running, wanted instance's stall (``hang_timeout``; None: it progresses, or
+        its spec sets none). A new stall past start-up (a rank reported a step) makes the
+        node suspect: its health checks run at once (docs/reference/workloads.md, "Hang
+        detection")."""
+        submission = self.assignments.specs.get(key.workload)
+        timeout = submission.spec.hang_timeout if submission is not None else None
+        if status.state != "running" or key not in desired or timeout is None:
+            return None
+        stall = self.progress.stall(key, progress_dir(instance_dir(self.state_dir, key)),
+                                    timeout)
+        reported = self.reported.get(key.workload)
+        if stall is not None and stall.step is not None and (
+                reported is None or reported.stalled != stall):
+            log.warning("instance made no progress: running this node's health checks now",
+                        workload=key.workload, node=self.name, epoch=key.epoch,
+                        stall=stall.describe())
+            self.health_now.set()
+        return stall
 
     def _readiness(self, key: InstanceKey, status: InstanceStatus,
                    desired: dict[InstanceKey, Any]) -> float | None:

@@ -37,7 +37,7 @@ from hafo.agent import cgroups, procid
 from hafo.agent.fencefile import read_deadline
 from hafo.agent.instances import write_json_atomic
 from hafo.agent.outputlog import DEFAULT_MAX_BYTES, OutputPump, OutputWriter
-from hafo.agent.proctree import become_subreaper, descendants, kill_instance
+from hafo.agent.proctree import any_stopped, become_subreaper, descendants, kill_instance
 from hafo.checkpoint.sharded import list_all_checkpoints
 from hafo.checkpoint.transparent import unavailable_reason
 from hafo.decisions.fencing import must_kill
@@ -246,7 +246,15 @@ class Guard:
                 self._signal_group(signal.SIGTERM)
                 if term_by is None or term_by > now + URGENT_TERM_GRACE:
                     term_by = now + URGENT_TERM_GRACE
-                self.write(state="stopping", reason="stopped at once by the agent")
+                if any_stopped(descendants(os.getpid())):
+                    # a stopped process (SIGSTOP: a hung rank) cannot act on SIGTERM: waiting
+                    # URGENT_TERM_GRACE for it would only delay the next epoch
+                    self._kill_all()
+                    killed = True
+                    self.write(state="stopping", reason="killed at once by the agent: a "
+                                                        "process of it was stopped")
+                else:
+                    self.write(state="stopping", reason="stopped at once by the agent")
             elif self.stop_requested and not stopping:
                 if self.launch.get("checkpoint_mode") == "transparent":
                     self.state["transparent"] = unavailable_reason()

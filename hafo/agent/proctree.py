@@ -95,6 +95,34 @@ def instance_processes(workload: str, epoch: int, node: str) -> list[int]:
     return sorted(found)
 
 
+def _stopped_state(pid: int) -> bool:
+    """True if ``/proc/<pid>/stat`` says stopped (``T``, or ``t``: traced); False when it
+    cannot be read."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except (OSError, ValueError):
+        return False
+    return stat.rpartition(")")[2].split()[:1] in (["T"], ["t"])
+
+
+def any_stopped(pids: list[int]) -> bool:
+    """True if any of ``pids`` is stopped (reads ``/proc`` only)."""
+    return any(_stopped_state(pid) for pid in pids)
+
+
+def process_stopped(pid: int, workload: str, epoch: int, node: str) -> bool:
+    """True if ``pid`` is a process of this instance (its environment names it, as
+    ``instance_processes`` reads it) and is stopped (state ``T`` or ``t``: SIGSTOP, a
+    debugger). Reads ``/proc`` only; False when it cannot tell."""
+    marks = (f"HAFO_WORKLOAD={workload}".encode(), f"HAFO_EPOCH={epoch}".encode(),
+             f"HAFO_NODE={node}".encode())
+    try:
+        environ = (PROC / str(pid) / "environ").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return False
+    return all(mark in environ for mark in marks) and _stopped_state(pid)
+
+
 def kill_instance(workload: str, epoch: int, node: str, root: int | None = None) -> list[int]:
     """Freeze, then SIGKILL, every process of the instance (``root``'s descendants and those
     its environment names); returns their pids. Each is signalled by the identity it had

@@ -38,6 +38,7 @@ from hafo.agent.outputlog import keep_ended
 from hafo.agent.ports import NoFreePort, choose_ports, port_env, read_ports
 from hafo.agent.procid import ProcessId
 from hafo.agent.proctree import kill_instance
+from hafo.agent.progress_watch import progress_dir
 from hafo.agent.rendezvous import GANG_DEFAULTS, gang_env
 from hafo.agent.scratch import kept_caches, make_tmpdir, remove_tmpdir
 from hafo.checkpoint.sharded import list_all_checkpoints
@@ -53,6 +54,7 @@ from hafo.model.config import NodeLogs, PortRange
 from hafo.model.exits import bounded_tail
 from hafo.model.names import checkpoint_dir as workload_checkpoint_dir
 from hafo.model.output import MIB
+from hafo.model.progress import PROGRESS_DIR_ENV
 
 log = structlog.get_logger("hafo.agent")
 
@@ -297,6 +299,7 @@ class Supervisor:
                       epoch=assignment.epoch, error=str(exc))
             return
         path.mkdir(parents=True, exist_ok=False)
+        progress_dir(path).mkdir()
         self._ports[key] = ports
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         gang = gang_env(assignment, self.node)
@@ -306,6 +309,7 @@ class Supervisor:
         env = {**inherited, **private, **(GANG_DEFAULTS if gang else {}), **spec.env,
                "HAFO_WORKLOAD": assignment.workload, "HAFO_EPOCH": str(assignment.epoch),
                "HAFO_NODE": self.node, "HAFO_CHECKPOINT_DIR": str(checkpoint_dir),
+               PROGRESS_DIR_ENV: str(progress_dir(path)),
                "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids), "PYTHONUNBUFFERED": "1", **gang,
                **port_env(ports)}
         cgroup = self.containment.of(self.node, key.dirname)

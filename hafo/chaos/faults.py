@@ -20,10 +20,13 @@ from hafo.store.backup import Backup, restore_backup, take_backup
 
 FAULT_KINDS = (
     "node-power-loss", "agent-crash", "agent-restart", "agent-freeze", "agent-partition",
-    "leader-crash", "leader-freeze", "etcd-member-crash", "workload-crash",
+    "leader-crash", "leader-freeze", "etcd-member-crash", "workload-crash", "workload-freeze",
     "etcd-restart", "whole-etcd-restart", "duplicate-agent", "agent-restart-without-state",
     "deleted-liveness-key", "etcd-stall", "etcd-lost-data",
 )
+
+#: The faults aimed at one workload's process (the others at a node or a service).
+WORKLOAD_FAULTS = ("workload-crash", "workload-freeze")
 
 #: Events a hitless etcd stall must not cause (docs/safety.md, "An etcd stall").
 STALL_QUIET = ("fenced", "restarted", "failover", "node-reregistered")
@@ -186,6 +189,16 @@ async def inject(kind: str, cluster: LocalCluster, rng: Random, outage: float,
         host = cluster.host_pid(running[key].node, pid)
         if host is not None:
             kill_pid(host, signal.SIGKILL)
+        return Fault(kind, running[key].workload, True, None,
+                     details={"pid": pid, "node": running[key].node})
+    if kind == "workload-freeze":  # SIGSTOP: a hung process, caught by hang_timeout
+        if not running:
+            return Fault(kind, "-", False, None)
+        key = rng.choice(sorted(running))
+        pid = running[key].pid
+        host = cluster.host_pid(running[key].node, pid)
+        if host is not None:
+            kill_pid(host, signal.SIGSTOP)  # SIGKILLed by its guard when it is restarted
         return Fault(kind, running[key].workload, True, None,
                      details={"pid": pid, "node": running[key].node})
     raise ValueError(f"unknown fault kind {kind!r}")

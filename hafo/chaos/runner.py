@@ -15,6 +15,7 @@ from hafo.agent.procid import start_time
 from hafo.chaos.bystanders import Bystanders
 from hafo.chaos.faults import (
     FAULT_KINDS,
+    WORKLOAD_FAULTS,
     Fault,
     hitless_violations,
     host_alive,
@@ -186,6 +187,9 @@ def nodes_of(snapshot: ClusterSnapshot, wid: str) -> set[str]:
 
 #: Seconds the cluster is left alone after bystanders start (not part of the next fault).
 SETTLE = 1.0
+#: Every chaos workload's ``hang_timeout``: a frozen one (``workload-freeze``) is restarted
+#: after it; long enough that no other fault, nor this busy machine, makes one look hung.
+CHAOS_HANG_TIMEOUT = 8.0
 
 #: The kinds of workload a chaos run watches; each must run on a node that reboots.
 WORKLOAD_KINDS = ("single", "gang-member", "service-replica", "escaping")
@@ -214,8 +218,8 @@ def all_running(workloads: list[str]) -> Callable[[ClusterSnapshot], bool]:
 async def _wait_recovered(cluster: LocalCluster, fault: Fault, before: ClusterSnapshot,
                           workloads: list[str], timeout: float) -> None:
     affected = [w for w in workloads
-                if (fault.kind == "workload-crash" and w == fault.target)
-                or (fault.kind != "workload-crash" and fault.target in nodes_of(before, w))
+                if (fault.kind in WORKLOAD_FAULTS and w == fault.target)
+                or (fault.kind not in WORKLOAD_FAULTS and fault.target in nodes_of(before, w))
                 ] if fault.disruptive else []
     epochs = {w: workload_view(before, w)["epoch"] for w in affected}
 
@@ -272,17 +276,20 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
             spec = demo_workload_spec(name=f"chaos-{i}", interval=0.02, every=10,
                                       escape=i == 0)
             spec["restart"] = {"max_restarts": 100000, "window": 60}
+            spec["hang_timeout"] = CHAOS_HANG_TIMEOUT
             ids.append(await cluster.submit(spec))
             kinds[ids[-1]] = "escaping" if i == 0 else "single"
         for i in range(gangs):
             spec = demo_workload_spec(name=f"chaos-gang-{i}", interval=0.02, every=10)
             spec["restart"] = {"max_restarts": 100000, "window": 60}
+            spec["hang_timeout"] = CHAOS_HANG_TIMEOUT
             spec["nodes"] = 2
             ids.append(await cluster.submit(spec))
             kinds[ids[-1]] = "gang-member"
         for i in range(services):
             spec = demo_workload_spec(name=f"chaos-svc-{i}", interval=0.02, every=10)
             spec["restart"] = {"max_restarts": 100000, "window": 60}
+            spec["hang_timeout"] = CHAOS_HANG_TIMEOUT
             spec["replicas"] = 2
             sid = await cluster.submit(spec)
             found = await cluster.wait_for(lambda s, sid=sid: len(s.replicas.get(sid, ())) == 2,

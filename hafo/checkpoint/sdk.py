@@ -29,7 +29,13 @@ from hafo.checkpoint.format import (
     write_checkpoint,
 )
 from hafo.checkpoint.staging import Staged, Stager, guard_step
-from hafo.model.progress import HEARTBEAT_FILE, Heartbeat, encode_heartbeat
+from hafo.model.progress import (
+    HEARTBEAT_FILE,
+    PROGRESS_DIR_ENV,
+    Heartbeat,
+    encode_heartbeat,
+    rank_file_name,
+)
 
 log = logging.getLogger("hafo.checkpoint")
 
@@ -62,6 +68,7 @@ class Checkpointer:
         self.keep_last = max(1, keep_last)
         self.epoch = epoch if epoch is not None else int(os.environ.get("HAFO_EPOCH", "0"))
         self._requested = threading.Event()
+        self._beat_step = -1  # the highest step heartbeat() reported
         self._lock = threading.RLock()  # one save at a time, and one place that starts them
         self._pending: threading.Thread | None = None
         self._sweeper: threading.Thread | None = None  # deletes what save() pruned
@@ -80,17 +87,31 @@ class Checkpointer:
         """Alias of ``should_checkpoint()``."""
         return self.should_checkpoint()
 
-    def heartbeat(self, step: int) -> None:
-        """Report progress (the ``progress`` check reads it): call it every step or so. Cheap:
-        one small atomic file write; errors are logged, never raised."""
-        beat = Heartbeat(step=int(step), epoch=self.epoch, t=time.time(), pid=os.getpid())
-        path = self.root / HEARTBEAT_FILE
-        tmp = path.with_name(f".{HEARTBEAT_FILE}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(encode_heartbeat(beat))
-            os.replace(tmp, path)
-        except OSError as exc:
-            log.warning("heartbeat not written: %s", exc)
+    def heartbeat(self, step: int, rank: int | None = None) -> None:
+        """Report progress (the ``progress`` check and ``hang_timeout`` read it): call it once
+        per step, best right before the step's collectives (after its own compute), so that
+        in a hang the rank that never reached them shows the oldest progress. Cheap: one or
+        two small atomic file writes; errors are logged, never raised. ``rank`` (default:
+        ``$RANK``, else 0) names this process's file in ``$HAFO_PROGRESS_DIR``
+        (``hafo.model.progress``)."""
+        pid = os.getpid()
+        if rank is None:
+            rank = _env_rank()
+        # never backwards: a background save's beat of its (older) step is no regress
+        self._beat_step = step = max(int(step), self._beat_step)
+        beat = Heartbeat(step=step, epoch=self.epoch, t=time.time(), pid=pid, rank=rank)
+        text = encode_heartbeat(beat)
+        paths = [self.root / HEARTBEAT_FILE]
+        progress_dir = os.environ.get(PROGRESS_DIR_ENV)
+        if progress_dir:
+            paths.append(Path(progress_dir) / rank_file_name(rank))
+        for path in paths:
+            tmp = path.with_name(f".{path.name}.{pid}.tmp")
+            try:
+                tmp.write_text(text)
+                os.replace(tmp, path)
+            except OSError as exc:
+                log.warning("heartbeat not written to %s: %s", path, exc)
 
     def load_latest(self) -> Restored | None:
         """The newest checkpoint that verifies; corrupt or partial ones are skipped. Tensors
@@ -264,3 +285,11 @@ class Checkpointer:
                 if isinstance(error, CheckpointWriteFailed):
                     raise error  # names the step, the directory and the OS error
                 raise RuntimeError(f"previous background checkpoint failed: {error}") from error
+
+
+def _env_rank() -> int:
+    """``$RANK`` (torchrun's global rank), 0 when unset or not a number."""
+    try:
+        return max(0, int(os.environ.get("RANK", "0")))
+    except ValueError:
+        return 0

@@ -186,8 +186,8 @@ class ShardedCheckpointer:
         return self._single.should_checkpoint()
 
     def heartbeat(self, step: int) -> None:
-        """Report progress (see ``Checkpointer.heartbeat``)."""
-        self._single.heartbeat(step)
+        """Report progress (see ``Checkpointer.heartbeat``), as this member's rank."""
+        self._single.heartbeat(step, rank=self.rank)
 
     # -- paths -----------------------------------------------------------------------------
 

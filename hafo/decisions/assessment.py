@@ -10,9 +10,11 @@ rotation, a service, ended, failsafe, running, stopping, backing off, ...).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from hafo.decisions.failures import after_failure, uncounted_backoff
 from hafo.decisions.gangs import assess_gang, moved_off_gang, resumes_note
+from hafo.decisions.hangs import after_hang, find_hang
 from hafo.decisions.hardware import hardware_fault
 from hafo.decisions.moves import moved_off, resume_point, start_move, stop_then_place
 from hafo.decisions.observed import Observations, bounded
@@ -24,7 +26,9 @@ from hafo.model.cluster import (
     ClusterSnapshot,
     InstanceEnd,
     InstanceStatus,
+    Member,
 )
+from hafo.model.spec import WorkloadSpec
 
 __all__ = ["assess", "revision"]
 
@@ -109,7 +113,7 @@ def assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
         if status.state == "stopping":
             return Settled(SettledReason.STOPPING)
         if not status.failing:
-            return Settled(SettledReason.RUNNING)
+            return _hung(current, status, spec, seen, now) or Settled(SettledReason.RUNNING)
         after = after_failure(current, spec.restart, node, f"failing ({status.failing})",
                               now, now)
         cause = Cause.FAILING if after.kind == "restart" else Cause.APP_FAILED
@@ -141,6 +145,23 @@ def assess(snapshot: ClusterSnapshot, wid: str, now: float, cooldown: float,
                 cause=Cause.EXITED if restart else Cause.APP_FAILED,
                 why=f"{after.why}; {_resume(checkpoints, wid, status)}",
                 known_since=after.not_before if restart else failed_at, failure=after.subject)
+
+
+def _hung(current: Assignment, status: InstanceStatus, spec: WorkloadSpec,
+          seen: Observations, now: float) -> Action | None:
+    """Stop a hung single instance at once and run it again (``hafo.decisions.hangs``): in
+    place, unless its node is a repeat offender."""
+    if spec.hang_timeout is None or current.node is None:
+        return None
+    hang = find_hang([(Member(rank=0, node=current.node), status)], seen.stalled_since, now,
+                     seen.started.get((current.workload, current.epoch)))
+    if hang is None:
+        return None
+    after, suspects = after_hang(current, spec.restart, current.node, hang, now)
+    cause = Cause.HUNG if after.kind == "restart" else Cause.APP_FAILED
+    action = stop_then_place(current, after.why, cause, urgent=True, after=after)
+    assert action.assignment is not None
+    return replace(action, assignment=replace(action.assignment, suspects=suspects))
 
 
 def _infrastructure_restart(snapshot: ClusterSnapshot, current: Assignment, now: float,

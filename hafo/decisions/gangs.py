@@ -23,6 +23,7 @@ import zlib
 from collections.abc import Mapping
 
 from hafo.decisions.failures import AfterFailure, after_failure, uncounted_backoff
+from hafo.decisions.hangs import after_hang, find_hang
 from hafo.decisions.hardware import hardware_fault
 from hafo.decisions.observed import Observations
 from hafo.decisions.placement import PlacementRequest, Unplaceable, node_capacity, place_one
@@ -37,6 +38,7 @@ from hafo.model.cluster import (
     MoveRequest,
 )
 from hafo.model.resume import resume_note
+from hafo.model.spec import RestartPolicy
 
 #: The rendezvous ports a gang's ``MASTER_PORT`` is chosen from (docs/reference/workloads.md,
 #: "What a workload gets").
@@ -120,6 +122,12 @@ def assess_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
         cause = Cause.FAILING if after.kind == "restart" else Cause.APP_FAILED
         return stop_gang(current, after.why, cause, urgent=True, after=after,
                          leave=(member.node,) if after.kind == "move" else ())
+    # a member's node about to be confirmed down is a lost member, not a hang: wait for it
+    hung = _hung(current, statuses, spec.restart, seen, now) \
+        if spec.hang_timeout is not None \
+        and not any(m.node in snapshot.expiring for m in current.members) else None
+    if hung is not None:
+        return hung
     exited = [(m, s) for m, s in statuses if s is not None and s.state == "exited"]
     def exit_seen(ms: tuple[Member, InstanceStatus]) -> tuple[float, int]:
         return seen.ended_at((wid, ms[0].node, ms[1].epoch), now), ms[0].rank
@@ -145,6 +153,25 @@ def assess_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
                       why=f"every member of gang instance {current.epoch} exited 0",
                       expected_revision=current.revision, assignment=done)
     return Settled(SettledReason.RUNNING)
+
+
+def _hung(current: Assignment, statuses: list[tuple[Member, InstanceStatus | None]],
+          policy: RestartPolicy, seen: Observations, now: float) -> Action | None:
+    """Stop the gang, every member at once, if it is hung (``hafo.decisions.hangs``): the
+    restart is blamed on the member whose rank stalled first; its node becomes suspect, and
+    a second hang there moves that member elsewhere."""
+    hang = find_hang(statuses, seen.stalled_since, now,
+                     seen.started.get((current.workload, current.epoch)))
+    if hang is None:
+        return None
+    node = hang.member.node
+    after, suspects = after_hang(current, policy, node, hang, now)
+    cause = Cause.HUNG if after.kind == "restart" else Cause.APP_FAILED
+    action = stop_gang(current, after.why, cause, urgent=True, after=after,
+                       leave=(node,) if after.kind == "move" else ())
+    assert action.assignment is not None
+    return dataclasses.replace(
+        action, assignment=dataclasses.replace(action.assignment, suspects=suspects))
 
 
 def _hardware(snapshot: ClusterSnapshot, current: Assignment) -> Action | None:

@@ -146,7 +146,7 @@ def stop_then_place(current: Assignment, why: str, cause: Cause, *, urgent: bool
         not_before=after.not_before if after else 0.0,
         failed_on=after.failed_on if after else current.failed_on,
         preempted_for=preempted_for, cause=move_cause(cause),
-        failure=after.subject if after else "")
+        failure=after.subject if after else "", suspects=current.suspects)
     how = "stop now" if urgent else "checkpoint and stop"
     return Action(kind="move", workload=current.workload, cause=cause,
                   why=f"{after.why if after else why}: {how} on {current.node}",

@@ -57,6 +57,9 @@ class Cause(StrEnum):
     """A move request that cannot be honoured."""
     MEMBER_LOST = "member-lost"        # a gang member's node is down: stop the others first
     """A gang member's node is down: the other members are stopped first."""
+    HUNG = "hung"                      # no progress for hang_timeout: stop, restart in place
+    """No rank made progress for the spec's `hang_timeout`: stopped at once, restarted in place
+    (the rank that stalled first is named)."""
 
 
 #: The event-log kind (a public contract: docs/reference/reasons.md, "Events") of a move's first
@@ -66,7 +69,7 @@ _MOVE_EVENTS: Mapping[Cause, str] = {
     Cause.GPU_FAULT: "gpu-unhealthy", Cause.GPU_DEGRADED: "gpu-degraded",
     Cause.PREEMPTED: "preempted", Cause.APP_FAILED: "app-failed", Cause.FAILING: "app-failed",
     Cause.MEMBER_LOST: "member-lost", Cause.EXITED: "member-exited",
-    Cause.INFRASTRUCTURE: "gang-restart",
+    Cause.INFRASTRUCTURE: "gang-restart", Cause.HUNG: "hung",
 }
 #: ... and of a placement.
 _PLACE_EVENTS: Mapping[Cause, str] = {
@@ -81,7 +84,8 @@ def move_cause(cause: Cause) -> MoveCause:
         Cause.NODE_UNHEALTHY: "node-unhealthy", Cause.GPU_FAULT: "gpu-unhealthy",
         Cause.GPU_DEGRADED: "gpu-degraded", Cause.APP_FAILED: "app-failed",
         Cause.FAILING: "app-failed", Cause.EXITED: "app-failed",
-        Cause.MEMBER_LOST: "member-lost", Cause.INFRASTRUCTURE: "infrastructure"}
+        Cause.MEMBER_LOST: "member-lost", Cause.INFRASTRUCTURE: "infrastructure",
+        Cause.HUNG: "hung"}
     return names[cause]
 
 

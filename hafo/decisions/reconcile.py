@@ -277,6 +277,12 @@ def _gone(snapshot: ClusterSnapshot) -> list[Action]:
     return actions
 
 
+def _suspects(need: Need) -> Mapping[str, float]:
+    """The suspect nodes a new assignment keeps: its previous one's (``hafo.decisions.hangs``;
+    expired ones are dropped when the next hang is decided)."""
+    return need.previous.suspects if need.previous is not None else {}
+
+
 def _placement_actions(snapshot: ClusterSnapshot, needs: tuple[Need, ...],
                        placing: _Placing, notes: Mapping[str, str]) -> list[Action]:
     """Stage 4, **actions**: each need's place, final failure or pending (in workload
@@ -305,7 +311,7 @@ def _placement_actions(snapshot: ClusterSnapshot, needs: tuple[Need, ...],
                              reason=need.why, avoid=avoid, failed_on=failed_on,
                              members=with_addresses(snapshot, result.members),
                              master_port=port, quick_restarts=need.quick_restarts,
-                             checkpoint=need.checkpoint)
+                             checkpoint=need.checkpoint, suspects=_suspects(need))
             where = ", ".join(f"{m.rank}:{m.node}" for m in result.members) or result.node
             actions.append(Action(kind="place", workload=wid, cause=need.cause,
                                   why=f"{need.why} -> {where}",
@@ -346,7 +352,7 @@ def _placement_actions(snapshot: ClusterSnapshot, needs: tuple[Need, ...],
                              members=_remembered(need),
                              master_port=previous.master_port if previous else 0,
                              quick_restarts=need.quick_restarts, failure=need.failure,
-                             checkpoint=need.checkpoint)
+                             checkpoint=need.checkpoint, suspects=_suspects(need))
         actions.append(Action(kind="pending", workload=wid, cause=need.cause,
                               why=f"{need.why}; {reason}", expected_revision=revision(previous),
                               assignment=pending, known_since=need.known_since))

@@ -33,7 +33,7 @@ AfterStop = Literal["move", "restart"]
 #: Why a workload in phase ``moving`` is being stopped. A planned move or a preemption says
 #: nothing against its node, so the node is not avoided afterwards; the others do.
 MoveCause = Literal["planned", "preempted", "node-unhealthy", "gpu-unhealthy", "gpu-degraded",
-                    "app-failed", "member-lost", "infrastructure"]
+                    "app-failed", "member-lost", "infrastructure", "hung"]
 PLANNED_CAUSES: frozenset[str] = frozenset({"planned", "preempted"})
 
 
@@ -159,7 +159,7 @@ def _after_stop(value: object) -> AfterStop:
 
 _MOVE_CAUSES: dict[str, MoveCause] = {c: c for c in (
     "planned", "preempted", "node-unhealthy", "gpu-unhealthy", "gpu-degraded", "app-failed",
-    "member-lost", "infrastructure")}
+    "member-lost", "infrastructure", "hung")}
 
 
 def _move_cause(value: object) -> MoveCause | None:
@@ -215,6 +215,9 @@ class Assignment(Record):
     reason starts with it. ``checkpoint``: the newest checkpoint the controller knew of when
     it placed the workload or put it back to pending (where its next instance resumes, as far
     as known; null: none known): the views show it once the reports that named it are gone.
+
+    ``suspects``: nodes a hang was blamed on (``hang_timeout``), until then (the deciding
+    controller's clock): another hang blamed on one of them moves that member elsewhere.
     """
 
     workload: str
@@ -242,6 +245,7 @@ class Assignment(Record):
     quick_restarts: int = 0
     failure: str = ""
     checkpoint: CheckpointInfo | None = None
+    suspects: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def revision(self) -> int:
@@ -319,6 +323,35 @@ class CheckpointInfo(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class Stall(Record):
+    """A running instance that made no progress for its spec's ``hang_timeout``, as its agent
+    saw it (``InstanceStatus.stalled``): the rank of the node whose progress is oldest."""
+
+    rank: int | None
+    """The rank (torchrun's ``RANK``) whose heartbeat is oldest; null: no rank on this node has
+    reported progress in this instance."""
+    step: int | None
+    """That rank's last step; null: it reported none."""
+    stalled_for: float
+    """Seconds without progress when the agent reported it (its own clock)."""
+    stopped: bool = False
+    """That rank's process is stopped (SIGSTOP, a debugger), as ``/proc`` says."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Stall | None:  # type: ignore[override]
+        """Inverse of ``to_dict``; None stays None."""
+        return schema_of(cls).validate(data) if data else None
+
+    def describe(self) -> str:
+        """``rank 2 made no progress for 10.3s since step 41 (its process is stopped)``."""
+        stopped = " (its process is stopped)" if self.stopped else ""
+        if self.rank is None:
+            return f"no rank reported progress for {self.stalled_for:.1f}s since it started"
+        since = f" since step {self.step}" if self.step is not None else ""
+        return f"rank {self.rank} made no progress for {self.stalled_for:.1f}s{since}{stopped}"
+
+
+@dataclass(frozen=True, slots=True)
 class InstanceStatus(Record):
     """What a node's agent reports about one instance (workload at an epoch) it runs.
 
@@ -328,7 +361,10 @@ class InstanceStatus(Record):
     not know). ``ready``: it runs and every readiness check's last probe passed, since
     ``ready_since``; ``ports``: its declared ports by name, as bound on this node.
     ``stderr_tail``: once it exited, the last lines of its stderr (at most 20 lines and 4 KiB,
-    longer values are cut to their last 4 KiB; "" while it runs, and from agents before it)."""
+    longer values are cut to their last 4 KiB; "" while it runs, and from agents before it).
+    ``stalled``: the running instance made no progress for its ``hang_timeout`` (``Stall``),
+    null otherwise; ``progressed``: a rank of it has reported progress (only reported for a
+    workload with ``hang_timeout``: its start-up is over)."""
 
     workload: str
     node: str
@@ -345,6 +381,8 @@ class InstanceStatus(Record):
     ready_since: float | None = None
     ports: Mapping[str, int] = field(default_factory=dict)
     stderr_tail: Annotated[str, BeforeValidator(_or_empty), AfterValidator(bounded_tail)] = ""
+    stalled: Stall | None = None
+    progressed: bool = False
 
     @property
     def stderr_line(self) -> str:

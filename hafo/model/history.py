@@ -34,7 +34,7 @@ HISTORY_KEEP = 100
 #: ``unknown``: a newer epoch replaced it and nothing said how it ended.
 EndHow = Literal["completed", "exit", "signal", "fenced", "guard-lost", "moved", "preempted",
                  "node-down", "node-unhealthy", "gpu-fault", "gpu-degraded", "app-failed",
-                 "member-lost", "infrastructure", "deleted", "unknown"]
+                 "member-lost", "infrastructure", "deleted", "hung", "unknown"]
 END_HOWS: tuple[str, ...] = get_args(EndHow)
 
 _XID = re.compile(r"\bxid[ :]*(\d+)", re.IGNORECASE)
@@ -58,7 +58,8 @@ _PLAIN: dict[str, str] = {
     "moved": "moved (planned)", "preempted": "preempted", "node-down": "node down",
     "node-unhealthy": "node unhealthy", "gpu-degraded": "GPU degraded",
     "member-lost": "gang member lost", "infrastructure": "node registered anew",
-    "deleted": "stopped (deleted)", "unknown": "replaced (how it ended is unknown)",
+    "deleted": "stopped (deleted)", "hung": "hung (no progress)",
+    "unknown": "replaced (how it ended is unknown)",
 }
 
 

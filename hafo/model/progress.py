@@ -1,8 +1,15 @@
 """The progress heartbeat file a workload's SDK writes (``$HAFO_CHECKPOINT_DIR/heartbeat.json``).
 
-Content: ``{"step": int, "epoch": int, "t": wall-clock seconds, "pid": int}``. Written
-atomically by ``Checkpointer.heartbeat(step)`` and on every committed save; read by the
-``progress`` check and by plugins that detect stalls (a hung NCCL collective stops it).
+Content: ``{"step": int, "epoch": int, "t": wall-clock seconds, "pid": int}`` (and
+``"rank": int`` in a rank's own file). Written atomically by ``Checkpointer.heartbeat(step)``
+and on every committed save; read by the ``progress`` check and by plugins that detect stalls
+(a hung NCCL collective stops it).
+
+Each rank also writes its own copy, ``rank-<RANK>.json``, into ``$HAFO_PROGRESS_DIR``: a
+directory of the instance on its node's local disk that the agent makes for every instance
+(docs/reference/files.md, "Instance directory"). The agent reads those for ``hang_timeout``
+(``hafo.agent.progress_watch``): the checkpoint directory is shared by a gang's ranks, its
+``heartbeat.json`` says only which rank wrote last.
 """
 
 from __future__ import annotations
@@ -11,6 +18,10 @@ import json
 from dataclasses import dataclass
 
 HEARTBEAT_FILE = "heartbeat.json"
+#: The environment variable naming the instance's progress directory (set by the agent).
+PROGRESS_DIR_ENV = "HAFO_PROGRESS_DIR"
+#: The most rank files the agent reads in one progress directory (the ranks of one node).
+MAX_RANK_FILES = 64
 
 
 @dataclass(frozen=True)
@@ -21,18 +32,36 @@ class Heartbeat:
     epoch: int
     t: float
     pid: int
+    rank: int | None = None
 
 
 def parse_heartbeat(text: str) -> Heartbeat | None:
     """The heartbeat in ``text``, or None if it is not a valid heartbeat."""
     try:
         d = json.loads(text)
+        rank = d.get("rank")
         return Heartbeat(step=int(d["step"]), epoch=int(d["epoch"]), t=float(d["t"]),
-                         pid=int(d["pid"]))
-    except (ValueError, TypeError, KeyError):
+                         pid=int(d["pid"]), rank=None if rank is None else int(rank))
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None
 
 
 def encode_heartbeat(beat: Heartbeat) -> str:
     """The file content for ``beat``."""
-    return json.dumps({"step": beat.step, "epoch": beat.epoch, "t": beat.t, "pid": beat.pid})
+    data = {"step": beat.step, "epoch": beat.epoch, "t": beat.t, "pid": beat.pid}
+    if beat.rank is not None:
+        data["rank"] = beat.rank
+    return json.dumps(data)
+
+
+def rank_file_name(rank: int) -> str:
+    """The name of ``rank``'s file in the progress directory."""
+    return f"rank-{rank}.json"
+
+
+def rank_of_file(name: str) -> int | None:
+    """The rank a progress directory's file name is for (None: not a rank file)."""
+    if not (name.startswith("rank-") and name.endswith(".json")):
+        return None
+    digits = name[len("rank-"):-len(".json")]
+    return int(digits) if digits.isdigit() and len(digits) <= 6 else None

@@ -25,6 +25,7 @@ from hafo.model.schema import (
     Matches,
     MigProfile,
     NonNegative,
+    Number,
     Positive,
     Schema,
     Section,
@@ -78,6 +79,11 @@ class CheckpointPolicy(Section):
 #: One transaction writes the gang's assignment, its event and a copy per member node (and
 #: removes copies): 2 + 2 x 60 operations fit in etcd's default limit of 128 per transaction.
 MAX_GANG_NODES = 60
+#: ``hang_timeout``'s bounds, in seconds: below a second an agent's sampling (every 0.2 s)
+#: and one step of a fast loop would be a false hang; above a day it is no hang detection.
+MIN_HANG_TIMEOUT = 1.0
+MAX_HANG_TIMEOUT = 86400.0
+HangTimeout = Annotated[Number, Field(ge=MIN_HANG_TIMEOUT, le=MAX_HANG_TIMEOUT)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +209,12 @@ class WorkloadSpec(Section):
     queue: Annotated[QueueName, OMIT_DEFAULT] = DEFAULT_QUEUE
     """The queue whose quota it runs in; while any queue is declared, it must be one of them.
     Changing only `queue` restarts nothing."""
+    hang_timeout: Annotated[HangTimeout | None, OMIT_DEFAULT] = None
+    """Seconds without progress (the SDK's `heartbeat(step)`, from any rank) after which the
+    workload is hung: hafo names the rank that stalled first, restarts it (a gang: its whole
+    epoch), and runs that rank's node's health checks at once; a second hang blamed on the
+    same node within `restart.window` replaces that member elsewhere. Judged from the first
+    heartbeat of each instance on; none: off."""
 
     def _check(self) -> None:
         for i, check in enumerate(self.checks):

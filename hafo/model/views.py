@@ -216,6 +216,8 @@ def shown_reason(state: str, assignment: Assignment | None,
     - running: "running" while it has never failed (no restart counted, no node to avoid),
       else "running again after: <why it was placed again>" (a restart's, a failover's
       reason); "running, but failing: <why>" while a check or an application XID fails it;
+      "running, but stalled on <node>: <which rank, since when>" while an agent reports no
+      progress for ``hang_timeout`` (until the leader acts on it);
     - failed or completed by its instance's report while the controller has not acted yet
       (e.g. during a restart's backoff): how it exited ("exited with code 1 on n1: <the last
       line of its stderr>");
@@ -228,6 +230,10 @@ def shown_reason(state: str, assignment: Assignment | None,
         failing = next((s for s in statuses if s.failing and s.state == "running"), None)
         if failing is not None:
             return f"running, but failing: {failing.failing}"
+        stalled = next((s for s in statuses if s.stalled is not None and s.state == "running"
+                        and s.stalled.step is not None), None)
+        if stalled is not None and stalled.stalled is not None:
+            return f"running, but stalled on {stalled.node}: {stalled.stalled.describe()}"
         if (assignment.restarts == 0 and not assignment.avoid) or not assignment.reason:
             return "running"
         return f"running again after: {assignment.reason}"

@@ -79,6 +79,10 @@ class EventKind(StrEnum):
     MEMBER_EXITED = "member-exited"
     """Leader: a gang member exited non-zero: every member is stopped, then the gang restarts
     (counted)."""
+    HUNG = "hung"
+    """Leader: no rank made progress for `hang_timeout`: the rank that stalled first is named,
+    every member is stopped at once and the workload restarts (counted); a second hang on the
+    same node moves that member (`app-failed`)."""
     GANG_RESTART = "gang-restart"
     """Leader: a gang member was ended by the infrastructure (fenced, node claimed anew): the
     gang restarts, not counted."""

@@ -101,14 +101,15 @@ async def local_cluster(tmp_path: Path) -> AsyncIterator[ClusterFactory]:
 # Every other integration test times nothing and runs on several workers.
 TIMING_MODULES = frozenset({
     "test_chaos", "test_clock_step", "test_etcd_restart", "test_etcd_stall", "test_failover",
-    "test_guard", "test_metrics", "test_node_identity", "test_services",
+    "test_gang_hang", "test_guard", "test_metrics", "test_node_identity", "test_services",
 })
 
 
 # The modules that run torch gangs (several torch processes each, CPU-bound): one worker runs
 # them one after the other (xdist group ``torch-gangs``), so that on 2 cores two gangs do not
 # starve each other (their steps then took seconds; measured: three gang tests timed out).
-TORCH_GANG_MODULES = frozenset({"test_ddp_example", "test_gangs", "test_gang_sharded"})
+TORCH_GANG_MODULES = frozenset({"test_ddp_example", "test_gangs", "test_gang_sharded",
+                                "test_gang_hang"})
 
 
 def shares_a_module_fixture(item: pytest.Item) -> bool:

@@ -222,6 +222,26 @@ def test_urgent_stop_escalates_a_pending_checkpoint_request(tmp_path: Path) -> N
     assert state.stop_checkpoint is None and not pid_alive(pid)
 
 
+def test_an_urgent_stop_of_a_stopped_process_kills_it_at_once(tmp_path: Path) -> None:
+    """A hung rank SIGSTOPped (hang_timeout) cannot act on SIGTERM: the guard does not wait
+    URGENT_TERM_GRACE (5 s) for it before the next epoch may start."""
+    guard, path = start_guard(tmp_path, 60, SLEEPER, grace=30)
+    pid = running_pid(path)
+    try:
+        os.kill(pid, signal.SIGSTOP)  # the workload the guard started for this test
+        started = time.monotonic()
+        os.kill(guard.pid, signal.SIGUSR2)
+        assert guard.wait(15) == 0
+        assert time.monotonic() - started < 2.5, "waited the urgent grace for a stopped process"
+        state = read_guard_state(path)
+        assert state is not None and not pid_alive(pid)
+        assert state.reason == "killed at once by the agent: a process of it was stopped"
+    finally:
+        kill_pid(pid)
+        if guard.poll() is None:
+            kill_pid(guard.pid)
+
+
 def test_a_stop_asked_for_right_after_launch_is_delivered(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The supervisor asks again each cycle until the guard has written its pid: a stop

@@ -267,6 +267,16 @@ def test_a_gang_epoch_ends_by_its_member_that_tells_most() -> None:
     assert done.epochs[1].nodes == ("a", "c")
 
 
+def test_a_hung_gang_epoch_ends_hung_naming_the_rank() -> None:
+    start = history(EpochRecord(epoch=10, nodes=("a", "b"), assigned_at=0.0, started_at=1.0))
+    why = "member 1 hung on b: rank 1 made no progress for 4.1s since step 25"
+    hung = dataclasses.replace(GANG, phase="moving", stopping=10, epoch=11, cause="hung",
+                               reason=why)
+    new = update_history(start, snap(hung, exited("a", 10, -15, InstanceEnd.STOPPED),
+                                     exited("b", 10, -9, InstanceEnd.STOPPED)), W, NOW)
+    assert new is not None and new.epochs[0].end == EpochEnd("hung", detail=why)
+
+
 def test_the_history_keeps_the_newest_epochs() -> None:
     full = history(*(epoch(n, ended_at=float(n), end=EpochEnd("exit", code=1))
                      for n in range(1, HISTORY_KEEP + 1)))
@@ -313,6 +323,7 @@ def test_running_epoch(assignment: Assignment | None, expected: int | None) -> N
     (EpochEnd("app-failed"), "application check failed"),
     (EpochEnd("app-failed", code=13), "application XID 13"),
     (EpochEnd("deleted"), "stopped (deleted)"),
+    (EpochEnd("hung"), "hung (no progress)"),
 ])
 def test_how_an_end_reads(end: EpochEnd, text: str) -> None:
     assert end.describe() == text

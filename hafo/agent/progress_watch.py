@@ -1,0 +1,124 @@
+"""Which running instance of this node made no progress for its ``hang_timeout``
+(docs/reference/workloads.md, "Hang detection").
+
+Every rank of an instance writes its heartbeat into the instance's progress directory
+(``$HAFO_PROGRESS_DIR``, ``hafo.model.progress``). The agent reads them every supervise cycle
+(0.2 s) and times each rank's last *change* on its own monotonic clock, as the ``progress``
+check does: the heartbeat's wall-clock ``t`` only says whether it changed, so neither a step
+of the machine's clock nor another node's clock enters the decision (docs/safety.md, "One
+clock per decision").
+
+An instance is stalled once its oldest rank's progress is ``hang_timeout`` old, or, while no
+rank has reported any, once it has run that long (the controller judges a gang only once some
+member reported progress, ``InstanceStatus.progressed``: start-up is not a hang). The report
+names that rank, its last step and whether its process is stopped; it stays the same object
+while the stall lasts, so the agent writes its status once per stall, not once per cycle.
+
+Reading ``/proc/<pid>`` of the rank named in a heartbeat only reads: nothing here signals a
+process, and a pid is taken as the rank's only while its environment names this instance.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hafo.agent.instances import InstanceKey
+from hafo.agent.proctree import process_stopped
+from hafo.model.cluster import Stall
+from hafo.model.progress import MAX_RANK_FILES, Heartbeat, parse_heartbeat, rank_of_file
+
+#: The most bytes read of one rank file (a heartbeat is under 100).
+RANK_FILE_READ_LIMIT = 4096
+PROGRESS_DIR = "progress"
+
+
+def progress_dir(instance_path: Path) -> Path:
+    """The progress directory of the instance whose directory is ``instance_path``."""
+    return instance_path / PROGRESS_DIR
+
+
+def read_beats(directory: Path) -> dict[int, Heartbeat]:
+    """Every rank's heartbeat in ``directory`` (at most ``MAX_RANK_FILES``; files that are not
+    rank files, or not heartbeats, are skipped; a missing directory has none)."""
+    beats: dict[int, Heartbeat] = {}
+    try:
+        entries = os.scandir(directory)
+    except OSError:
+        return beats
+    with entries:
+        for entry in entries:
+            rank = rank_of_file(entry.name)
+            if rank is None:
+                continue
+            try:
+                with open(entry.path, errors="replace") as f:
+                    beat = parse_heartbeat(f.read(RANK_FILE_READ_LIMIT))
+            except OSError:
+                continue
+            if beat is not None:
+                beats[rank] = beat
+            if len(beats) >= MAX_RANK_FILES:
+                break
+    return beats
+
+
+@dataclass
+class _Watched:
+    first_seen: float
+    ranks: dict[int, tuple[Heartbeat, float]] = field(default_factory=dict)
+    reported: Stall | None = None
+
+
+class ProgressWatch:
+    """The progress of this node's running instances, for ``hang_timeout``."""
+
+    def __init__(self, node: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.node = node
+        self.clock = clock
+        self._watched: dict[InstanceKey, _Watched] = {}
+
+    def stall(self, key: InstanceKey, directory: Path, hang_timeout: float) -> Stall | None:
+        """The instance's stall (None: it progresses), after reading its rank files now."""
+        now = self.clock()
+        watched = self._watched.setdefault(key, _Watched(first_seen=now))
+        for rank, beat in read_beats(directory).items():
+            known = watched.ranks.get(rank)
+            if known is None or known[0] != beat:
+                watched.ranks[rank] = (beat, now)
+        stall = self._judge(key, watched, now, hang_timeout)
+        previous = watched.reported
+        if stall is None:
+            watched.reported = None
+        elif previous is None or (previous.rank, previous.step) != (stall.rank, stall.step):
+            watched.reported = stall
+        return watched.reported
+
+    def _judge(self, key: InstanceKey, watched: _Watched, now: float,
+               hang_timeout: float) -> Stall | None:
+        if not watched.ranks:
+            idle = now - watched.first_seen
+            if idle < hang_timeout:
+                return None
+            return Stall(rank=None, step=None, stalled_for=round(idle, 1))
+        rank, (beat, changed) = min(watched.ranks.items(),
+                                    key=lambda item: (item[1][1], item[1][0].step))
+        idle = now - changed
+        if idle < hang_timeout:
+            return None
+        stopped = process_stopped(beat.pid, key.workload, key.epoch, self.node)
+        return Stall(rank=rank, step=beat.step, stalled_for=round(idle, 1), stopped=stopped)
+
+    def progressed(self, key: InstanceKey) -> bool:
+        """A rank of the instance has reported progress (its start-up is over)."""
+        watched = self._watched.get(key)
+        return watched is not None and bool(watched.ranks)
+
+    def retire(self, keep: Iterable[InstanceKey]) -> None:
+        """Forget every instance not in ``keep``."""
+        kept = set(keep)
+        for key in [k for k in self._watched if k not in kept]:
+            del self._watched[key]
