@@ -7,8 +7,9 @@ cores are saturated by other processes and a neighbour hammers the disk with fsy
 Counts, over the run, failovers, restarts, hang detections, re-registrations and epoch
 changes (all spurious: nothing is injected but load). The quiet workloads report progress
 every step (the SDK's heartbeat) and set ``hang_timeout`` (``--hang-timeout``, default 5 s),
-and so does a real torchrun DDP gang of two members where torch is installed (``--ddp-gang``):
-a loaded machine must not make them look hung. The baseline is the same cluster, measured
+and so does a real torchrun DDP gang of two members where torch is installed (``--ddp-gang``),
+which also sets ``straggler_lag`` (``--straggler-lag``, default 0.5 s): a loaded machine must
+not make them look hung, nor one member a straggler. The baseline is the same cluster, measured
 first for a short while without the load. ``--stall-every S --stall-for T`` also freezes
 every etcd member (SIGSTOP) for T seconds every S seconds under the load, as a GC pause or a
 VM stall does: each stall expires every lease as etcd resumes, and the agents must hold
@@ -53,7 +54,8 @@ async def observe(cluster: LocalCluster, ids: list[str], seconds: float) -> dict
                 epochs[w] = epoch
     events = [e for e in await read_events(cluster.store, cluster.keys, 0) if e.ts >= t0]
     count = {kind: sum(1 for e in events if e.kind == kind)
-             for kind in ("failover", "restarted", "hung", "node-reregistered", "fenced",
+             for kind in ("failover", "restarted", "hung", "straggler", "node-reregistered",
+                          "fenced",
                           "leader-elected", "node-resumed")}
     count["epoch changes"] = changed
     return count
@@ -73,12 +75,13 @@ async def stall_etcd(cluster: LocalCluster, every: float, stall: float,
         done.append(stall)
 
 
-def ddp_gang_spec(hang_timeout: float) -> dict[str, object]:
+def ddp_gang_spec(hang_timeout: float, straggler_lag: float) -> dict[str, object]:
     """The DDP example (real torchrun, gloo on the CPU) as a 2-member gang with
-    ``hang_timeout``: its ranks report progress before each step's collectives."""
+    ``hang_timeout`` and ``straggler_lag``: its ranks report progress before each step's
+    collectives and their own time per step after them."""
     root = Path(__file__).resolve().parent.parent
     return {"name": "quiet-ddp", "nodes": 2, "gpus": 0, "stop_grace": 15,
-            "hang_timeout": hang_timeout,
+            "hang_timeout": hang_timeout, "straggler_lag": straggler_lag,
             "command": [str(Path(sys.executable).parent / "torchrun"),
                         str(root / "examples" / "ddp_train.py"), "--steps", "0",
                         "--every", "20", "--sleep", "0.05"],
@@ -86,7 +89,7 @@ def ddp_gang_spec(hang_timeout: float) -> dict[str, object]:
 
 
 async def main(minutes: float, baseline: float, stall_every: float, stall_for: float,
-               hang_timeout: float, ddp_gang: bool) -> int:
+               hang_timeout: float, ddp_gang: bool, straggler_lag: float) -> int:
     cluster = LocalCluster(nodes=4, controllers=2, etcd_members=3)
     load = Stress(cluster.base / "etcd" / "stress")  # its fsyncs on etcd's disk
     cluster.start()
@@ -96,7 +99,7 @@ async def main(minutes: float, baseline: float, stall_every: float, stall_for: f
                                      "hang_timeout": hang_timeout})
                for i in range(4)]
         if ddp_gang:
-            ids.append(await cluster.submit(ddp_gang_spec(hang_timeout)))
+            ids.append(await cluster.submit(ddp_gang_spec(hang_timeout, straggler_lag)))
         await cluster.wait_for(lambda s: all(workload_view(s, w)["state"] == "running"
                                              for w in ids), 60)
         quiet = await observe(cluster, ids, baseline)
@@ -116,9 +119,10 @@ async def main(minutes: float, baseline: float, stall_every: float, stall_for: f
                 await asyncio.gather(stalling, return_exceptions=True)
         print(f"under load ({minutes:g} min, {len(stalls)} etcd stalls): {loaded}")
         spurious = (loaded["failover"] + loaded["restarted"] + loaded["hung"]
-                    + loaded["node-reregistered"] + loaded["fenced"])
-        print(f"spurious failovers/restarts/hangs/re-registrations: {spurious} "
-              f"(baseline {quiet['failover'] + quiet['restarted'] + quiet['hung']})")
+                    + loaded["straggler"] + loaded["node-reregistered"] + loaded["fenced"])
+        base = quiet["failover"] + quiet["restarted"] + quiet["hung"] + quiet["straggler"]
+        print(f"spurious failovers/restarts/hangs/stragglers/re-registrations: {spurious} "
+              f"(baseline {base})")
         await cluster.close_store()
         return 0 if spurious == 0 else 1
     finally:
@@ -140,10 +144,13 @@ if __name__ == "__main__":
                         default=importlib.util.find_spec("torch") is not None,
                         help="also run examples/ddp_train.py as a 2-member gang (default: "
                              "where torch is installed)")
+    parser.add_argument("--straggler-lag", type=float, default=0.5,
+                        help="the DDP gang's straggler_lag (seconds per step)")
     args = parser.parse_args()
     if args.hang_timeout < 1:
         parser.error("--hang-timeout: must be at least 1 (the spec's minimum)")
     if args.stall_every and not 0 < args.stall_for < args.stall_every:
         parser.error("--stall-for: must be positive and below --stall-every")
     run_main(lambda: asyncio.run(main(args.minutes, args.baseline, args.stall_every,
-                                      args.stall_for, args.hang_timeout, args.ddp_gang)))
+                                      args.stall_for, args.hang_timeout, args.ddp_gang,
+                                      args.straggler_lag)))

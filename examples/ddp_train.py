@@ -32,6 +32,10 @@ works on has reached its collectives. In a hang the rank that never reached the 
 shows the oldest progress (the lowest step; the others report the next step and wait in its
 all-reduce), which is the rank hafo's ``hang_timeout`` names.
 
+After the step's last collective every rank calls ``ck.synced()``: the time from there to its
+next heartbeat is its own work in a step, which hafo compares across members for
+``straggler_lag`` (a rank slower than the others makes them wait in the collectives).
+
 Fault injection, for tests and demos: ``--stall-rank R --stall-at S`` makes rank R stall once S
 steps are done, as it starts step S + 1 (inside the step, before the forward pass: outside any
 collective; its last heartbeat said S, the other ranks report S + 1 and wait for it in that
@@ -39,6 +43,8 @@ step's all-reduce), for ``--stall-seconds`` (default 3600), by ``--stall-how sle
 (``time.sleep``) or ``spin`` (a busy loop on the CPU). It stalls once per checkpoint directory:
 it leaves the marker ``stalled-rank-R-at-S`` there first and skips the stall when the marker
 exists, so the restarted gang trains on. The stall is logged (``event: stall``) and printed.
+``--slow-node NODE --slow-by S`` makes the ranks on node NODE stragglers, as slow hardware
+would: S seconds slower in every step, wherever their rank.
 
 Planned stop: hafo sends SIGUSR1 to the workers (``Checkpointer.should_checkpoint()``); the
 flag is summed across ranks every step (with the loss, logged as the gang's mean), so when any
@@ -214,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="how long it stalls")
     parser.add_argument("--stall-how", choices=("sleep", "spin"), default="sleep",
                         help="asleep, or busy on the CPU")
+    parser.add_argument("--slow-node", default="",
+                        help="fault injection: the ranks on this node (HAFO_NODE) are slower "
+                             "every step, as on slow hardware")
+    parser.add_argument("--slow-by", type=float, default=0.0,
+                        help="by this many seconds per step")
     args = parser.parse_args(argv)
     # Either installs the SIGUSR1 handler first thing.
     ck: Checkpointer | ShardedCheckpointer = (
@@ -282,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         ddp = DistributedDataParallel(
             model, device_ids=[local_rank] if device.type == "cuda" else None)
         stall_marker = ck.root / f"stalled-rank-{args.stall_rank}-at-{args.stall_at}"
+        slow_here = bool(args.slow_node) and args.slow_by > 0 \
+            and os.environ.get("HAFO_NODE") == args.slow_node
         while args.steps == 0 or step < args.steps:
             if rank == args.stall_rank and step == args.stall_at and not stall_marker.exists():
                 stall_marker.touch()  # once per checkpoint directory: a restart trains on
@@ -290,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"rank {rank} step {step}: stalling for {args.stall_seconds:g}s "
                       f"({args.stall_how})", flush=True)
                 stall(args.stall_seconds, args.stall_how)
+            if slow_here:
+                time.sleep(args.slow_by)  # fault injection: a straggler, every step
             x, y = batch(step, rank, device) if stream is None else stream.next(device)
             loss = torch.nn.functional.mse_loss(ddp(x), y)
             # Progress, right before the step's first collective: in a hang, the rank that
@@ -306,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             shared = torch.tensor([loss.item(), 1.0 if ck.should_checkpoint() else 0.0],
                                   device=device)
             dist.all_reduce(shared, op=dist.ReduceOp.SUM)
+            ck.synced()  # the step's collectives are done: its own work runs to the heartbeat
             loss_value = shared[0].item() / world
             watchdog.kick()
             log.record(event="step", step=step, loss=loss_value)

@@ -3,6 +3,8 @@ node's copies of them (``Keys.node_assignments``): etcd sends an agent only its 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hafo.model.cluster import Assignment, Submission
 from hafo.store import Keys, Store, codec
 from hafo.store.watched import WatchedPrefix
@@ -27,6 +29,10 @@ class NodeAssignments:
         self.node = node
         self.placed: dict[str, Assignment] = {}
         self.urgent: dict[str, int] = {}  # workload -> epoch to stop at once (no checkpoint)
+        # workload -> until when this node is a suspect of it (a hang or straggler blamed on
+        # it: ``Assignment.suspects``); ``on_suspect`` runs when that is new
+        self.suspect_until: dict[str, float] = {}
+        self.on_suspect: Callable[[str], None] | None = None
         self.specs: dict[str, Submission] = {}
         self._spec_epochs: dict[str, int] = {}  # the epoch each spec was read for
         self.copies: WatchedPrefix[Assignment] = WatchedPrefix(
@@ -52,6 +58,13 @@ class NodeAssignments:
             self.urgent[workload] = urgent
         else:
             self.urgent.pop(workload, None)
+        until = assignment.suspects.get(self.node) if assignment is not None else None
+        if until is None:
+            self.suspect_until.pop(workload, None)
+        elif self.suspect_until.get(workload) != until:
+            self.suspect_until[workload] = until
+            if self.on_suspect is not None:
+                self.on_suspect(workload)
 
     async def load(self) -> int:
         """Read all assignments (a full re-read, e.g. after re-registering)."""

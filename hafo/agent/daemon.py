@@ -48,6 +48,7 @@ from hafo.model.cluster import (
     InstanceEnd,
     InstanceStatus,
     NodeRecord,
+    Pace,
     ResourceFault,
     Stall,
     Submission,
@@ -135,6 +136,7 @@ class Agent:
         self.ready_since: dict[InstanceKey, float] = {}  # running instances that are ready
         self.progress = ProgressWatch(self.name)  # hang_timeout (hafo.agent.progress_watch)
         self.health_now = asyncio.Event()  # set: the health loop runs a cycle at once
+        self.assignments.on_suspect = self._suspected
         self.app_faults: dict[InstanceKey, str] = {}  # restart-app findings on its GPUs
         self.reported: dict[str, InstanceStatus] = {}
         self._not_launched: dict[InstanceKey, InstanceStatus] = {}  # launches that failed
@@ -748,6 +750,9 @@ class Agent:
                 status = dataclasses.replace(status, stalled=stalled)
             if self.progress.progressed(key):
                 status = dataclasses.replace(status, progressed=True)
+            pace = self._pace(key, status)
+            if pace is not None:
+                status = dataclasses.replace(status, pace=pace)
             since = self._readiness(key, status, desired)
             if since is not None:
                 status = dataclasses.replace(status, ready=True, ready_since=since)
@@ -780,8 +785,10 @@ class Agent:
         node suspect: its health checks run at once (docs/reference/workloads.md, "Hang
         detection")."""
         submission = self.assignments.specs.get(key.workload)
-        timeout = submission.spec.hang_timeout if submission is not None else None
-        if status.state != "running" or key not in desired or timeout is None:
+        if submission is None or status.state != "running" or key not in desired:
+            return None
+        timeout = submission.spec.hang_timeout
+        if timeout is None and submission.spec.straggler_lag is None:
             return None
         stall = self.progress.stall(key, progress_dir(instance_dir(self.state_dir, key)),
                                     timeout)
@@ -793,6 +800,22 @@ class Agent:
                         stall=stall.describe())
             self.health_now.set()
         return stall
+
+    def _suspected(self, workload: str) -> None:
+        """A hang or a straggler of ``workload`` was blamed on this node: its health checks
+        run at once (docs/reference/workloads.md, "Hang detection")."""
+        log.warning("a hang or straggler was blamed on this node: running its health checks "
+                    "now", workload=workload, node=self.name)
+        self.health_now.set()
+
+    def _pace(self, key: InstanceKey, status: InstanceStatus) -> Pace | None:
+        """The running instance's slowest rank's own time per step, for a gang with
+        ``straggler_lag`` (reported again only when it moved by a quarter of the lag)."""
+        submission = self.assignments.specs.get(key.workload)
+        lag = submission.spec.straggler_lag if submission is not None else None
+        if status.state != "running" or lag is None:
+            return None
+        return self.progress.pace(key, max(lag / 4, 0.005))
 
     def _readiness(self, key: InstanceKey, status: InstanceStatus,
                    desired: dict[InstanceKey, Any]) -> float | None:

@@ -8,6 +8,10 @@ check does: the heartbeat's wall-clock ``t`` only says whether it changed, so ne
 of the machine's clock nor another node's clock enters the decision (docs/safety.md, "One
 clock per decision").
 
+For ``straggler_lag``, the SDK's heartbeats also carry each rank's own time per step (outside
+its collectives); the agent reports the slowest rank's (``Pace``), again only when it moved by
+a quarter of the lag, so a steady job writes nothing.
+
 An instance is stalled once its oldest rank's progress is ``hang_timeout`` old, or, while no
 rank has reported any, once it has run that long (the controller judges a gang only once some
 member reported progress, ``InstanceStatus.progressed``: start-up is not a hang). The report
@@ -28,7 +32,7 @@ from pathlib import Path
 
 from hafo.agent.instances import InstanceKey
 from hafo.agent.proctree import process_stopped
-from hafo.model.cluster import Stall
+from hafo.model.cluster import Pace, Stall
 from hafo.model.progress import MAX_RANK_FILES, Heartbeat, parse_heartbeat, rank_of_file
 
 #: The most bytes read of one rank file (a heartbeat is under 100).
@@ -71,6 +75,7 @@ class _Watched:
     first_seen: float
     ranks: dict[int, tuple[Heartbeat, float]] = field(default_factory=dict)
     reported: Stall | None = None
+    pace: Pace | None = None
 
 
 class ProgressWatch:
@@ -81,15 +86,18 @@ class ProgressWatch:
         self.clock = clock
         self._watched: dict[InstanceKey, _Watched] = {}
 
-    def stall(self, key: InstanceKey, directory: Path, hang_timeout: float) -> Stall | None:
-        """The instance's stall (None: it progresses), after reading its rank files now."""
+    def stall(self, key: InstanceKey, directory: Path,
+              hang_timeout: float | None) -> Stall | None:
+        """The instance's stall (None: it progresses, or ``hang_timeout`` is None), after
+        reading its rank files now."""
         now = self.clock()
         watched = self._watched.setdefault(key, _Watched(first_seen=now))
         for rank, beat in read_beats(directory).items():
             known = watched.ranks.get(rank)
             if known is None or known[0] != beat:
                 watched.ranks[rank] = (beat, now)
-        stall = self._judge(key, watched, now, hang_timeout)
+        stall = self._judge(key, watched, now, hang_timeout) if hang_timeout is not None \
+            else None
         previous = watched.reported
         if stall is None:
             watched.reported = None
@@ -111,6 +119,24 @@ class ProgressWatch:
             return None
         stopped = process_stopped(beat.pid, key.workload, key.epoch, self.node)
         return Stall(rank=rank, step=beat.step, stalled_for=round(idle, 1), stopped=stopped)
+
+    def pace(self, key: InstanceKey, quantum: float) -> Pace | None:
+        """The slowest rank's own time per step (as its last heartbeat said; None before any
+        says one), after the last ``stall`` read. The same object until it moves by
+        ``quantum`` or another rank becomes the slowest: a report that changes only when it
+        matters, not with every step's noise."""
+        watched = self._watched.get(key)
+        if watched is None:
+            return None
+        timed = [(beat.compute, rank) for rank, (beat, _) in watched.ranks.items()
+                 if beat.compute is not None]
+        if not timed:
+            return watched.pace
+        compute, rank = max(timed)
+        known = watched.pace
+        if known is None or known.rank != rank or abs(known.compute - compute) >= quantum:
+            watched.pace = Pace(rank=rank, compute=round(compute, 3))
+        return watched.pace
 
     def progressed(self, key: InstanceKey) -> bool:
         """A rank of the instance has reported progress (its start-up is over)."""

@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import statistics
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -38,6 +40,12 @@ from hafo.model.progress import (
 )
 
 log = logging.getLogger("hafo.checkpoint")
+#: The steps whose own time (``synced`` to ``heartbeat``) the median reported is taken over:
+#: a checkpoint save every few steps, or one slow batch, does not move it.
+OWN_TIME_STEPS = 16
+#: The fewest steps whose own time is reported at all: the first steps of an epoch (a data
+#: loader warming up, autotuning, DDP's bucket rebuild) are no straggler.
+MIN_OWN_TIME_STEPS = OWN_TIME_STEPS // 2
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,8 @@ class Checkpointer:
         self.epoch = epoch if epoch is not None else int(os.environ.get("HAFO_EPOCH", "0"))
         self._requested = threading.Event()
         self._beat_step = -1  # the highest step heartbeat() reported
+        self._synced_at: float | None = None  # monotonic time of the last synced()
+        self._own_times: deque[float] = deque(maxlen=OWN_TIME_STEPS)  # per step, recent
         self._lock = threading.RLock()  # one save at a time, and one place that starts them
         self._pending: threading.Thread | None = None
         self._sweeper: threading.Thread | None = None  # deletes what save() pruned
@@ -99,7 +109,13 @@ class Checkpointer:
             rank = _env_rank()
         # never backwards: a background save's beat of its (older) step is no regress
         self._beat_step = step = max(int(step), self._beat_step)
-        beat = Heartbeat(step=step, epoch=self.epoch, t=time.time(), pid=pid, rank=rank)
+        synced, self._synced_at = self._synced_at, None
+        if synced is not None:
+            self._own_times.append(time.monotonic() - synced)
+        compute = statistics.median(self._own_times) \
+            if len(self._own_times) >= MIN_OWN_TIME_STEPS else None
+        beat = Heartbeat(step=step, epoch=self.epoch, t=time.time(), pid=pid, rank=rank,
+                         compute=compute)
         text = encode_heartbeat(beat)
         paths = [self.root / HEARTBEAT_FILE]
         progress_dir = os.environ.get(PROGRESS_DIR_ENV)
@@ -112,6 +128,16 @@ class Checkpointer:
                 os.replace(tmp, path)
             except OSError as exc:
                 log.warning("heartbeat not written to %s: %s", path, exc)
+
+    def synced(self) -> None:
+        """Say that this rank's step's collectives are done: call it right after them (after
+        ``optimizer.step()`` and any all-reduce of the step). The time from here to the next
+        ``heartbeat`` is this rank's own work in a step (data, forward pass); the median of
+        the last ``OWN_TIME_STEPS`` (once there are ``MIN_OWN_TIME_STEPS``) goes with each
+        heartbeat, and hafo compares it across a
+        gang's members for ``straggler_lag`` (docs/reference/workloads.md, "Hang
+        detection"). Costs one clock read."""
+        self._synced_at = time.monotonic()
 
     def load_latest(self) -> Restored | None:
         """The newest checkpoint that verifies; corrupt or partial ones are skipped. Tensors

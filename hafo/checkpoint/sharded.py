@@ -189,6 +189,10 @@ class ShardedCheckpointer:
         """Report progress (see ``Checkpointer.heartbeat``), as this member's rank."""
         self._single.heartbeat(step, rank=self.rank)
 
+    def synced(self) -> None:
+        """This rank's step's collectives are done (see ``Checkpointer.synced``)."""
+        self._single.synced()
+
     # -- paths -----------------------------------------------------------------------------
 
     def gang_path(self, step: int, epoch: int | None = None) -> Path:

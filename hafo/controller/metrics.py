@@ -28,8 +28,8 @@ failover cause            decision
 ========================  ====================================================================
 
 Restart causes (in place): ``exited`` (non-zero exit), ``failing`` (a check past its
-threshold, or an application Xid on its GPU) and ``hung`` (no progress for ``hang_timeout``),
-within the restart limit, and
+threshold, or an application Xid on its GPU), ``hung`` (no progress for ``hang_timeout``) and
+``straggler`` (a gang member slower than ``straggler_lag``), within the restart limit, and
 ``infrastructure`` (fenced, guard lost, node claimed anew: counted toward no limit).
 
 What ``hafo_detection_seconds`` measures (the records carry no time of the failure itself for
@@ -40,7 +40,8 @@ most causes; every time is this controller's wall clock unless said):
   after that renewal);
 - ``exited`` (and ``app-failed`` after an exit): from the exit time the agent reported (its
   wall clock), plus the restart backoff the policy imposes (a deliberate wait, not detection);
-- ``node-unhealthy``, ``gpu-fault``, ``gpu-degraded``, ``failing``, ``hung`` (and
+- ``node-unhealthy``, ``gpu-fault``, ``gpu-degraded``, ``failing``, ``hung``,
+  ``straggler`` (and
   ``app-failed`` after one): from the reconcile cycle that first saw the agent's report: the
   controller's share only (the agent's own detection - health interval, hysteresis, check
   thresholds, ``hang_timeout`` - adds to it);
@@ -83,7 +84,7 @@ log = structlog.get_logger("hafo.controller")
 Kind = Literal["failover", "restart"]
 FAILOVER_CAUSES = ("node-down", "node-unhealthy", "gpu-fault", "gpu-degraded", "app-failed",
                    "planned", "preempted")
-RESTART_CAUSES = ("exited", "failing", "hung", "infrastructure")
+RESTART_CAUSES = ("exited", "failing", "hung", "straggler", "infrastructure")
 GPU_STATES = ("healthy", "degraded", "unhealthy", "down", "allocated")
 #: seconds-scale failover: lease TTL 3 s, heartbeat 1 s, restart backoff up to 30 s
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0)
@@ -103,6 +104,7 @@ COUNTED: Mapping[Cause, tuple[Kind, str]] = {
     Cause.EXITED: ("restart", "exited"),
     Cause.FAILING: ("restart", "failing"),
     Cause.HUNG: ("restart", "hung"),
+    Cause.STRAGGLER: ("restart", "straggler"),
     Cause.INFRASTRUCTURE: ("restart", "infrastructure"),
 }
 
@@ -319,6 +321,7 @@ class ControllerMetrics:
             "hafo_restarts", "Workloads restarted in place, counted by the leader once per "
             "applied decision, by cause: exited (non-zero exit), failing (a check past its "
             "threshold or an application Xid), hung (no progress for hang_timeout), "
+            "straggler (a gang member slower than straggler_lag), "
             "infrastructure (fenced, guard lost or node claimed anew; counted toward no "
             "restart limit)", ["cause"], registry=registry)
         for cause in FAILOVER_CAUSES:
@@ -330,9 +333,9 @@ class ControllerMetrics:
             "cause. node-down: from the node's last lease renewal (the cycle that saw its "
             "liveness key expire minus the lease TTL); exited: from the exit time the agent "
             "reported, plus any restart backoff; node-unhealthy, gpu-fault, gpu-degraded, "
-            "failing, hung: from the cycle that first saw the agent's report (the agent's own "
-            "detection time is not included). Not observed for planned moves, preemptions, "
-            "or (except exits) failures older than this leader's term",
+            "failing, hung, straggler: from the cycle that first saw the agent's report (the "
+            "agent's own detection time is not included). Not observed for planned moves, "
+            "preemptions, or (except exits) failures older than this leader's term",
             ["cause"], buckets=LATENCY_BUCKETS, registry=registry)
         self.recovery = Histogram(
             "hafo_recovery_seconds", "Seconds from a failover or restart decision (its write "

@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Mapping
 
 from hafo.decisions.failures import AfterFailure, after_failure, uncounted_backoff
-from hafo.decisions.hangs import after_hang, find_hang
+from hafo.decisions.hangs import Verdict, after_hang, find_hang, find_straggler
 from hafo.decisions.hardware import hardware_fault
 from hafo.decisions.observed import Observations
 from hafo.decisions.placement import PlacementRequest, Unplaceable, node_capacity, place_one
@@ -128,6 +128,11 @@ def assess_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
         and not any(m.node in snapshot.expiring for m in current.members) else None
     if hung is not None:
         return hung
+    straggler = find_straggler(statuses, spec.straggler_lag) \
+        if spec.straggler_lag is not None else None
+    if straggler is not None:
+        return _blame(current, straggler, straggler.member.node, Cause.STRAGGLER,
+                      spec.restart, now)
     exited = [(m, s) for m, s in statuses if s is not None and s.state == "exited"]
     def exit_seen(ms: tuple[Member, InstanceStatus]) -> tuple[float, int]:
         return seen.ended_at((wid, ms[0].node, ms[1].epoch), now), ms[0].rank
@@ -164,10 +169,16 @@ def _hung(current: Assignment, statuses: list[tuple[Member, InstanceStatus | Non
                      seen.started.get((current.workload, current.epoch)))
     if hang is None:
         return None
-    node = hang.member.node
-    after, suspects = after_hang(current, policy, node, hang, now)
-    cause = Cause.HUNG if after.kind == "restart" else Cause.APP_FAILED
-    action = stop_gang(current, after.why, cause, urgent=True, after=after,
+    return _blame(current, hang, hang.member.node, Cause.HUNG, policy, now)
+
+
+def _blame(current: Assignment, verdict: Verdict, node: str, cause: Cause,
+           policy: RestartPolicy, now: float) -> Action:
+    """Stop every member at once for a hang or a straggler on ``node`` (``cause``: restarted
+    in place, counted) or, the node suspect already, move that member (``app-failed``)."""
+    after, suspects = after_hang(current, policy, node, verdict, now)
+    action = stop_gang(current, after.why, cause if after.kind == "restart" else
+                       Cause.APP_FAILED, urgent=True, after=after,
                        leave=(node,) if after.kind == "move" else ())
     assert action.assignment is not None
     return dataclasses.replace(

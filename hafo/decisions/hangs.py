@@ -22,17 +22,26 @@ step in a stall) is still starting (imports, rendezvous, a checkpoint load): not
 one has, a member that never reported any is the oldest (it never reached the first step the
 others did). A single workload is likewise hung only once it reported progress.
 
-Which node is suspect, and what a second hang there does (``Assignment.suspects``), is
-``suspect_after``'s.
+A straggler (``straggler_lag``, gangs only): every member reports its slowest rank's own time
+per step outside the collectives (``InstanceStatus.pace``: the median of recent steps, from
+the SDK's ``synced()`` to its next ``heartbeat``). In lockstep training every rank makes the
+same number of steps, so a slow rank shows only there: its own work is longer, and the others
+wait for it in the collectives. A member whose pace exceeds the median of the others' by more
+than the lag is named and handled as a hang (``find_straggler``).
+
+Which node is suspect, and what a second hang or straggler there does
+(``Assignment.suspects``), is ``suspect_after``'s.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from hafo.decisions.failures import AfterFailure, after_failure
-from hafo.model.cluster import Assignment, InstanceStatus, Member, Stall
+from hafo.model.cluster import Assignment, InstanceStatus, Member, Pace, Stall
 from hafo.model.spec import RestartPolicy
 
 #: Seconds after the first sighting of a gang member's stall that the controller waits for
@@ -52,6 +61,8 @@ class Hang:
     stall: Stall
     stalled_members: int
     members: int
+
+    kind = "hang"
 
     @property
     def what(self) -> str:
@@ -111,7 +122,65 @@ def suspect_after(suspects: Mapping[str, float], node: str, now: float,
     return repeat, kept
 
 
-def after_hang(current: Assignment, policy: RestartPolicy, node: str, hang: Hang,
+class Verdict(Protocol):
+    """A hang or a straggler: what failed (``member 1 hung``), how, and its kind."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def what(self) -> str: ...
+
+    @property
+    def detail(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """The member whose slowest rank works longest per step outside the collectives, by more
+    than ``straggler_lag`` over the other members' median."""
+
+    member: Member
+    pace: Pace
+    others: float
+    lag: float
+    kind = "straggler"
+
+    @property
+    def what(self) -> str:
+        """``member 1 straggles``."""
+        return f"member {self.member.rank} straggles"
+
+    @property
+    def detail(self) -> str:
+        """``rank 1 works 0.62s per step outside the collectives, 0.51s more than the other
+        members (median 0.11s; straggler_lag 0.3s)``."""
+        return (f"rank {self.pace.rank} works {self.pace.compute:.2f}s per step outside the "
+                f"collectives, {self.pace.compute - self.others:.2f}s more than the other "
+                f"members (median {self.others:.2f}s; straggler_lag {self.lag:g}s)")
+
+
+def find_straggler(members: Sequence[tuple[Member, InstanceStatus | None]],
+                   lag: float) -> Straggler | None:
+    """The straggler among a gang's running ``members`` (each with its current epoch's
+    report), or None: once every member reported its pace, the one whose own time per step
+    exceeds the median of the others' by more than ``lag`` (the largest excess; then the
+    lowest rank). The pace is a median over recent steps, so one slow step or a checkpoint
+    save every few steps is no straggler."""
+    paces = [(m, s.pace) for m, s in members
+             if s is not None and s.state == "running" and s.pace is not None]
+    if len(paces) < 2 or len(paces) < len(members):
+        return None
+    best: Straggler | None = None
+    for i, (member, pace) in enumerate(paces):
+        others = statistics.median(p.compute for j, (_, p) in enumerate(paces) if j != i)
+        excess = pace.compute - others
+        if excess > lag and (best is None or excess > best.pace.compute - best.others):
+            best = Straggler(member=member, pace=pace, others=others, lag=lag)
+    return best
+
+
+def after_hang(current: Assignment, policy: RestartPolicy, node: str, hang: Verdict,
                now: float) -> tuple[AfterFailure, dict[str, float]]:
     """The decision after ``hang``, blamed on ``node``, and the suspects the assignment
     keeps: counted like any failure (``hafo.decisions.failures.after_failure``), and a repeat
@@ -122,6 +191,8 @@ def after_hang(current: Assignment, policy: RestartPolicy, node: str, hang: Hang
     if not repeat or after.kind == "move":
         return after, suspects
     failed_on = {**after.failed_on, node: now + policy.window}
-    why = (f"{after.subject}; the second hang on {node} within {policy.window:g}s: moving to "
-           f"another node, {node} excluded for {policy.window:g}s")
+    again = f"the second hang on {node} within {policy.window:g}s" if hang.kind == "hang" \
+        else f"{node} was suspect already (a hang or straggler within {policy.window:g}s)"
+    why = (f"{after.subject}; {again}: moving to another node, {node} excluded for "
+           f"{policy.window:g}s")
     return AfterFailure("move", after.restarts, (), failed_on, now, why, after.subject), suspects

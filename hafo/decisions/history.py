@@ -93,8 +93,8 @@ def _stop_end(assignment: Assignment, snapshot: ClusterSnapshot,
         failing = next((r.failing for r in reports if r is not None and r.failing), "")
         return EpochEnd("app-failed", code=xid_in(failing) if failing else None,
                         detail=failing or assignment.reason)
-    if cause == "hung":
-        return EpochEnd("hung", detail=assignment.reason)
+    if cause in ("hung", "straggler"):
+        return EpochEnd("hung" if cause == "hung" else "straggler", detail=assignment.reason)
     if cause == "member-lost":
         return EpochEnd("member-lost", detail=assignment.reason)
     if cause == "infrastructure":

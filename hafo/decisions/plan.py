@@ -60,6 +60,9 @@ class Cause(StrEnum):
     HUNG = "hung"                      # no progress for hang_timeout: stop, restart in place
     """No rank made progress for the spec's `hang_timeout`: stopped at once, restarted in place
     (the rank that stalled first is named)."""
+    STRAGGLER = "straggler"            # a member slower than straggler_lag: as a hang
+    """A gang member's own work per step exceeds the others' by more than `straggler_lag`:
+    stopped at once, restarted in place (its rank is named)."""
 
 
 #: The event-log kind (a public contract: docs/reference/reasons.md, "Events") of a move's first
@@ -69,7 +72,7 @@ _MOVE_EVENTS: Mapping[Cause, str] = {
     Cause.GPU_FAULT: "gpu-unhealthy", Cause.GPU_DEGRADED: "gpu-degraded",
     Cause.PREEMPTED: "preempted", Cause.APP_FAILED: "app-failed", Cause.FAILING: "app-failed",
     Cause.MEMBER_LOST: "member-lost", Cause.EXITED: "member-exited",
-    Cause.INFRASTRUCTURE: "gang-restart", Cause.HUNG: "hung",
+    Cause.INFRASTRUCTURE: "gang-restart", Cause.HUNG: "hung", Cause.STRAGGLER: "straggler",
 }
 #: ... and of a placement.
 _PLACE_EVENTS: Mapping[Cause, str] = {
@@ -85,7 +88,7 @@ def move_cause(cause: Cause) -> MoveCause:
         Cause.GPU_DEGRADED: "gpu-degraded", Cause.APP_FAILED: "app-failed",
         Cause.FAILING: "app-failed", Cause.EXITED: "app-failed",
         Cause.MEMBER_LOST: "member-lost", Cause.INFRASTRUCTURE: "infrastructure",
-        Cause.HUNG: "hung"}
+        Cause.HUNG: "hung", Cause.STRAGGLER: "straggler"}
     return names[cause]
 
 

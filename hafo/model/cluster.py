@@ -33,7 +33,7 @@ AfterStop = Literal["move", "restart"]
 #: Why a workload in phase ``moving`` is being stopped. A planned move or a preemption says
 #: nothing against its node, so the node is not avoided afterwards; the others do.
 MoveCause = Literal["planned", "preempted", "node-unhealthy", "gpu-unhealthy", "gpu-degraded",
-                    "app-failed", "member-lost", "infrastructure", "hung"]
+                    "app-failed", "member-lost", "infrastructure", "hung", "straggler"]
 PLANNED_CAUSES: frozenset[str] = frozenset({"planned", "preempted"})
 
 
@@ -159,7 +159,7 @@ def _after_stop(value: object) -> AfterStop:
 
 _MOVE_CAUSES: dict[str, MoveCause] = {c: c for c in (
     "planned", "preempted", "node-unhealthy", "gpu-unhealthy", "gpu-degraded", "app-failed",
-    "member-lost", "infrastructure", "hung")}
+    "member-lost", "infrastructure", "hung", "straggler")}
 
 
 def _move_cause(value: object) -> MoveCause | None:
@@ -352,6 +352,23 @@ class Stall(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class Pace(Record):
+    """How long the slowest rank of an instance works per step outside its collectives, as
+    its agent saw it (``InstanceStatus.pace``, for ``straggler_lag``)."""
+
+    rank: int
+    """The rank (torchrun's ``RANK``) whose own time per step is longest on this node."""
+    compute: float
+    """Its own time per step, seconds: the median of its recent steps, from the SDK's
+    ``synced()`` to its next ``heartbeat``."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Pace | None:  # type: ignore[override]
+        """Inverse of ``to_dict``; None stays None."""
+        return schema_of(cls).validate(data) if data else None
+
+
+@dataclass(frozen=True, slots=True)
 class InstanceStatus(Record):
     """What a node's agent reports about one instance (workload at an epoch) it runs.
 
@@ -364,7 +381,8 @@ class InstanceStatus(Record):
     longer values are cut to their last 4 KiB; "" while it runs, and from agents before it).
     ``stalled``: the running instance made no progress for its ``hang_timeout`` (``Stall``),
     null otherwise; ``progressed``: a rank of it has reported progress (only reported for a
-    workload with ``hang_timeout``: its start-up is over)."""
+    workload with ``hang_timeout``: its start-up is over); ``pace``: its slowest rank's own
+    time per step (``Pace``; only for a gang with ``straggler_lag``), null until known."""
 
     workload: str
     node: str
@@ -383,6 +401,7 @@ class InstanceStatus(Record):
     stderr_tail: Annotated[str, BeforeValidator(_or_empty), AfterValidator(bounded_tail)] = ""
     stalled: Stall | None = None
     progressed: bool = False
+    pace: Pace | None = None
 
     @property
     def stderr_line(self) -> str:

@@ -34,7 +34,7 @@ HISTORY_KEEP = 100
 #: ``unknown``: a newer epoch replaced it and nothing said how it ended.
 EndHow = Literal["completed", "exit", "signal", "fenced", "guard-lost", "moved", "preempted",
                  "node-down", "node-unhealthy", "gpu-fault", "gpu-degraded", "app-failed",
-                 "member-lost", "infrastructure", "deleted", "hung", "unknown"]
+                 "member-lost", "infrastructure", "deleted", "hung", "straggler", "unknown"]
 END_HOWS: tuple[str, ...] = get_args(EndHow)
 
 _XID = re.compile(r"\bxid[ :]*(\d+)", re.IGNORECASE)
@@ -59,6 +59,7 @@ _PLAIN: dict[str, str] = {
     "node-unhealthy": "node unhealthy", "gpu-degraded": "GPU degraded",
     "member-lost": "gang member lost", "infrastructure": "node registered anew",
     "deleted": "stopped (deleted)", "hung": "hung (no progress)",
+    "straggler": "straggler (slower than the others)",
     "unknown": "replaced (how it ended is unknown)",
 }
 

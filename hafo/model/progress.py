@@ -1,9 +1,10 @@
 """The progress heartbeat file a workload's SDK writes (``$HAFO_CHECKPOINT_DIR/heartbeat.json``).
 
 Content: ``{"step": int, "epoch": int, "t": wall-clock seconds, "pid": int}`` (and
-``"rank": int`` in a rank's own file). Written atomically by ``Checkpointer.heartbeat(step)``
-and on every committed save; read by the ``progress`` check and by plugins that detect stalls
-(a hung NCCL collective stops it).
+``"rank": int``; ``"compute"``: the median of the rank's recent own time per step, outside
+its collectives, once ``Checkpointer.synced()`` is called; seconds). Written atomically by
+``Checkpointer.heartbeat(step)`` and on every committed save; read by the ``progress`` check
+and by plugins that detect stalls (a hung NCCL collective stops it).
 
 Each rank also writes its own copy, ``rank-<RANK>.json``, into ``$HAFO_PROGRESS_DIR``: a
 directory of the instance on its node's local disk that the agent makes for every instance
@@ -33,15 +34,17 @@ class Heartbeat:
     t: float
     pid: int
     rank: int | None = None
+    compute: float | None = None
 
 
 def parse_heartbeat(text: str) -> Heartbeat | None:
     """The heartbeat in ``text``, or None if it is not a valid heartbeat."""
     try:
         d = json.loads(text)
-        rank = d.get("rank")
+        rank, compute = d.get("rank"), d.get("compute")
         return Heartbeat(step=int(d["step"]), epoch=int(d["epoch"]), t=float(d["t"]),
-                         pid=int(d["pid"]), rank=None if rank is None else int(rank))
+                         pid=int(d["pid"]), rank=None if rank is None else int(rank),
+                         compute=None if compute is None else _seconds(compute))
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
 
@@ -51,7 +54,17 @@ def encode_heartbeat(beat: Heartbeat) -> str:
     data = {"step": beat.step, "epoch": beat.epoch, "t": beat.t, "pid": beat.pid}
     if beat.rank is not None:
         data["rank"] = beat.rank
+    if beat.compute is not None:
+        data["compute"] = round(beat.compute, 4)
     return json.dumps(data)
+
+
+def _seconds(value: object) -> float:
+    """A non-negative, finite number of seconds (ValueError otherwise)."""
+    seconds = float(value)  # type: ignore[arg-type]
+    if not 0.0 <= seconds < 1e9:
+        raise ValueError(f"not a duration: {value!r}")
+    return seconds
 
 
 def rank_file_name(rank: int) -> str:

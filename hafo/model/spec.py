@@ -84,6 +84,8 @@ MAX_GANG_NODES = 60
 MIN_HANG_TIMEOUT = 1.0
 MAX_HANG_TIMEOUT = 86400.0
 HangTimeout = Annotated[Number, Field(ge=MIN_HANG_TIMEOUT, le=MAX_HANG_TIMEOUT)]
+#: ``straggler_lag``'s bounds, in seconds per step.
+StragglerLag = Annotated[Number, Field(ge=0.01, le=3600.0)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,8 +217,16 @@ class WorkloadSpec(Section):
     epoch), and runs that rank's node's health checks at once; a second hang blamed on the
     same node within `restart.window` replaces that member elsewhere. Judged from the first
     heartbeat of each instance on; none: off."""
+    straggler_lag: Annotated[StragglerLag | None, OMIT_DEFAULT] = None
+    """A gang's straggler: seconds per step by which one member's own work (outside the
+    collectives: from the SDK's `synced()` to its next `heartbeat`, the median of recent
+    steps) may exceed the other members' median before hafo names its rank and treats it as
+    a hang (a restart, the node suspect, a second time replaced); none: off. Gangs only."""
 
     def _check(self) -> None:
+        if self.straggler_lag is not None and self.nodes < 2:
+            invalid("straggler_lag", "compares a gang's members: needs nodes of 2 or more",
+                    self.straggler_lag)
         for i, check in enumerate(self.checks):
             port = check.options.get("port")
             if isinstance(port, str) and port not in self.ports:

@@ -83,6 +83,10 @@ class EventKind(StrEnum):
     """Leader: no rank made progress for `hang_timeout`: the rank that stalled first is named,
     every member is stopped at once and the workload restarts (counted); a second hang on the
     same node moves that member (`app-failed`)."""
+    STRAGGLER = "straggler"
+    """Leader: a gang member's own work per step exceeded the others' by more than
+    `straggler_lag`: its rank is named, every member is stopped at once and the gang restarts
+    (counted); a second time on the same node moves that member (`app-failed`)."""
     GANG_RESTART = "gang-restart"
     """Leader: a gang member was ended by the infrastructure (fenced, node claimed anew): the
     gang restarts, not counted."""

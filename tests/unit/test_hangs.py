@@ -9,10 +9,16 @@ from typing import Any
 
 import pytest
 
-from hafo.decisions.hangs import HANG_SETTLE, after_hang, find_hang, suspect_after
+from hafo.decisions.hangs import (
+    HANG_SETTLE,
+    after_hang,
+    find_hang,
+    find_straggler,
+    suspect_after,
+)
 from hafo.decisions.observed import Observations, bounded, observe
 from hafo.decisions.plan import Cause
-from hafo.model.cluster import Assignment, InstanceStatus, Member, Stall
+from hafo.model.cluster import Assignment, InstanceStatus, Member, Pace, Stall
 from hafo.model.spec import RestartPolicy, parse_spec
 
 from .conftest import make_node, make_snapshot, placed, status, submit
@@ -309,3 +315,70 @@ def test_the_controller_sees_when_an_instance_is_past_its_start_up() -> None:
     second = observe(first, progressed, NOW + 2)
     assert second.started == {("g", 50): NOW + 2}
     assert observe(second, progressed, NOW + 9).started == {("g", 50): NOW + 2}
+
+
+# -- stragglers (straggler_lag) -----------------------------------------------------------------
+
+def paced(node: str, rank: int, compute: float, epoch: int = 50) -> InstanceStatus:
+    return dataclasses.replace(status("g", node, epoch), pace=Pace(rank=rank, compute=compute))
+
+
+@pytest.mark.parametrize(("reports", "lag", "blamed"), [
+    ((paced("a", 0, 0.10), paced("b", 1, 0.62), paced("c", 2, 0.11)), 0.3, 1),
+    ((paced("a", 0, 0.10), paced("b", 1, 0.35), paced("c", 2, 0.11)), 0.3, None),  # within
+    ((paced("a", 0, 0.90), paced("b", 1, 0.62), paced("c", 2, 0.11)), 0.3, 0),  # the largest
+    ((paced("a", 0, 0.10), paced("b", 1, 0.62), None), 0.3, None),  # not every member yet
+    ((paced("a", 0, 0.10), paced("b", 1, 0.62), status("g", "c", 50)), 0.3, None),
+    ((paced("a", 0, 1.00), paced("b", 1, 1.00), paced("c", 2, 1.00)), 0.01, None),
+])
+def test_the_straggler_is_the_member_slower_than_the_others_by_the_lag(
+        reports: tuple[InstanceStatus | None, ...], lag: float, blamed: int | None) -> None:
+    found = find_straggler(three(*reports), lag)
+    assert (found.member.rank if found is not None else None) == blamed
+
+
+def test_two_members_each_compare_with_the_other() -> None:
+    pair = [(Member(rank=0, node="a"), paced("a", 0, 0.12)),
+            (Member(rank=1, node="b"), paced("b", 3, 0.70))]
+    found = find_straggler(pair, 0.25)
+    assert found is not None and found.member.rank == 1
+    assert (found.what, found.detail) == (
+        "member 1 straggles", "rank 3 works 0.70s per step outside the collectives, 0.58s "
+        "more than the other members (median 0.12s; straggler_lag 0.25s)")
+
+
+def test_a_straggling_gang_restarts_in_place_then_replaces_the_member() -> None:
+    nodes = [make_node(n) for n in "abcd"] + [make_node("s", labels={"hafo.io/spare": "true"})]
+    reports = (paced("a", 0, 0.10), paced("b", 1, 0.62), paced("c", 2, 0.11))
+
+    def snap(assignment: Assignment) -> Any:
+        return make_snapshot(nodes, workloads=[gang(straggler_lag=0.3)],
+                             assignments=[assignment], statuses=reports)
+    action = by_workload(snap(placed_gang("a", "b", "c")), now=NOW)["g"]
+    assert (action.cause, action.event) == (Cause.STRAGGLER, "straggler")
+    moving = action.assignment
+    assert moving is not None and moving.urgent and moving.cause == "straggler"
+    assert moving.suspects == {"b": NOW + 600} and moving.leave == ()
+    assert moving.reason.startswith("member 1 straggles on b: rank 1 works 0.62s per step")
+    again = by_workload(snap(placed_gang("a", "b", "c", suspects={"b": NOW + 10})),
+                        now=NOW)["g"]
+    assert again.cause is Cause.APP_FAILED and again.assignment is not None
+    assert again.assignment.leave == ("b",)
+    assert "b was suspect already (a hang or straggler within 600s): moving" in again.why
+
+
+def test_without_straggler_lag_paces_change_nothing() -> None:
+    snap = hung_gang((paced("a", 0, 0.10), paced("b", 1, 5.0), paced("c", 2, 0.11)),
+                     hang_timeout=None)
+    assert "g" not in by_workload(snap, now=NOW)
+
+
+@pytest.mark.parametrize(("spec", "error"), [
+    ({"straggler_lag": 0.5}, "spec.straggler_lag: compares a gang's members: needs nodes of "
+                             "2 or more"),
+    ({"nodes": 2, "straggler_lag": 0.001}, "spec.straggler_lag: must be >= 0.01"),
+    ({"nodes": 2, "straggler_lag": "fast"}, "spec.straggler_lag: must be a number"),
+])
+def test_straggler_lag_bad_values_name_the_field(spec: dict[str, Any], error: str) -> None:
+    with pytest.raises(Exception, match=error):
+        parse_spec({"name": "w", "command": ["x"], **spec})

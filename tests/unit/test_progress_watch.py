@@ -17,7 +17,7 @@ from hafo.agent.proctree import process_stopped
 from hafo.agent.progress_watch import ProgressWatch, read_beats
 from hafo.checkpoint import Checkpointer
 from hafo.checkpoint.sharded import ShardedCheckpointer
-from hafo.model.cluster import Stall
+from hafo.model.cluster import Pace, Stall
 from hafo.model.progress import Heartbeat, encode_heartbeat, parse_heartbeat, rank_of_file
 
 KEY = InstanceKey("w-abc123", 50)
@@ -190,3 +190,64 @@ def test_a_stopped_process_of_the_instance_is_seen_stopped_and_no_other() -> Non
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+# -- own time per step (straggler_lag) ---------------------------------------------------------
+
+def paced_beat(directory: Path, rank: int, step: int, compute: float | None) -> None:
+    directory.mkdir(exist_ok=True)
+    text = encode_heartbeat(Heartbeat(step=step, epoch=50, t=time.time(), pid=1, rank=rank,
+                                      compute=compute))
+    (directory / f"rank-{rank}.json").write_text(text)
+
+
+def test_the_slowest_rank_s_pace_is_reported_when_it_moves_by_the_quantum(
+        tmp_path: Path) -> None:
+    watch = ProgressWatch("n1", Clock())
+    paced_beat(tmp_path, 0, 1, None)
+    watch.stall(KEY, tmp_path, None)
+    assert watch.pace(KEY, 0.1) is None, "no synced() yet"
+    paced_beat(tmp_path, 0, 2, 0.50)
+    paced_beat(tmp_path, 1, 2, 0.20)
+    watch.stall(KEY, tmp_path, None)
+    first = watch.pace(KEY, 0.1)
+    assert first == Pace(rank=0, compute=0.5)
+    paced_beat(tmp_path, 0, 3, 0.55)  # noise below the quantum: the same report
+    watch.stall(KEY, tmp_path, None)
+    assert watch.pace(KEY, 0.1) is first
+    paced_beat(tmp_path, 0, 4, 0.65)
+    watch.stall(KEY, tmp_path, None)
+    assert watch.pace(KEY, 0.1) == Pace(rank=0, compute=0.65)
+    paced_beat(tmp_path, 1, 5, 0.90)  # another rank is now the slowest
+    watch.stall(KEY, tmp_path, None)
+    assert watch.pace(KEY, 0.1) == Pace(rank=1, compute=0.9)
+    assert watch.stall(KEY, tmp_path, None) is None, "no hang_timeout: never stalled"
+
+
+def test_the_sdk_reports_the_median_own_time_per_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    monkeypatch.setenv("HAFO_PROGRESS_DIR", str(progress))
+    ck = Checkpointer(tmp_path / "ck", epoch=7, handle_signal=False)
+    ck.heartbeat(1)
+    assert read_beats(progress)[0].compute is None, "synced() never called"
+    own = [1.0, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 1.0]  # a slow first step, then another
+    ticks = iter(t for i, d in enumerate(own) for t in (10.0 * i, 10.0 * i + d))
+    monkeypatch.setattr("hafo.checkpoint.sdk.time.monotonic", lambda: next(ticks))
+    for step, _ in enumerate(own[:7], start=2):
+        ck.synced()
+        ck.heartbeat(step)
+        assert read_beats(progress)[0].compute is None, "fewer than MIN_OWN_TIME_STEPS"
+    for step in (9, 10):
+        ck.synced()
+        ck.heartbeat(step)
+        compute = read_beats(progress)[0].compute
+        assert compute is not None and abs(compute - 0.1) < 1e-6, "the median: slow steps"
+
+
+def test_a_compute_that_is_not_a_duration_is_no_heartbeat() -> None:
+    for bad in ('-1', '"x"', '1e12', 'null'):
+        beat = parse_heartbeat('{"step": 1, "epoch": 2, "t": 3.0, "pid": 4, "compute": '
+                               + bad + '}')
+        assert (beat is None) == (bad != 'null'), bad

@@ -288,6 +288,27 @@ async def test_node_assignments_placed_and_urgent() -> None:
     assert mine.placed == {} and mine.urgent == {}
 
 
+async def test_node_assignments_say_when_the_node_becomes_a_suspect() -> None:
+    """A hang or straggler blamed on this node (``Assignment.suspects``): its agent runs its
+    health checks at once, once per blame."""
+    mine = NodeAssignments(as_store(ScriptedStore()), KEYS, "n1")
+    told: list[str] = []
+    mine.on_suspect = told.append
+    mine.copies.apply(copy("n1", placed("w1", "n1"), 5))
+    stop = Assignment(workload="w1", phase="moving", node="n1", epoch=6, stopping=5,
+                      urgent=True, cause="hung", suspects={"n1": 900.0, "n2": 800.0})
+    mine.copies.apply(copy("n1", stop, 6))
+    assert told == ["w1"]
+    again = Assignment(workload="w1", phase="placed", node="n1", epoch=7,
+                       suspects={"n1": 900.0})
+    mine.copies.apply(copy("n1", again, 7))
+    assert told == ["w1"], "the same blame, placed again: not anew"
+    other = Assignment(workload="w2", phase="moving", node="n1", epoch=8, stopping=4,
+                       suspects={"n2": 950.0})
+    mine.copies.apply(copy("n1", other, 8))
+    assert told == ["w1"], "another node blamed"
+
+
 async def test_sim_fleet_follows_every_nodes_copies() -> None:
     fleet = SimFleet(cast(EtcdStore, ScriptedStore()), KEYS, 3, gpus_per_node=2, prefix="s")
     first, second = sorted(fleet.nodes)[:2]
