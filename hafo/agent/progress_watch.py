@@ -25,6 +25,7 @@ process, and a pid is taken as the rank's only while its environment names this 
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -45,6 +46,24 @@ def progress_dir(instance_path: Path) -> Path:
     return instance_path / PROGRESS_DIR
 
 
+def read_small_file(path: str) -> str | None:
+    """At most ``RANK_FILE_READ_LIMIT`` bytes of the regular file at ``path``, or None: the
+    workload writes this directory, so a link is not followed and a FIFO or a device is not
+    read (opening a FIFO would block the agent's loop until a writer came)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, RANK_FILE_READ_LIMIT).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def read_beats(directory: Path) -> dict[int, Heartbeat]:
     """Every rank's heartbeat in ``directory`` (at most ``MAX_RANK_FILES``; files that are not
     rank files, or not heartbeats, are skipped; a missing directory has none)."""
@@ -58,11 +77,8 @@ def read_beats(directory: Path) -> dict[int, Heartbeat]:
             rank = rank_of_file(entry.name)
             if rank is None:
                 continue
-            try:
-                with open(entry.path, errors="replace") as f:
-                    beat = parse_heartbeat(f.read(RANK_FILE_READ_LIMIT))
-            except OSError:
-                continue
+            text = read_small_file(entry.path)
+            beat = parse_heartbeat(text) if text is not None else None
             if beat is not None:
                 beats[rank] = beat
             if len(beats) >= MAX_RANK_FILES:

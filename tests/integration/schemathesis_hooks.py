@@ -1,8 +1,9 @@
 """Schemathesis hooks for the API fuzzing test (``SCHEMATHESIS_HOOKS``).
 
-Two rules of the workload spec hold between fields, which JSON Schema cannot state, so the
+Three rules of the workload spec hold between fields, which JSON Schema cannot state, so the
 OpenAPI document cannot either: a check's ``port`` that names a port must name one of the
-spec's ``ports``, and an ``http`` check needs ``url`` or ``port``. A body the schema accepts
+spec's ``ports``, an ``http`` check needs ``url`` or ``port``, and ``straggler_lag`` needs a
+gang (``nodes`` of 2 or more). A body the schema accepts
 may break them (and is then refused with 400, naming the field, as it should be); this hook
 makes generated bodies keep them, so that "bodies the schema accepts are accepted" stays
 checked for everything else. Likewise a check type must be installed on the controller
@@ -30,6 +31,14 @@ def _unknown_types(body: dict[str, Any]) -> bool:
     return isinstance(checks, list) and any(
         isinstance(c, dict) and isinstance(c.get("type"), str) and c["type"] not in known
         for c in checks)
+
+
+def _gang_only(body: dict[str, Any]) -> None:
+    """``straggler_lag`` only in a gang's spec: left out of another's."""
+    nodes = body.get("nodes")
+    if body.get("straggler_lag") is not None and not (
+            isinstance(nodes, int) and not isinstance(nodes, bool) and nodes >= 2):
+        body["straggler_lag"] = None
 
 
 def _consistent(body: dict[str, Any]) -> None:
@@ -96,6 +105,8 @@ def map_case(context: Any, case: Any) -> Any:
     """Make a submitted spec's checks name only declared ports."""
     if case.method == "POST" and case.path == "/v1/workloads" and isinstance(case.body, dict):
         _consistent(case.body)
+        if not _negative(case):  # a negative case's straggler_lag may be what breaks it
+            _gang_only(case.body)
         if _unknown_types(case.body):
             case.query = {**(case.query or {}), "allow_unknown_checks": "true"}
     return case

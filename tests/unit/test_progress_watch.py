@@ -118,6 +118,19 @@ def test_bad_files_are_skipped_and_reading_is_bounded(tmp_path: Path) -> None:
     assert len(beats) <= 64
 
 
+def test_links_fifos_and_directories_are_not_read(tmp_path: Path) -> None:
+    """The workload writes the progress directory: a FIFO would block the agent's loop on
+    open, a link could point anywhere."""
+    os.mkfifo(tmp_path / "rank-0.json")
+    beat(tmp_path / "elsewhere", 1, 5)
+    (tmp_path / "rank-1.json").symlink_to(tmp_path / "elsewhere" / "rank-1.json")
+    (tmp_path / "rank-2.json").mkdir()
+    beat(tmp_path, 3, 7)
+    started = time.monotonic()
+    assert sorted(read_beats(tmp_path)) == [3]
+    assert time.monotonic() - started < 1.0
+
+
 @pytest.mark.parametrize(("name", "rank"), [
     ("rank-0.json", 0), ("rank-17.json", 17), ("rank-.json", None), ("rank--1.json", None),
     ("rank-1.json.tmp", None), (".rank-1.json.123.tmp", None), ("rank-1234567.json", None),
