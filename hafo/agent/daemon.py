@@ -25,10 +25,10 @@ from hafo.agent.environment import StateDirFaults, os_error_text
 from hafo.agent.failsafe import AgentFailsafe
 from hafo.agent.fencefile import FENCE_FILE, write_deadline
 from hafo.agent.health import HealthReport, NodeHealth
-from hafo.agent.instances import GuardState, InstanceKey, instance_dir
+from hafo.agent.instances import GuardState, InstanceKey, instance_dir, progress_dir
 from hafo.agent.metrics import AgentMetrics
 from hafo.agent.outputlog import list_outputs, read_output
-from hafo.agent.progress_watch import ProgressWatch, progress_dir
+from hafo.agent.progress_watch import ProgressWatch
 from hafo.agent.recovery_report import (
     MAX_REPORT_BYTES,
     build_report,

@@ -89,6 +89,12 @@ def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 
+def progress_dir(instance_path: Path) -> Path:
+    """The progress directory of the instance whose directory is ``instance_path``
+    (``$HAFO_PROGRESS_DIR``: each rank's heartbeat, ``hafo.model.progress``)."""
+    return instance_path / "progress"
+
+
 def instance_dir(state_dir: Path, key: InstanceKey) -> Path:
     """The instance's directory."""
     return state_dir / INSTANCES / key.dirname

@@ -1,5 +1,6 @@
 """Which running instance of this node made no progress for its ``hang_timeout``
-(docs/reference/workloads.md, "Hang detection").
+(docs/reference/workloads.md, "Hang detection"): the reading and the timing; the verdicts
+are ``hafo.decisions.hangs``' (``oldest_stall``, ``slowest_pace``).
 
 Every rank of an instance writes its heartbeat into the instance's progress directory
 (``$HAFO_PROGRESS_DIR``, ``hafo.model.progress``). The agent reads them every supervise cycle
@@ -24,6 +25,7 @@ process, and a pid is taken as the rank's only while its environment names this 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 import time
@@ -33,17 +35,12 @@ from pathlib import Path
 
 from hafo.agent.instances import InstanceKey
 from hafo.agent.proctree import process_stopped
+from hafo.decisions.hangs import RankProgress, oldest_stall, slowest_pace
 from hafo.model.cluster import Pace, Stall
 from hafo.model.progress import MAX_RANK_FILES, Heartbeat, parse_heartbeat, rank_of_file
 
 #: The most bytes read of one rank file (a heartbeat is under 100).
 RANK_FILE_READ_LIMIT = 4096
-PROGRESS_DIR = "progress"
-
-
-def progress_dir(instance_path: Path) -> Path:
-    """The progress directory of the instance whose directory is ``instance_path``."""
-    return instance_path / PROGRESS_DIR
 
 
 def read_small_file(path: str) -> str | None:
@@ -89,7 +86,7 @@ def read_beats(directory: Path) -> dict[int, Heartbeat]:
 @dataclass
 class _Watched:
     first_seen: float
-    ranks: dict[int, tuple[Heartbeat, float]] = field(default_factory=dict)
+    ranks: dict[int, RankProgress] = field(default_factory=dict)
     reported: Stall | None = None
     pace: Pace | None = None
 
@@ -112,29 +109,19 @@ class ProgressWatch:
             known = watched.ranks.get(rank)
             if known is None or known[0] != beat:
                 watched.ranks[rank] = (beat, now)
-        stall = self._judge(key, watched, now, hang_timeout) if hang_timeout is not None \
-            else None
+        verdict = oldest_stall(watched.ranks, watched.first_seen, now, hang_timeout) \
+            if hang_timeout is not None else None
+        stall = None
+        if verdict is not None:
+            stall, pid = verdict
+            if pid is not None and process_stopped(pid, key.workload, key.epoch, self.node):
+                stall = dataclasses.replace(stall, stopped=True)
         previous = watched.reported
         if stall is None:
             watched.reported = None
         elif previous is None or (previous.rank, previous.step) != (stall.rank, stall.step):
             watched.reported = stall
         return watched.reported
-
-    def _judge(self, key: InstanceKey, watched: _Watched, now: float,
-               hang_timeout: float) -> Stall | None:
-        if not watched.ranks:
-            idle = now - watched.first_seen
-            if idle < hang_timeout:
-                return None
-            return Stall(rank=None, step=None, stalled_for=round(idle, 1))
-        rank, (beat, changed) = min(watched.ranks.items(),
-                                    key=lambda item: (item[1][1], item[1][0].step))
-        idle = now - changed
-        if idle < hang_timeout:
-            return None
-        stopped = process_stopped(beat.pid, key.workload, key.epoch, self.node)
-        return Stall(rank=rank, step=beat.step, stalled_for=round(idle, 1), stopped=stopped)
 
     def pace(self, key: InstanceKey, quantum: float) -> Pace | None:
         """The slowest rank's own time per step (as its last heartbeat said; None before any
@@ -144,14 +131,7 @@ class ProgressWatch:
         watched = self._watched.get(key)
         if watched is None:
             return None
-        timed = [(beat.compute, rank) for rank, (beat, _) in watched.ranks.items()
-                 if beat.compute is not None]
-        if not timed:
-            return watched.pace
-        compute, rank = max(timed)
-        known = watched.pace
-        if known is None or known.rank != rank or abs(known.compute - compute) >= quantum:
-            watched.pace = Pace(rank=rank, compute=round(compute, 3))
+        watched.pace = slowest_pace(watched.ranks, watched.pace, quantum)
         return watched.pace
 
     def progressed(self, key: InstanceKey) -> bool:

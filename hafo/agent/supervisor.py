@@ -30,6 +30,7 @@ from hafo.agent.instances import (
     InstanceKey,
     instance_dir,
     list_instances,
+    progress_dir,
     read_guard_state,
     read_launch,
     write_json_atomic,
@@ -38,7 +39,6 @@ from hafo.agent.outputlog import keep_ended
 from hafo.agent.ports import NoFreePort, choose_ports, port_env, read_ports
 from hafo.agent.procid import ProcessId
 from hafo.agent.proctree import kill_instance
-from hafo.agent.progress_watch import progress_dir
 from hafo.agent.rendezvous import GANG_DEFAULTS, gang_env
 from hafo.agent.scratch import kept_caches, make_tmpdir, remove_tmpdir
 from hafo.checkpoint.sharded import list_all_checkpoints

@@ -42,6 +42,7 @@ from typing import Protocol
 
 from hafo.decisions.failures import AfterFailure, after_failure
 from hafo.model.cluster import Assignment, InstanceStatus, Member, Pace, Stall
+from hafo.model.progress import Heartbeat
 from hafo.model.spec import RestartPolicy
 
 #: Seconds after the first sighting of a gang member's stall that the controller waits for
@@ -75,6 +76,45 @@ class Hang:
         others = f" ({self.stalled_members} of {self.members} members stalled)" \
             if self.members > 1 else ""
         return f"{self.stall.describe()}{others}"
+
+
+#: A rank's progress as an agent tracks it: its last heartbeat, and when (the agent's
+#: monotonic clock) it last changed.
+RankProgress = tuple[Heartbeat, float]
+
+
+def oldest_stall(ranks: Mapping[int, RankProgress], first_seen: float, now: float,
+                 hang_timeout: float) -> tuple[Stall, int | None] | None:
+    """An agent's verdict on one instance: its stall, if its oldest rank (the earliest last
+    change, then the lowest step) made no progress for ``hang_timeout`` (or, no rank having
+    reported, the instance ran that long since ``first_seen``), with the pid to look at for
+    ``Stall.stopped`` (left False here: reading ``/proc`` is the agent's); None if it
+    progresses."""
+    if not ranks:
+        idle = now - first_seen
+        if idle < hang_timeout:
+            return None
+        return Stall(rank=None, step=None, stalled_for=round(idle, 1)), None
+    rank, (beat, changed) = min(ranks.items(), key=lambda item: (item[1][1], item[1][0].step))
+    idle = now - changed
+    if idle < hang_timeout:
+        return None
+    return Stall(rank=rank, step=beat.step, stalled_for=round(idle, 1)), beat.pid
+
+
+def slowest_pace(ranks: Mapping[int, RankProgress], known: Pace | None,
+                 quantum: float) -> Pace | None:
+    """The slowest rank's own time per step, as an agent reports it: ``known`` (the last
+    report) until it moved by ``quantum`` or another rank became the slowest; None before
+    any heartbeat carries one."""
+    timed = [(beat.compute, rank) for rank, (beat, _) in ranks.items()
+             if beat.compute is not None]
+    if not timed:
+        return known
+    compute, rank = max(timed)
+    if known is None or known.rank != rank or abs(known.compute - compute) >= quantum:
+        return Pace(rank=rank, compute=round(compute, 3))
+    return known
 
 
 def find_hang(members: Sequence[tuple[Member, InstanceStatus | None]],

@@ -41,7 +41,7 @@ from hafo.store import read_events
 
 from .conftest import ClusterFactory
 from .helpers import assert_never_two_copies
-from .test_gangs import SPARE, gang_cluster, gang_story, members, training
+from .test_gangs import SPARE, _is_worker, gang_cluster, gang_story, members, training
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
@@ -140,15 +140,16 @@ def worker_of(cluster: LocalCluster, snapshot: ClusterSnapshot, wid: str, node: 
     return found[0]
 
 
-def _is_worker(pid: int) -> bool:
-    """A torchrun worker (runs ddp_train.py, its parent is torchrun)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        parent_cmd = Path(f"/proc/{parent}/cmdline").read_bytes()
-    except (OSError, ValueError):
-        return False
-    return any(part.endswith(b"ddp_train.py") for part in cmdline) and b"torchrun" in parent_cmd
+async def stop_worker(cluster: LocalCluster, snapshot: ClusterSnapshot, wid: str, node: str,
+                      epoch: int, case: str) -> Event:
+    """SIGSTOP the member's training process on ``node`` (found in its own process tree);
+    the leader's next event about a hang, its delay checked (``check_delay``)."""
+    seen = len(await events_of(cluster, wid))
+    os.kill(worker_of(cluster, snapshot, wid, node, epoch), signal.SIGSTOP)
+    began = time.time()
+    event = await wait_event(cluster, wid, seen, " hung on ")
+    check_delay(case, event.ts - began, event)
+    return event
 
 
 def check_delay(case: str, delay: float, event: Event) -> None:
@@ -249,11 +250,7 @@ async def test_a_quiet_gang_is_never_hung_and_a_stopped_rank_twice_moves_its_mem
     assert sorted(paces) == sorted(n for _, n, _ in before), paces  # every member's pace
 
     # SIGSTOP of member 1's training process: named, stopped, the gang restarts in place.
-    seen = len(await events_of(cluster, wid))
-    os.kill(worker_of(cluster, snapshot, wid, node, epoch), signal.SIGSTOP)
-    began = time.time()
-    hung = await wait_event(cluster, wid, seen, " hung on ")
-    check_delay("SIGSTOP of rank 1", hung.ts - began, hung)
+    hung = await stop_worker(cluster, snapshot, wid, node, epoch, "SIGSTOP of rank 1")
     assert hung.kind == "hung", hung
     assert f"member 1 hung on {node}: rank 1 made no progress" in hung.message, hung
     assert "(its process is stopped)" in hung.message, hung
@@ -264,12 +261,8 @@ async def test_a_quiet_gang_is_never_hung_and_a_stopped_rank_twice_moves_its_mem
     restarted_after(cluster, wid, hung, second)
 
     # The second hang on that node within restart.window: member 1 leaves it, for the spare.
-    seen = len(await events_of(cluster, wid))
-    snapshot = await cluster.snapshot()
-    os.kill(worker_of(cluster, snapshot, wid, node, second), signal.SIGSTOP)
-    began = time.time()
-    moved = await wait_event(cluster, wid, seen, " hung on ")
-    check_delay("SIGSTOP of rank 1 again, same node", moved.ts - began, moved)
+    moved = await stop_worker(cluster, await cluster.snapshot(), wid, node, second,
+                              "SIGSTOP of rank 1 again, same node")
     assert moved.kind == "app-failed", moved
     assert f"member 1 hung on {node}: rank 1" in moved.message, moved
     assert f"the second hang on {node}" in moved.message, moved

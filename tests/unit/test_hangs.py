@@ -382,3 +382,26 @@ def test_without_straggler_lag_paces_change_nothing() -> None:
 def test_straggler_lag_bad_values_name_the_field(spec: dict[str, Any], error: str) -> None:
     with pytest.raises(Exception, match=error):
         parse_spec({"name": "w", "command": ["x"], **spec})
+
+
+# -- the agent's verdicts, pure ---------------------------------------------------------------
+
+def progress_of(*ranks: tuple[int, int, float]) -> dict[int, Any]:
+    from hafo.model.progress import Heartbeat
+    return {rank: (Heartbeat(step=step, epoch=50, t=0.0, pid=100 + rank, rank=rank), changed)
+            for rank, step, changed in ranks}
+
+
+@pytest.mark.parametrize(("ranks", "now", "expected"), [
+    ({}, 103.9, None),  # still within hang_timeout of the first sighting
+    ({}, 104.0, (Stall(rank=None, step=None, stalled_for=4.0), None)),
+    (progress_of((0, 12, 101.0), (1, 11, 100.5)), 104.4, None),
+    (progress_of((0, 12, 101.0), (1, 11, 100.5)), 104.5,
+     (Stall(rank=1, step=11, stalled_for=4.0), 101)),
+    # the same last change: the lower step is the oldest
+    (progress_of((0, 12, 100.5), (1, 11, 100.5)), 105.0,
+     (Stall(rank=1, step=11, stalled_for=4.5), 101)),
+])
+def test_oldest_stall(ranks: dict[int, Any], now: float, expected: object) -> None:
+    from hafo.decisions.hangs import oldest_stall
+    assert oldest_stall(ranks, 100.0, now, 4.0) == expected
