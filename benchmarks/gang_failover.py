@@ -12,11 +12,14 @@ Side by side in one run, on this machine, the same 3-node gloo DDP job
     the cut minus the step it resumed from); and the job's own start-up (the last member
     started to the first step: torchrun, torch imports, rendezvous, checkpoint load),
     reported separately.
+(a') the same, with tiered checkpoints (``--tiers``: a snapshot every step into the node's
+    RAM and a peer node's, durable every 10 steps as in (a)): the lost rank restores from its
+    peer's RAM, the survivors from their own; the steps lost and the job's start-up beside (a).
 (b) plain ``torchrun --nnodes 2:3 --max-restarts 3`` with its c10d rendezvous on node 1, no
     hafo (``benchmarks/gang_baseline.py``): a worker node lost, then the rendezvous host
     lost.
 
-    python benchmarks/gang_failover.py [--trials 3]
+    python benchmarks/gang_failover.py [--trials 3] [--no-tiers] [--no-baseline]
 """
 
 from __future__ import annotations
@@ -45,10 +48,11 @@ ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
-def gang_spec() -> dict[str, Any]:
-    return {"name": "ddp", "nodes": 3, "gpus": 1, "stop_grace": 15,
+def gang_spec(tiers: bool = False) -> dict[str, Any]:
+    """The DDP example as a 3-node gang; with ``tiers``, snapshots every step."""
+    return {"name": "ddp-tiers" if tiers else "ddp", "nodes": 3, "gpus": 1, "stop_grace": 15,
             "command": [TORCHRUN, str(ROOT / "examples" / "ddp_train.py"), "--steps", "0",
-                        "--every", "10", "--sleep", "0.05"],
+                        "--every", "10", "--sleep", "0.05", *(["--tiers"] if tiers else [])],
             "env": {"HAFO_DDP_TIMEOUT": "15"}}
 
 
@@ -89,6 +93,8 @@ async def hafo_trial(cluster: LocalCluster, wid: str) -> dict[str, float]:
         raise AssertionError(f"members of epoch {new_epoch} launched: {launches}")
     start = max(launches)
     resumed = _rank0(lines, "start", new_epoch)[0]["resumed_from"]
+    tiers = [x.get("tier") for x in lines if x.get("event") == "start"
+             and x["epoch"] == new_epoch]
     found = overlaps(lines)
     if found:
         raise AssertionError(f"two epochs of the gang alive at once: {found}")
@@ -97,10 +103,12 @@ async def hafo_trial(cluster: LocalCluster, wid: str) -> dict[str, float]:
     await cluster.wait_ready(60)
     return {"expiry": expired - cut, "placed": placed - cut, "launched": start - cut,
             "training": first - cut, "startup": first - start,
-            "steps_lost": float(lost_at - resumed)}
+            "steps_lost": float(lost_at - resumed),
+            "from_peer": float(tiers.count("peer")), "from_disk": float(tiers.count("disk"))}
 
 
-async def run_hafo(trials: int, ttl: int, keep: str | None = None) -> list[dict[str, float]]:
+async def run_hafo(trials: int, ttl: int, keep: str | None = None,
+                   tiers: bool = False) -> list[dict[str, float]]:
     cluster = LocalCluster(nodes=3, controllers=1, gpus_per_node=1, lease_ttl=ttl,
                            base_dir=Path(keep) if keep else None, keep=bool(keep))
     results = []
@@ -109,11 +117,11 @@ async def run_hafo(trials: int, ttl: int, keep: str | None = None) -> list[dict[
         cluster.add_node("spare-1", labels={"zone": "local", "hafo.io/spare": "true"})
         cluster.start_node("spare-1")
         await cluster.wait_ready(60)
-        wid = await cluster.submit(gang_spec())
+        wid = await cluster.submit(gang_spec(tiers))
         for i in range(trials):
             result = await hafo_trial(cluster, wid)
             results.append(result)
-            print(f"hafo trial {i + 1}: " + ", ".join(
+            print(f"hafo{' tiers' if tiers else ''} trial {i + 1}: " + ", ".join(
                 f"{k} {v:.2f}" for k, v in result.items()), flush=True)
         return results
     finally:
@@ -126,7 +134,7 @@ def _p50(results: list[dict[str, float]], key: str) -> float:
 
 
 def report(results: list[dict[str, float]], ttl: int,
-           baselines: list[BaselineResult]) -> None:
+           baselines: list[BaselineResult], tiered: list[dict[str, float]]) -> None:
     training = _p50(results, "training")
     print(f"\n(a) hafo, 3-node gang, one node powered off ({len(results)} trials, p50):")
     launched = _p50(results, "launched")
@@ -138,6 +146,16 @@ def report(results: list[dict[str, float]], ttl: int,
           "imports, rendezvous, checkpoint load: the job's own)")
     print(f"    training again       {training:6.2f} s  = {training / ttl:.2f} x TTL; steps "
           f"lost p50 {_p50(results, 'steps_lost'):.0f} (a checkpoint every 10 steps)")
+    if tiered:
+        warm = _p50(tiered, "training")
+        print(f"(a') hafo with tiered checkpoints ({len(tiered)} trials, p50):")
+        print(f"    every member started {_p50(tiered, 'launched'):6.2f} s")
+        print(f"    job start-up         {_p50(tiered, 'startup'):6.2f} s  (restore from RAM: "
+              f"{_p50(tiered, 'from_peer'):.0f} rank from a peer's, "
+              f"{_p50(tiered, 'from_disk'):.0f} from disk)")
+        print(f"    training again       {warm:6.2f} s  = {warm / ttl:.2f} x TTL; steps lost "
+              f"p50 {_p50(tiered, 'steps_lost'):.0f} max "
+              f"{max(r['steps_lost'] for r in tiered):.0f} (a snapshot every step)")
     print("(b) plain torchrun --nnodes 2:3 --max-restarts 3, c10d rendezvous on node 1:")
     for base in baselines:
         if base.time_to_train is None:
@@ -154,14 +172,18 @@ def main() -> int:
     parser.add_argument("--ttl", type=int, default=3)
     parser.add_argument("--baseline-timeout", type=float, default=90.0)
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--no-tiers", action="store_true",
+                        help="skip (a'), the gang with tiered checkpoints")
     parser.add_argument("--keep", metavar="DIR", help="run the cluster in DIR, keep its logs")
     args = parser.parse_args()
     configure("console", level="warning")
     results = asyncio.run(run_hafo(args.trials, args.ttl, args.keep))
+    tiered = [] if args.no_tiers else asyncio.run(
+        run_hafo(args.trials, args.ttl, f"{args.keep}-tiers" if args.keep else None, True))
     baselines = [] if args.no_baseline else [
         run_torchrun_baseline(lost, timeout=args.baseline_timeout)
         for lost in ("worker", "rendezvous-host")]
-    report(results, args.ttl, baselines)
+    report(results, args.ttl, baselines, tiered)
     return 0
 
 

@@ -25,6 +25,14 @@ like any failed collective. The progress log says what each rank saved (``saved`
 it restored (``start``: ``resumed_from`` and ``restored``, the same fields read from its
 shard).
 
+Tiered (``--tiers``): every rank takes a snapshot every step with
+``hafo.checkpoint.TieredCheckpointer``: into its node's RAM (``$HAFO_MEMORY_DIR``) and a copy
+into the next rank's node's RAM, written in the background; every ``--every`` steps also a
+sharded checkpoint on disk. A restart restores from the newest step every rank still holds
+somewhere: its own node's RAM, else the copy on its peer's node (a lost node), else the disk.
+As with ``--sharded``, each rank's data stream is its own, and the ``start`` line says which
+tier it came from (``tier``: ``own``, ``peer`` or ``disk``).
+
 Progress: every rank calls ``ck.heartbeat(step + 1)`` once per step, after the forward pass
 and right before the step's first collective (``loss.backward()``, which all-reduces the
 gradients under DDP; this model has no buffers, so DDP's forward pass runs none): the step it
@@ -87,6 +95,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hafo.checkpoint import Checkpointer
 from hafo.checkpoint.sharded import ShardedCheckpointer, ShardedCommitTimeout, StaleEpoch
+from hafo.checkpoint.tiered import TieredCheckpointer
 
 EXIT_PEER_LOST = 3
 
@@ -220,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="how long it stalls")
     parser.add_argument("--stall-how", choices=("sleep", "spin"), default="sleep",
                         help="asleep, or busy on the CPU")
+    parser.add_argument("--tiers", action="store_true",
+                        help="snapshot every step into node RAM and a peer node's RAM; "
+                             "durable every --every steps")
     parser.add_argument("--slow-node", default="",
                         help="fault injection: the ranks on this node (HAFO_NODE) are slower "
                              "every step, as on slow hardware")
@@ -227,9 +239,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="by this many seconds per step")
     args = parser.parse_args(argv)
     # Either installs the SIGUSR1 handler first thing.
-    ck: Checkpointer | ShardedCheckpointer = (
-        ShardedCheckpointer(keep_last=args.keep_last, barrier=dist.barrier) if args.sharded
-        else Checkpointer(keep_last=args.keep_last))
+    ck: Checkpointer | ShardedCheckpointer | TieredCheckpointer = (
+        TieredCheckpointer(keep_last=args.keep_last, durable_every=max(args.every, 0))
+        if args.tiers
+        else ShardedCheckpointer(keep_last=args.keep_last, barrier=dist.barrier)
+        if args.sharded else Checkpointer(keep_last=args.keep_last))
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -247,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 1)).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-2)
-    stream = RankStream(rank) if args.sharded else None
-    saves = args.sharded or rank == 0  # does this rank write checkpoints
+    stream = RankStream(rank) if args.sharded or args.tiers else None
+    saves = args.sharded or args.tiers or rank == 0  # does this rank write checkpoints
     step, loss_value = 0, None
     # Load before joining the group: rank 0 cannot save a newer checkpoint until every rank
     # has joined, so all ranks read the same one.
@@ -261,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         if stream is not None:
             stream.load(latest.state["own"])
     extra = {} if stream is None else {
-        "restored": None if latest is None else summarize(latest.state["own"])}
+        "restored": None if latest is None else summarize(latest.state["own"]),
+        "tier": None if latest is None else latest.tier}
     log.record(event="start", resumed_from=step, loss=loss_value, world=world, **extra)
     print(f"rank {rank}/{world} node {os.environ.get('HAFO_NODE')} epoch {ck.epoch} "
           f"{backend} on {device}: starting at step {step} (loss {loss_value})", flush=True)
@@ -335,7 +350,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"rank {rank} step {step}: checkpointed for a planned move, exiting",
                       flush=True)
                 break
-            if saves and args.every > 0 and step % args.every == 0:
+            if isinstance(ck, TieredCheckpointer):
+                ck.snapshot(state(), step)  # durable too, every --every steps
+            elif saves and args.every > 0 and step % args.every == 0:
                 save()
             time.sleep(args.sleep)
         else:
@@ -353,10 +370,17 @@ def main(argv: list[str] | None = None) -> int:
         log.close()
         os._exit(EXIT_PEER_LOST)  # no teardown: destroying a broken group can block
     watchdog.stop()
+    ck.wait()  # a background write, old checkpoints' deletion
     dist.destroy_process_group()
     log.close()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Leave without the interpreter's teardown: a native thread of torch's (the store client,
+    # the process group) blocked it for minutes once in about 60 runs on a busy machine, and
+    # torchrun's agents wait for every worker in their exit barrier.
+    os._exit(code)

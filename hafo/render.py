@@ -157,6 +157,17 @@ def _checkpoint(ck: Mapping[str, Any] | None) -> str:
                                                           else "")
 
 
+def _restored(restore: Mapping[str, Any] | None) -> str:
+    """``step 41 from peer RAM, 0.21s`` (``-``: not said)."""
+    if not restore:
+        return "-"
+    tier, seconds = restore["tier"], float(restore["seconds"])
+    if tier == "none":
+        return f"nothing to restore, {seconds:.2f}s"
+    where = {"own": "own RAM", "peer": "peer RAM", "disk": "disk"}.get(tier, tier)
+    return f"step {restore['step']} from {where}, {seconds:.2f}s"
+
+
 def _restarts(total: int, window: Mapping[str, Any] | None) -> str:
     """``8 in all; 1 of the 3 allowed in place within 600s, then it moves to another node``:
     the count ever beside the restart policy's count now (``restart_window``), so that the
@@ -215,10 +226,13 @@ def render_workload(view: Mapping[str, Any], now: float | None = None) -> str:
         ("checkpoint", _checkpoint(view["checkpoint"])),
     ])
     if members:
-        lines += ["", "members:", table(["RANK", "NODE", "STATE", "GPUS"], [
-            [m["rank"], m["node"], m["state"],
-             ", ".join(_gpu_labels(m["gpus"], m.get("gpu_indexes"))) or "-"]
-            for m in members])]
+        restored = any(m.get("restored") for m in members)
+        lines += ["", "members:", table(
+            ["RANK", "NODE", "STATE", "GPUS", *(["RESTORED"] if restored else [])], [
+                [m["rank"], m["node"], m["state"],
+                 ", ".join(_gpu_labels(m["gpus"], m.get("gpu_indexes"))) or "-",
+                 *([_restored(m.get("restored"))] if restored else [])]
+                for m in members])]
     service = view.get("replicas")
     if service is not None:
         lines += ["", f"replicas: {service['ready']} of {service['desired']} ready, "
@@ -341,6 +355,8 @@ def render_show(view: Mapping[str, Any]) -> str:
              f"now:        {now['state']} on {where}{epoch}, {restarts}",
              f"reason:     {now['reason'] or '-'}",
              f"checkpoint: {_resumed(checkpoint) if checkpoint else NO_CHECKPOINT}",
+             *[f"restored:   rank {r['rank']} on {r['node']}: {_restored(r)}"
+               for r in now.get("restored") or []],
              "", f"history ({len(view['history'])} epoch(s), oldest first):"]
     rows = [[" ".join(e["nodes"]) or "-", e["epoch"], _clock(e["started_at"])
              if e["started_at"] is not None else "-",

@@ -123,7 +123,8 @@ class Agent:
         self.containment = CgroupRoot.detect()
         self.supervisor = Supervisor(self.name, self.state_dir, Path(config.checkpoint_root),
                                      config.node.ports, config.node.logs, self.containment,
-                                     write_failed=self._state_dir_failed)
+                                     write_failed=self._state_dir_failed,
+                                     memory_root=Path(config.node.memory_dir))
         self.events = EventLog(self.store, self.keys)
         self.inventory: list[Gpu] = []
         self.os_probe = OsProbe(Path(config.checkpoint_root), config.health,
@@ -155,6 +156,7 @@ class Agent:
                                self._epoch_base)
         self.api_address = ""
         self.address = node_address(config.node.address, config.etcd.endpoints)
+        self.supervisor.address = self.address
         self.metrics = AgentMetrics(self, self.registry)
         self.store.observer = self.metrics.observe_etcd
 
@@ -684,6 +686,10 @@ class Agent:
             self._logged_faults.clear()
         return states
 
+    def memory_held(self) -> dict[str, int]:
+        """Workload -> bytes of its RAM-tier snapshots on this node (for the metrics)."""
+        return self.supervisor.memory_held()
+
     def _epoch_base(self) -> int:
         """The trusted cluster identity's ``epoch_base``: an assignment of this generation
         has the epoch of its revision plus it (``hafo.decisions.store_trust``)."""
@@ -753,6 +759,11 @@ class Agent:
             pace = self._pace(key, status)
             if pace is not None:
                 status = dataclasses.replace(status, pace=pace)
+            if status.state == "running":
+                restored = self.progress.restored(
+                    key, progress_dir(instance_dir(self.state_dir, key)))
+                if restored is not None:
+                    status = dataclasses.replace(status, restored=restored)
             since = self._readiness(key, status, desired)
             if since is not None:
                 status = dataclasses.replace(status, ready=True, ready_since=since)
@@ -772,6 +783,7 @@ class Agent:
                     await self.store.delete(self.keys.status(key.workload, self.name))
                     self.reported.pop(key.workload, None)
                 self.supervisor.forget(key)
+        self.supervisor.sweep_memory()
         for key in [k for k in self._not_launched if k not in desired]:
             status = self._not_launched.pop(key)
             if self.reported.get(key.workload) == status:

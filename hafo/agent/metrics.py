@@ -108,6 +108,10 @@ class AgentSource(Protocol):
         """The assignments to this node."""
         ...
 
+    def memory_held(self) -> Mapping[str, int]:
+        """Workload -> bytes of its RAM-tier snapshots on this node."""
+        ...
+
 
 def _gauge(name: str, documentation: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, labels=list(labels))
@@ -159,6 +163,12 @@ class _AgentCollector(Collector):
         lag.add_metric([], metrics.loop_lag)
         yield from (node, lease, fence, instances, lag)
         yield _checkpoint_ages(metrics, host)
+        memory = _gauge("hafo_node_memory_snapshot_bytes", "Bytes of RAM held on this node "
+                        "by each workload's in-memory checkpoints (its own and its peers' "
+                        "snapshots, node.memory_dir)", ["workload", "node"])
+        for workload, size in sorted(agent.memory_held().items()):
+            memory.add_metric([workload, host], float(size))
+        yield memory
 
 
 def checkpoint_created(path: str) -> float | None:

@@ -32,13 +32,23 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from hafo.agent.instances import InstanceKey
 from hafo.agent.proctree import process_stopped
 from hafo.decisions.hangs import RankProgress, oldest_stall, slowest_pace
-from hafo.model.cluster import Pace, Stall
-from hafo.model.progress import MAX_RANK_FILES, Heartbeat, parse_heartbeat, rank_of_file
+from hafo.model.cluster import Pace, Restore, RestoreTier, Stall
+from hafo.model.progress import (
+    MAX_RANK_FILES,
+    Heartbeat,
+    parse_heartbeat,
+    parse_restore,
+    rank_of_file,
+    restore_rank_of_file,
+)
 
+#: How long a node's restore reports are read again after the first (its other ranks').
+RESTORE_READ_SECONDS = 30.0
 #: The most bytes read of one rank file (a heartbeat is under 100).
 RANK_FILE_READ_LIMIT = 4096
 
@@ -83,12 +93,41 @@ def read_beats(directory: Path) -> dict[int, Heartbeat]:
     return beats
 
 
+def read_restored(directory: Path) -> Restore | None:
+    """The restore report of the slowest rank in ``directory`` (the SDK's
+    ``restore-<rank>.json``; at most ``MAX_RANK_FILES`` read), or None when there is none."""
+    slowest: Restore | None = None
+    try:
+        entries = os.scandir(directory)
+    except OSError:
+        return None
+    with entries:
+        read = 0
+        for entry in entries:
+            if restore_rank_of_file(entry.name) is None:
+                continue
+            read += 1
+            text = read_small_file(entry.path)
+            parsed = parse_restore(text) if text is not None else None
+            if parsed is not None:
+                rank, tier, step, seconds = parsed
+                found = Restore(rank, cast(RestoreTier, tier), step, seconds)
+                if slowest is None or found.seconds > slowest.seconds:
+                    slowest = found
+            if read >= MAX_RANK_FILES:
+                break
+    return slowest
+
+
 @dataclass
 class _Watched:
     first_seen: float
     ranks: dict[int, RankProgress] = field(default_factory=dict)
     reported: Stall | None = None
     pace: Pace | None = None
+    restored: Restore | None = None
+    restored_seen: float | None = None  # when a report was first read
+    restore_final: bool = False  # read again no more: every rank restored before its steps
 
 
 class ProgressWatch:
@@ -133,6 +172,23 @@ class ProgressWatch:
             return None
         watched.pace = slowest_pace(watched.ranks, watched.pace, quantum)
         return watched.pace
+
+    def restored(self, key: InstanceKey, directory: Path) -> Restore | None:
+        """How the instance's slowest rank restored (its SDK's report; None before one
+        says), read again until a rank has made progress after the first report (restore
+        precedes training, so by then every rank of the node restored), or for
+        ``RESTORE_READ_SECONDS`` after it, then kept."""
+        now = self.clock()
+        watched = self._watched.setdefault(key, _Watched(first_seen=now))
+        if not watched.restore_final:
+            progressed = bool(watched.ranks)
+            watched.restored = read_restored(directory) or watched.restored
+            if watched.restored is not None:
+                if watched.restored_seen is None:
+                    watched.restored_seen = now
+                watched.restore_final = (progressed
+                                         or now - watched.restored_seen >= RESTORE_READ_SECONDS)
+        return watched.restored
 
     def progressed(self, key: InstanceKey) -> bool:
         """A rank of the instance has reported progress (its start-up is over)."""

@@ -41,6 +41,7 @@ from hafo.agent.procid import ProcessId
 from hafo.agent.proctree import kill_instance
 from hafo.agent.rendezvous import GANG_DEFAULTS, gang_env
 from hafo.agent.scratch import kept_caches, make_tmpdir, remove_tmpdir
+from hafo.checkpoint.memory_store import ADDRESS_ENV, MEMORY_DIR_ENV, MemoryStore
 from hafo.checkpoint.sharded import list_all_checkpoints
 from hafo.model.clocks import since_boot
 from hafo.model.cluster import (
@@ -54,9 +55,12 @@ from hafo.model.config import NodeLogs, PortRange
 from hafo.model.exits import bounded_tail
 from hafo.model.names import checkpoint_dir as workload_checkpoint_dir
 from hafo.model.output import MIB
+from hafo.model.paths import DEFAULT_MEMORY_DIR
 from hafo.model.progress import PROGRESS_DIR_ENV
 
 log = structlog.get_logger("hafo.agent")
+#: Seconds a workload's RAM-tier snapshots stay on a node with none of its instances.
+MEMORY_KEEP_IDLE = 600.0
 
 #: A launched instance whose guard wrote no state within this long (the boot clock) did not
 #: start.
@@ -97,6 +101,10 @@ class Supervisor:
     #: seconds since boot (``hafo.model.clocks.since_boot``): how long a guard has had to
     #: start is measured on it, never on the wall clock or a file's mtime
     boot_clock: Callable[[], float] = since_boot
+    #: ``node.memory_dir``: each workload's RAM-tier snapshots, ``<memory_root>/<workload>``
+    memory_root: Path = Path(DEFAULT_MEMORY_DIR)
+    #: where this node's peers reach it (``HAFO_NODE_ADDRESS``; empty: not told)
+    address: str = ""
 
     def __post_init__(self) -> None:
         self._launched: dict[InstanceKey, float] = {}  # boot clock at launch (or first sight)
@@ -104,6 +112,7 @@ class Supervisor:
         self._launches: dict[InstanceKey, dict[str, object]] = {}
         self._unrecorded: dict[InstanceKey, GuardState] = {}  # exits not written to disk yet
         self._forgotten: set[InstanceKey] = set()  # forgotten, but the directory stays
+        self._memory_idle: dict[str, float] = {}  # workload -> boot clock since no instance
         self.stopping: set[InstanceKey] = set()
         self.stopping_now: set[InstanceKey] = set()
         # workload -> (monotonic and wall-clock time of the reading, the checkpoint read)
@@ -310,6 +319,8 @@ class Supervisor:
                "HAFO_WORKLOAD": assignment.workload, "HAFO_EPOCH": str(assignment.epoch),
                "HAFO_NODE": self.node, "HAFO_CHECKPOINT_DIR": str(checkpoint_dir),
                PROGRESS_DIR_ENV: str(progress_dir(path)),
+               MEMORY_DIR_ENV: str(self.memory_root / assignment.workload),
+               **({ADDRESS_ENV: self.address} if self.address else {}),
                "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids), "PYTHONUNBUFFERED": "1", **gang,
                **port_env(ports)}
         cgroup = self.containment.of(self.node, key.dirname)
@@ -381,6 +392,41 @@ class Supervisor:
                 return {}  # not launched yet: asked again later
             ports = self._ports[key] = read_ports(launch)
         return ports
+
+    def memory_held(self) -> dict[str, int]:
+        """Workload -> bytes of its RAM-tier snapshots on this node."""
+        try:
+            held = sorted(os.listdir(self.memory_root))
+        except OSError:
+            return {}
+        return {workload: MemoryStore(self.memory_root / workload).bytes_held()
+                for workload in held}
+
+    def sweep_memory(self) -> list[str]:
+        """Remove the RAM-tier snapshots (``<memory_root>/<workload>``) of each workload that
+        has had no instance on this node for ``MEMORY_KEEP_IDLE`` seconds (on the boot
+        clock): a gang's next epoch, on this node again within that time, restores from
+        them. Returns the workloads whose snapshots were removed."""
+        try:
+            held = sorted(os.listdir(self.memory_root))
+        except OSError:
+            return []
+        present = {key.workload for key in list_instances(self.state_dir)}
+        now = self.boot_clock()
+        removed = []
+        for workload in held:
+            if workload in present:
+                self._memory_idle.pop(workload, None)
+                continue
+            since = self._memory_idle.setdefault(workload, now)
+            if now - since >= MEMORY_KEEP_IDLE:
+                shutil.rmtree(self.memory_root / workload, ignore_errors=True)
+                self._memory_idle.pop(workload, None)
+                removed.append(workload)
+                log.info("RAM snapshots removed", workload=workload, node=self.node)
+        for workload in [w for w in self._memory_idle if w not in held]:
+            self._memory_idle.pop(workload, None)
+        return removed
 
     def forget(self, key: InstanceKey) -> None:
         """Remove an exited, no longer desired instance (and the workload's private

@@ -220,9 +220,12 @@ def _run(extents: list[_Extent], work: Callable[[_Extent], None]) -> None:
 
 
 def write_data(path: os.PathLike[str] | str, blobs: Sequence[Any],
-               ready: Ready | None = None) -> list[BlobMeta]:
+               ready: Ready | None = None, keep_pages: bool = False) -> list[BlobMeta]:
     """Write ``blobs`` (contiguous buffers) into a new file at ``path`` and fsync it; returns
-    where each went and its chunks' CRC-32C, computed from the memory that was written."""
+    where each went and its chunks' CRC-32C, computed from the memory that was written.
+    ``keep_pages``: the file at ``path`` may exist and is overwritten in place, cut or grown
+    to the new size (in a memory filesystem its pages stay allocated: a snapshot every step
+    then costs no page allocation and zeroing)."""
     views = [as_bytes(blob) for blob in blobs]
     offsets, total = layout([view.nbytes for view in views])
     chunk_size = CHUNK
@@ -231,9 +234,10 @@ def write_data(path: os.PathLike[str] | str, blobs: Sequence[Any],
     extents = _extents(_pieces(views, offsets, [chunk_size] * len(views)), zeros)
     checksum = CHECKSUMS[WRITE_CHECKSUM]
 
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (0 if keep_pages else os.O_TRUNC)
+    fd = os.open(path, flags, 0o644)
     try:
-        if total:
+        if total or keep_pages:
             os.ftruncate(fd, total)  # the final size first: threads write out of order
 
         def work(extent: _Extent) -> None:

@@ -110,16 +110,26 @@ def _write_small(path: Path, data: bytes) -> None:
 
 
 def write_checkpoint(root: Path, epoch: int, step: int, tree: Any, blobs: list[Any],
-                     ready: Ready | None = None) -> CheckpointRef:
+                     ready: Ready | None = None,
+                     recycle: CheckpointRef | None = None) -> CheckpointRef:
     """Write and commit one checkpoint; durable when this returns. ``blobs`` are contiguous
     buffers (bytes, memoryviews, arrays), written from their memory; ``ready(blob, chunk)``,
-    if given, is called (from a writer thread) before a chunk is read from memory."""
+    if given, is called (from a writer thread) before a chunk is read from memory.
+    ``recycle``: an older checkpoint in ``root`` to write this one over (it leaves every
+    listing at once, by a rename, and its data file is overwritten in place: the RAM tier's
+    snapshots reuse their memory)."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / dir_name(epoch, step)
     tmp = root / f".tmp-{uuid.uuid4().hex}"
-    tmp.mkdir(parents=True)
+    reused = False
+    if recycle is not None:
+        with contextlib.suppress(OSError):  # gone already: write a new one
+            os.rename(recycle.path, tmp)
+            reused = True
+    if not reused:
+        tmp.mkdir(parents=True)
     try:
-        metas = write_data(tmp / DATA, blobs, ready)
+        metas = write_data(tmp / DATA, blobs, ready, keep_pages=reused)
         tree_json = json.dumps(tree)  # insertion order kept: dicts come back in order
         manifest = {"format": FORMAT, "epoch": epoch, "step": step, "created": time.time(),
                     "tree": tree_json, "tree_sha256": hashlib.sha256(tree_json.encode())

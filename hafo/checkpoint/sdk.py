@@ -50,12 +50,15 @@ MIN_OWN_TIME_STEPS = OWN_TIME_STEPS // 2
 
 @dataclass(frozen=True)
 class Restored:
-    """A checkpoint loaded back: its step, epoch, path and the state dict saved."""
+    """A checkpoint loaded back: its step, epoch, path and the state dict saved; ``tier``
+    where it came from (``disk``; a ``TieredCheckpointer`` also says ``own`` for this node's
+    RAM and ``peer`` for a peer's)."""
 
     step: int
     epoch: int
     path: str
     state: Any
+    tier: str = "disk"
 
 
 class Checkpointer:

@@ -60,6 +60,7 @@ class NodeHandle:
     proxy: subprocess.Popen[bytes] | None = None
     cgroup: Path | None = None  # the node's cgroup (None: the host's)
     boot_id_file: Path | None = None  # the node's boot id (None: no namespaces of its own)
+    memory_dir: Path | None = None  # the node's RAM (node.memory_dir): lost in a power loss
     last_agent_pid: int | None = None  # the host pid the agent had when last seen (this boot)
 
     @property
@@ -196,7 +197,8 @@ class LocalCluster:
                             faults_file=node_dir / "faults.json",
                             log_path=self.base / "logs" / f"{name}.log",
                             cgroup=self.cgroup_base / name if self.cgroup_base else None,
-                            boot_id_file=node_dir / "boot_id" if self.cgroup_base else None)
+                            boot_id_file=node_dir / "boot_id" if self.cgroup_base else None,
+                            memory_dir=node_dir / "ram")
         endpoints = None
         if self.partitionable:  # the node reaches etcd only through its own proxy
             routes = [(free_port(), m.client_port) for m in self.etcd.members]
@@ -209,6 +211,7 @@ class LocalCluster:
             "health": {"min_free_mib": 64, **self.health},
             "node": {"name": name, "labels": labels or {"zone": "local"},
                      "state_dir": str(handle.state_dir),
+                     "memory_dir": str(handle.memory_dir),
                      "gpus": {"simulate": {"count": self.gpus_per_node,
                                            "faults_file": str(handle.faults_file)}}}})
         self.node_handles[name] = handle
@@ -335,8 +338,8 @@ class LocalCluster:
 
     def power_off(self, name: str) -> list[int]:
         """Power loss: every process of the node killed at once (its cgroup, then its whole
-        tree, frozen first), and its cgroups gone, as after a reboot; its state directory
-        stays. Returns the host pids killed."""
+        tree, frozen first), its cgroups and its RAM (``node.memory_dir``) gone, as after a
+        reboot; its state directory stays. Returns the host pids killed."""
         handle = self.node_handles[name]
         pids = self.node_pids(name)
         if handle.cgroup is not None:
@@ -356,6 +359,8 @@ class LocalCluster:
         wait_until(lambda: not any(pid_alive(p) for p in frozen), 5.0, interval=0.005)
         if handle.cgroup is not None:
             remove_cgroup_tree(handle.cgroup)
+        if handle.memory_dir is not None:  # RAM does not outlive the power
+            shutil.rmtree(handle.memory_dir, ignore_errors=True)
         return sorted(frozen)
 
     def host_pid(self, node: str, pid: int | None) -> int | None:

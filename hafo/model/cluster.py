@@ -368,6 +368,40 @@ class Pace(Record):
         return schema_of(cls).validate(data) if data else None
 
 
+#: Where a rank's state came back from at its start (``TieredCheckpointer``): its node's RAM,
+#: a peer node's RAM, the shared disk, or nowhere (a first start).
+RestoreTier = Literal["own", "peer", "disk", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class Restore(Record):
+    """How a rank of an instance restored its state at its start, as its SDK wrote it into
+    the progress directory (``InstanceStatus.restored``): the slowest rank of the node."""
+
+    rank: int
+    """The rank (torchrun's ``RANK``)."""
+    tier: RestoreTier
+    """Where its state came from: `own` (this node's RAM), `peer` (another member's node's
+    RAM), `disk` (the shared checkpoint directory) or `none` (nothing to restore)."""
+    step: int | None
+    """The step restored; null for `none`."""
+    seconds: float
+    """How long the restore took, waiting for the other members' records included."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Restore | None:  # type: ignore[override]
+        """Inverse of ``to_dict``; None stays None."""
+        return schema_of(cls).validate(data) if data else None
+
+    def describe(self) -> str:
+        """``step 41 from a peer's RAM in 0.21s``."""
+        where = {"own": "its node's RAM", "peer": "a peer's RAM", "disk": "disk",
+                 "none": "nothing"}[self.tier]
+        if self.tier == "none":
+            return f"nothing to restore ({self.seconds:.2f}s)"
+        return f"step {self.step} from {where} in {self.seconds:.2f}s"
+
+
 @dataclass(frozen=True, slots=True)
 class InstanceStatus(Record):
     """What a node's agent reports about one instance (workload at an epoch) it runs.
@@ -382,7 +416,9 @@ class InstanceStatus(Record):
     ``stalled``: the running instance made no progress for its ``hang_timeout`` (``Stall``),
     null otherwise; ``progressed``: a rank of it has reported progress (only reported for a
     workload with ``hang_timeout``: its start-up is over); ``pace``: its slowest rank's own
-    time per step (``Pace``; only for a gang with ``straggler_lag``), null until known."""
+    time per step (``Pace``; only for a gang with ``straggler_lag``), null until known.
+    ``restored``: how its slowest rank restored at its start (``Restore``: a workload using
+    ``TieredCheckpointer``), null until it says."""
 
     workload: str
     node: str
@@ -402,6 +438,7 @@ class InstanceStatus(Record):
     stalled: Stall | None = None
     progressed: bool = False
     pace: Pace | None = None
+    restored: Restore | None = None
 
     @property
     def stderr_line(self) -> str:

@@ -19,7 +19,7 @@ from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 from hafo.model.errors import ValidationError
 from hafo.model.health_config import HealthConfig
-from hafo.model.paths import DEFAULT_CHECKPOINT_ROOT, DEFAULT_STATE_DIR
+from hafo.model.paths import DEFAULT_CHECKPOINT_ROOT, DEFAULT_MEMORY_DIR, DEFAULT_STATE_DIR
 from hafo.model.schema import (
     INTEGER,
     OMIT_DEFAULT,
@@ -391,6 +391,10 @@ class NodeConfig(Section):
     """Where a spec's port `0` is taken from on this node."""
     logs: Annotated[NodeLogs, OMIT_DEFAULT] = NodeLogs()
     """How much of each instance's output this node keeps."""
+    memory_dir: Text = DEFAULT_MEMORY_DIR
+    """Where workloads keep their snapshots in this node's RAM (`TieredCheckpointer`):
+    `<memory_dir>/<workload id>`, given as `HAFO_MEMORY_DIR`. A memory filesystem: it outlives a
+    workload's processes, not the machine. Removed with the workload's last instance here."""
 
     @property
     def simulate(self) -> SimulatedGpus | None:

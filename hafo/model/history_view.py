@@ -39,11 +39,23 @@ class EpochView(TypedDict):
     resumed_from: CheckpointJson
 
 
+class MemberRestoreView(TypedDict):
+    """How one gang member restored at its start: its rank, node, the tier (``own``, ``peer``,
+    ``disk``, ``none``), the step and the seconds it took."""
+
+    rank: int
+    node: str
+    tier: str
+    step: int | None
+    seconds: float
+
+
 class NowView(TypedDict):
     """Where the workload is now: the assignment's phase (null before the controller placed
     it), the workload's state, node(s), epoch, restart count (ever, and the restart policy's
-    count now: ``restart_window``), the reason and the newest checkpoint (as in the workload
-    view)."""
+    count now: ``restart_window``), the reason, the newest checkpoint (as in the workload
+    view) and how each gang member restored at its start (``members``' ``restored``: a
+    workload using ``TieredCheckpointer``; the members that said, by rank)."""
 
     phase: Phase | None
     state: str
@@ -54,6 +66,7 @@ class NowView(TypedDict):
     restart_window: RestartWindowView | None
     reason: str
     checkpoint: CheckpointJson
+    restored: list[MemberRestoreView]
 
 
 class ShowView(TypedDict):
@@ -108,7 +121,11 @@ def show_view(snapshot: ClusterSnapshot, workload_id: str, history: WorkloadHist
                 "state": current["state"], "node": current["node"], "nodes": nodes,
                 "epoch": current["epoch"], "restarts": current["restarts"],
                 "restart_window": current["restart_window"],
-                "reason": current["reason"], "checkpoint": current["checkpoint"]},
+                "reason": current["reason"], "checkpoint": current["checkpoint"],
+                "restored": [{"rank": m["rank"], "node": m["node"],
+                              "tier": m["restored"]["tier"], "step": m["restored"]["step"],
+                              "seconds": m["restored"]["seconds"]}
+                             for m in current["members"] if m["restored"] is not None]},
         "history": [epoch_view(r) for r in history.epochs] if history is not None else [],
         "events": [e.to_dict() for e in events],
     }

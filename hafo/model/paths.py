@@ -4,3 +4,5 @@ that a restarting agent finds its state directory without building the config mo
 
 DEFAULT_STATE_DIR = "/var/lib/hafo"
 DEFAULT_CHECKPOINT_ROOT = "/var/lib/hafo/checkpoints"
+#: Where a node's workloads keep snapshots in RAM (``node.memory_dir``).
+DEFAULT_MEMORY_DIR = "/dev/shm/hafo"

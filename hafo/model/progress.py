@@ -11,6 +11,10 @@ directory of the instance on its node's local disk that the agent makes for ever
 (docs/reference/files.md, "Instance directory"). The agent reads those for ``hang_timeout``
 (``hafo.agent.progress_watch``): the checkpoint directory is shared by a gang's ranks, its
 ``heartbeat.json`` says only which rank wrote last.
+
+A ``TieredCheckpointer`` also writes ``restore-<RANK>.json`` there once it restored:
+``{"rank", "tier", "epoch", "step", "seconds"}`` (``tier``: ``own``, ``peer``, ``disk`` or
+``none``), which the agent reports as ``InstanceStatus.restored``.
 """
 
 from __future__ import annotations
@@ -70,6 +74,36 @@ def _seconds(value: object) -> float:
 def rank_file_name(rank: int) -> str:
     """The name of ``rank``'s file in the progress directory."""
     return f"rank-{rank}.json"
+
+
+RESTORE_TIERS = ("own", "peer", "disk", "none")
+
+
+def restore_file_name(rank: int) -> str:
+    """The name of ``rank``'s restore report in the progress directory."""
+    return f"restore-{rank}.json"
+
+
+def restore_rank_of_file(name: str) -> int | None:
+    """The rank a restore report's file name is for (None: not one)."""
+    if not (name.startswith("restore-") and name.endswith(".json")):
+        return None
+    digits = name[len("restore-"):-len(".json")]
+    return int(digits) if digits.isdigit() and len(digits) <= 6 else None
+
+
+def parse_restore(text: str) -> tuple[int, str, int | None, float] | None:
+    """``(rank, tier, step, seconds)`` of a restore report, or None if it is not one."""
+    try:
+        d = json.loads(text)
+        tier = str(d["tier"])
+        step = d.get("step")
+        rank = int(d["rank"])
+        if tier not in RESTORE_TIERS or rank < 0:
+            return None
+        return (rank, tier, None if step is None else int(step), _seconds(d["seconds"]))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
 
 
 def rank_of_file(name: str) -> int | None:

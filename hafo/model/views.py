@@ -30,15 +30,26 @@ WORKLOAD_STATES: tuple[str, ...] = get_args(WorkloadState)
 CheckpointJson = Annotated[dict[str, Any] | None, JsonOf(CheckpointInfo | None)]
 
 
+class RestoreView(TypedDict):
+    """How a member's slowest rank restored at its start (``InstanceStatus.restored``)."""
+
+    rank: int
+    tier: str
+    step: int | None
+    seconds: float
+
+
 class MemberView(TypedDict):
     """One member of a gang: its rank, node, state (of its instance at the gang's epoch), the
-    UUIDs of its GPUs and their indexes on its node (in the same order)."""
+    UUIDs of its GPUs and their indexes on its node (in the same order), and how it restored
+    (null until its SDK says: a workload using ``TieredCheckpointer``)."""
 
     rank: int
     node: str
     state: str
     gpus: list[str]
     gpu_indexes: list[int]
+    restored: RestoreView | None
 
 
 class RestartWindowView(TypedDict):
@@ -284,8 +295,19 @@ def members_view(snapshot: ClusterSnapshot, workload_id: str) -> list[MemberView
              "state": ("stopping" if assignment.phase == "moving"
                        and _member_state(snapshot, workload_id, epoch, m.node) != "completed"
                        else _member_state(snapshot, workload_id, epoch, m.node)),
-             "gpus": _uuids(snapshot, m.node, m.gpus), "gpu_indexes": list(m.gpus)}
+             "gpus": _uuids(snapshot, m.node, m.gpus), "gpu_indexes": list(m.gpus),
+             "restored": _member_restored(snapshot, workload_id, epoch, m.node)}
             for m in assignment.members]
+
+
+def _member_restored(snapshot: ClusterSnapshot, workload_id: str, epoch: int,
+                     node: str) -> RestoreView | None:
+    """How the member's instance of ``epoch`` restored, as its agent reported."""
+    status = snapshot.statuses.get((workload_id, node))
+    if status is None or status.epoch != epoch or status.restored is None:
+        return None
+    r = status.restored
+    return {"rank": r.rank, "tier": r.tier, "step": r.step, "seconds": r.seconds}
 
 
 def restart_window(submission: Submission, assignment: Assignment | None,

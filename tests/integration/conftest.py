@@ -109,7 +109,8 @@ TIMING_MODULES = frozenset({
 # them one after the other (xdist group ``torch-gangs``), so that on 2 cores two gangs do not
 # starve each other (their steps then took seconds; measured: three gang tests timed out).
 TORCH_GANG_MODULES = frozenset({"test_ddp_example", "test_gangs", "test_gang_sharded",
-                                "test_gang_hang"})
+                                "test_gang_hang", "test_gang_tiers",
+                                "test_snapshot_cost_bench"})
 
 
 def shares_a_module_fixture(item: pytest.Item) -> bool:

@@ -520,7 +520,8 @@ async def test_the_route_answers_the_view_of_show() -> None:
         assert body["now"] == {"phase": "placed", "state": "running", "node": "b",
                                "nodes": ["b"], "epoch": 20, "restarts": 0, "reason": "running",
                                "checkpoint": None, "restart_window": {
-                                   "restarts": 0, "max_restarts": 3, "window": 600.0}}
+                                   "restarts": 0, "max_restarts": 3, "window": 600.0},
+                               "restored": []}
         missing = await client.get("/v1/workloads/nope/history")
         assert missing.status == 404 and "nope" in (await missing.json())["error"]
         bad = await client.get("/v1/workloads/..%2F/history")

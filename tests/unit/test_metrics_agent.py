@@ -44,7 +44,8 @@ def fake_agent(**overrides: Any) -> Any:
                   "w2": InstanceStatus("w2", "node-a", 8, "exited", exit_code=1)},
         keeper=keeper,
         assignments=SimpleNamespace(placed={
-            "w1": Assignment("w1", "placed", "node-a", gpus=(0, 2), epoch=7)}))
+            "w1": Assignment("w1", "placed", "node-a", gpus=(0, 2), epoch=7)}),
+        memory_held=lambda: {"w1": 4096})
     for key, value in overrides.items():
         setattr(agent, key, value)
     return agent
@@ -71,6 +72,8 @@ def test_node_and_gpu_families_from_the_agent_state() -> None:
     assert {labels["state"]: v for labels, v in found["hafo_agent_instances"]} == {
         "starting": 0.0, "running": 1.0, "stopping": 0.0, "exited": 1.0}
     assert "DCGM_FI_DEV_GPU_TEMP" not in found  # nothing sampled yet
+    assert found["hafo_node_memory_snapshot_bytes"] == [
+        ({"workload": "w1", "node": "node-a"}, 4096.0)]
 
 
 def test_telemetry_families_follow_the_last_sample() -> None:

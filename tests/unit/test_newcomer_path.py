@@ -36,6 +36,7 @@ from hafo.model.cluster import (
     ClusterSnapshot,
     InstanceStatus,
     Member,
+    Restore,
 )
 from hafo.model.history_view import show_view
 from hafo.model.resume import resume_note
@@ -406,3 +407,26 @@ def test_the_banner_lists_the_examples() -> None:
 def test_every_example_spec_says_what_it_needs(name: str) -> None:
     header = (Path(__file__).resolve().parents[2] / "examples" / name).read_text()
     assert "\n# Needs: " in header.split("\nname:")[0]
+
+
+def test_a_gang_says_how_each_member_restored() -> None:
+    members = (Member(rank=0, node="a", gpus=()), Member(rank=1, node="b", gpus=()))
+    gang = Assignment(workload="g", phase="placed", node="a", epoch=10, members=members)
+    own = dataclasses.replace(status("g", "a", 10), restored=Restore(0, "own", 41, 0.04))
+    peer = dataclasses.replace(status("g", "b", 10), restored=Restore(1, "peer", 41, 0.213))
+    snap = make_snapshot([make_node("a"), make_node("b")], workloads=[submit("g", 0)],
+                         assignments=[gang], statuses=[own, peer])
+    view = workload_view(snap, "g", NOW)
+    assert [m["restored"] for m in view["members"]] == [
+        {"rank": 0, "tier": "own", "step": 41, "seconds": 0.04},
+        {"rank": 1, "tier": "peer", "step": 41, "seconds": 0.213}]
+    assert "step 41 from peer RAM, 0.21s" in render_workload(view)  # hafo workloads g
+    text = render_show(show_view(snap, "g", None, (), NOW))  # hafo show g
+    assert "restored:   rank 0 on a: step 41 from own RAM, 0.04s" in text
+    assert "restored:   rank 1 on b: step 41 from peer RAM, 0.21s" in text
+    # an older epoch's report is not this epoch's
+    stale = make_snapshot([make_node("a"), make_node("b")], workloads=[submit("g", 0)],
+                          assignments=[dataclasses.replace(gang, epoch=11)],
+                          statuses=[own, peer])
+    assert [m["restored"] for m in workload_view(stale, "g", NOW)["members"]] == [None, None]
+    assert "RESTORED" not in render_workload(workload_view(stale, "g", NOW))

@@ -3,6 +3,7 @@ clock (``hafo.agent.progress_watch``), and the stopped-process probe (reads only
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,8 +18,15 @@ from hafo.agent.proctree import process_stopped
 from hafo.agent.progress_watch import ProgressWatch, read_beats
 from hafo.checkpoint import Checkpointer
 from hafo.checkpoint.sharded import ShardedCheckpointer
-from hafo.model.cluster import Pace, Stall
-from hafo.model.progress import Heartbeat, encode_heartbeat, parse_heartbeat, rank_of_file
+from hafo.model.cluster import Pace, Restore, Stall
+from hafo.model.progress import (
+    Heartbeat,
+    encode_heartbeat,
+    parse_heartbeat,
+    parse_restore,
+    rank_of_file,
+)
+from hafo.render import _restored
 
 KEY = InstanceKey("w-abc123", 50)
 
@@ -264,3 +272,57 @@ def test_a_compute_that_is_not_a_duration_is_no_heartbeat() -> None:
         beat = parse_heartbeat('{"step": 1, "epoch": 2, "t": 3.0, "pid": 4, "compute": '
                                + bad + '}')
         assert (beat is None) == (bad != 'null'), bad
+
+
+def restore(directory: Path, rank: int, tier: str, step: int | None, seconds: float) -> None:
+    directory.mkdir(exist_ok=True)
+    (directory / f"restore-{rank}.json").write_text(json.dumps(
+        {"rank": rank, "tier": tier, "epoch": 3, "step": step, "seconds": seconds}))
+
+
+def test_the_slowest_ranks_restore_is_reported_then_kept(tmp_path: Path) -> None:
+    clock = Clock()
+    watch = ProgressWatch("node-a", clock)
+    assert watch.restored(KEY, tmp_path) is None
+    restore(tmp_path, 0, "own", 41, 0.05)
+    restore(tmp_path, 1, "peer", 41, 0.3)
+    (tmp_path / "restore-2.json").write_text("{not json")  # skipped
+    (tmp_path / "restore-x.json").write_text("{}")  # not a restore report's name
+    assert watch.restored(KEY, tmp_path) == Restore(1, "peer", 41, 0.3)
+    beat(tmp_path, 0, 42)
+    watch.stall(KEY, tmp_path, 10.0)  # a rank progressed: every rank here restored
+    assert watch.restored(KEY, tmp_path) == Restore(1, "peer", 41, 0.3)
+    restore(tmp_path, 3, "disk", 30, 9.0)  # read no more
+    assert watch.restored(KEY, tmp_path) == Restore(1, "peer", 41, 0.3)
+
+
+def test_restore_reports_are_read_for_a_while_without_heartbeats(tmp_path: Path) -> None:
+    clock = Clock()
+    watch = ProgressWatch("node-a", clock)
+    restore(tmp_path, 0, "none", None, 0.01)
+    assert watch.restored(KEY, tmp_path) == Restore(0, "none", None, 0.01)
+    restore(tmp_path, 1, "disk", 10, 1.5)
+    clock.now += 5
+    assert watch.restored(KEY, tmp_path) == Restore(1, "disk", 10, 1.5)
+    clock.now += 30
+    watch.restored(KEY, tmp_path)
+    restore(tmp_path, 2, "peer", 10, 4.0)
+    assert watch.restored(KEY, tmp_path) == Restore(1, "disk", 10, 1.5)
+
+
+@pytest.mark.parametrize("text", ['{"rank": 0, "tier": "ram", "step": 1, "seconds": 1}',
+                                  '{"rank": -1, "tier": "own", "step": 1, "seconds": 1}',
+                                  '{"rank": 0, "tier": "own", "step": 1, "seconds": -1}',
+                                  '{"rank": 0, "tier": "own", "step": 1}', "[]", ""])
+def test_a_bad_restore_report_is_none(text: str) -> None:
+    assert parse_restore(text) is None
+
+
+def test_render_shows_how_each_member_restored() -> None:
+    member = {"rank": 1, "node": "spare-1", "state": "running", "gpus": ["0"],
+              "gpu_indexes": [0], "restored": {"rank": 1, "tier": "peer", "step": 41,
+                                                "seconds": 0.213}}
+    assert _restored(member["restored"]) == "step 41 from peer RAM, 0.21s"
+    assert _restored(None) == "-"
+    assert _restored({"rank": 0, "tier": "none", "step": None, "seconds": 0.01}) == \
+        "nothing to restore, 0.01s"
