@@ -2,8 +2,11 @@
 real node: it outlives the process, not the machine), one directory per workload given by
 the agent as ``$HAFO_MEMORY_DIR``.
 
-    <memory dir>/own/rank-<r>/ckpt-e<epoch>-s<step>/    this node's rank r's newest snapshot
-    <memory dir>/peer/rank-<r>/ckpt-e<epoch>-s<step>/   a copy of rank r's, sent by its node
+    <memory dir>/own/rank-<r>-of-<w>/ckpt-e<epoch>-s<step>/    this node's rank r's snapshots
+    <memory dir>/peer/rank-<r>-of-<w>/ckpt-e<epoch>-s<step>/   copies of rank r's, from its node
+
+(``w``: the gang's world size; a gang resized to another size never reads them, and drops
+them at its start.)
 
 Each snapshot is a checkpoint in the single-instance format (``format.py``: a manifest with
 the tree and a CRC-32C per chunk of every blob, committed by a rename), so a torn or flipped
@@ -30,7 +33,7 @@ ADDRESS_ENV = "HAFO_NODE_ADDRESS"
 OWN = "own"
 PEER = "peer"
 PLACES = (OWN, PEER)
-RANK_DIR_RE = re.compile(r"^rank-(\d{5})$")
+RANK_DIR_RE = re.compile(r"^rank-(\d{5})-of-(\d{5})$")
 #: The files of one snapshot, in the order they are sent to a peer.
 FILES = (MANIFEST, DATA)
 #: Snapshots kept per rank and place: the newest two, so that when a node is lost between
@@ -40,9 +43,9 @@ KEEP = 2
 STALE_TEMP_SECONDS = 60.0
 
 
-def rank_dir_name(rank: int) -> str:
+def rank_dir_name(rank: int, world_size: int) -> str:
     """The directory of one rank's snapshots in a place."""
-    return f"rank-{rank:05d}"
+    return f"rank-{rank:05d}-of-{world_size:05d}"
 
 
 @dataclass(frozen=True)
@@ -74,14 +77,26 @@ class Held:
 
 
 class MemoryStore:
-    """The RAM tier of one workload on this node (see the module's docstring)."""
+    """The RAM tier of one workload on this node, for a gang of ``world_size`` members (see
+    the module's docstring)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, world_size: int = 1) -> None:
         self.root = root
+        self.world_size = world_size
 
     def rank_root(self, place: str, rank: int) -> Path:
         """Where ``rank``'s snapshots in ``place`` are."""
-        return self.root / place / rank_dir_name(rank)
+        return self.root / place / rank_dir_name(rank, self.world_size)
+
+    def drop_other_worlds(self) -> None:
+        """Remove the snapshots of gangs of another world size (of this workload before a
+        resize): they are never read again."""
+        for place in PLACES:
+            with contextlib.suppress(OSError):
+                for entry in os.listdir(self.root / place):
+                    match = RANK_DIR_RE.match(entry)
+                    if match and int(match.group(2)) != self.world_size:
+                        shutil.rmtree(self.root / place / entry, ignore_errors=True)
 
     def path(self, place: str, rank: int, epoch: int, step: int) -> Path:
         """The directory of one snapshot."""
@@ -103,7 +118,7 @@ class MemoryStore:
                 continue
             for entry in entries:
                 match = RANK_DIR_RE.match(entry)
-                if match is None:
+                if match is None or int(match.group(2)) != self.world_size:
                     continue
                 rank = int(match.group(1))
                 found.extend(Held(rank, ref.epoch, ref.step, place)

@@ -162,7 +162,7 @@ class TieredCheckpointer:
         self.restore_timeout = restore_timeout
         workload = os.environ.get("HAFO_WORKLOAD", "default")
         memory = memory_dir or os.environ.get(MEMORY_DIR_ENV) or f"/dev/shm/hafo/{workload}"
-        self.store = MemoryStore(Path(memory))
+        self.store = MemoryStore(Path(memory), self._disk.world_size)
         local = local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
         self.local_world_size = max(1, local)
         self.peer_rank = ((self.rank + self.local_world_size) % self.world_size
@@ -179,6 +179,9 @@ class TieredCheckpointer:
         self._peer: Endpoint | None = None
         self._records_dir = self.root / MEMORY / epoch_dir_name(self.epoch)
         self._records_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # the state is the workload's: others keep out
+            self.store.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.store.drop_other_worlds()
         held = tuple(h for h in self.store.held() if h.epoch < self.epoch)
         self._record = RankRecord(self.rank, self.node, self.server.endpoint, held)
         _write_json(self._records_dir / f"rank-{self.rank:05d}.json", self._record.to_json())

@@ -98,7 +98,7 @@ def test_restart_in_place_restores_every_rank_from_its_own_ram(tmp_path: Path) -
         assert (r.tier, r.epoch, r.step) == ("own", 1, 5)
         assert r.state["rank"] == rank and float(r.state["w"][0]) == rank * 1000 + 5
     # bounded: two snapshots per rank and place
-    ram = MemoryStore(tmp_path / "ram" / "a")
+    ram = MemoryStore(tmp_path / "ram" / "a", WORLD)
     assert sorted((h.place, h.rank, h.step) for h in ram.held()) == [
         (OWN, 0, 4), (OWN, 0, 5), (PEER, 2, 4), (PEER, 2, 5)]
     report = json.loads((tmp_path / "ck" / "memory" / "e000000000002" /
@@ -118,7 +118,7 @@ def test_a_lost_nodes_rank_restores_from_its_peers_ram(tmp_path: Path) -> None:
                          "restored-rank-00002.json").read_text())
     assert (report["tier"], report["step"]) == ("peer", 7)
     # the fetched copy is now the spare's own: the next restart in place reads it locally
-    assert MemoryStore(tmp_path / "ram" / "spare").find(2, 1, 7) is not None
+    assert MemoryStore(tmp_path / "ram" / "spare", WORLD).find(2, 1, 7) is not None
 
 
 def test_a_zombies_late_snapshot_is_refused_and_never_restored(tmp_path: Path) -> None:
@@ -128,21 +128,21 @@ def test_a_zombies_late_snapshot_is_refused_and_never_restored(tmp_path: Path) -
     second = gang(tmp_path, 2, ["a", "b", "c"], durable_every=0)
     each(second, lambda m: m.load_latest())
     # rank 2 of epoch 1, cut off but alive, sends a step 9 to its peer's node (rank 0's)
-    zombie_copy = MemoryStore(tmp_path / "ram" / "c").path(OWN, 2, 1, 3)
+    zombie_copy = MemoryStore(tmp_path / "ram" / "c", WORLD).path(OWN, 2, 1, 3)
     with pytest.raises(PeerError, match="epoch 1 refused"):
         put_snapshot(second[0].server.endpoint, 2, 1, 9, zombie_copy)
     train(second, range(4, 6))
     close(second)
     restored = restart(tmp_path, 3, ["a", "b", "c"])
     assert [(r.epoch, r.step) for r in restored] == [(2, 5)] * 3
-    assert all(h.step != 9 for h in MemoryStore(tmp_path / "ram" / "a").held())
+    assert all(h.step != 9 for h in MemoryStore(tmp_path / "ram" / "a", WORLD).held())
 
 
 def test_a_corrupt_own_copy_falls_back_to_the_peers(tmp_path: Path) -> None:
     first = gang(tmp_path, 1, ["a", "b", "c"], durable_every=0)
     train(first, range(1, 4))
     close(first)
-    flip(MemoryStore(tmp_path / "ram" / "b").path(OWN, 1, 1, 3) / "data.bin")
+    flip(MemoryStore(tmp_path / "ram" / "b", WORLD).path(OWN, 1, 1, 3) / "data.bin")
     restored = restart(tmp_path, 2, ["a", "b", "c"])
     assert [(r.tier, r.step) for r in restored] == [("own", 3), ("peer", 3), ("own", 3)]
 
@@ -153,7 +153,7 @@ def test_a_snapshot_no_copy_of_verifies_is_marked_bad_and_skipped_next_time(
     train(first, range(1, 4))
     close(first)
     for node, place in (("b", OWN), ("c", PEER)):  # both copies of rank 1's step 3
-        flip(MemoryStore(tmp_path / "ram" / node).path(place, 1, 1, 3) / "data.bin")
+        flip(MemoryStore(tmp_path / "ram" / node, WORLD).path(place, 1, 1, 3) / "data.bin")
     second = gang(tmp_path, 2, ["a", "b", "c"], durable_every=0)
     with pytest.raises(CorruptCheckpoint, match="marked it bad"):
         each(second, lambda m: m.load_latest())
@@ -280,15 +280,32 @@ def test_a_snapshot_is_written_over_the_oldest_in_place(tmp_path: Path) -> None:
     snapshot every step allocates no new memory (the data file keeps its inode)."""
     members = gang(tmp_path, 1, ["a", "b", "c"], durable_every=0)
     train(members, range(1, 3))
-    own, peer = (MemoryStore(tmp_path / "ram" / "a").path(place, rank, 1, 1) / "data.bin"
+    own, peer = (MemoryStore(tmp_path / "ram" / "a", WORLD).path(place, rank, 1, 1) / "data.bin"
                  for place, rank in ((OWN, 0), (PEER, 2)))
     inodes = (own.stat().st_ino, peer.stat().st_ino)
     train(members, range(3, 4))
     close(members)
-    ram = MemoryStore(tmp_path / "ram" / "a")
+    ram = MemoryStore(tmp_path / "ram" / "a", WORLD)
     assert sorted((h.place, h.rank, h.step) for h in ram.held()) == [
         (OWN, 0, 2), (OWN, 0, 3), (PEER, 2, 2), (PEER, 2, 3)]
     assert (ram.path(OWN, 0, 1, 3) / "data.bin").stat().st_ino == inodes[0]
     assert (ram.path(PEER, 2, 1, 3) / "data.bin").stat().st_ino == inodes[1]
     restored = restart(tmp_path, 2, ["a", "b", "c"])
     assert [float(r.state["w"][0]) for r in restored] == [3.0, 1003.0, 2003.0]
+
+
+def test_a_resized_gang_never_reads_the_old_sizes_snapshots(tmp_path: Path) -> None:
+    """Rank r of a gang of 3 holds another part of the state than rank r of a gang of 2: a
+    gang resized restores from disk (which refuses another world size) and drops them."""
+    first = gang(tmp_path, 1, ["a", "b", "c"], durable_every=0)
+    train(first, range(1, 4))
+    close(first)
+    resized = [TieredCheckpointer(tmp_path / "ck", rank=r, world_size=2, epoch=2,
+                                  memory_dir=tmp_path / "ram" / node, handle_signal=False,
+                                  restore_timeout=10, durable_every=0)
+               for r, node in enumerate(["a", "b"])]
+    assert each(resized, lambda m: m.load_latest()) == [None, None]
+    close(resized)
+    assert all(entry.name.endswith("-of-00002") or not entry.is_dir()
+               for place in ("own", "peer")
+               for entry in (tmp_path / "ram" / "a" / place).iterdir())
