@@ -226,6 +226,8 @@ class TieredCheckpointer:
         must call with the same steps). Memory-tier failures (RAM full, the peer gone) are
         logged and counted in ``stats``, never raised: the disk tier still holds."""
         step = int(step)
+        if copy not in ("now", "background"):
+            raise ValueError(f"copy must be 'now' or 'background', not {copy!r}")
         if self._last_step is not None and step <= self._last_step:
             raise ValueError(f"step {step} was not after the last snapshot's step "
                              f"{self._last_step}")
@@ -233,8 +235,6 @@ class TieredCheckpointer:
         self._wait_job()
         if self.durable_every and step % self.durable_every == 0:
             self._disk.save_async(state, step)
-        if copy not in ("now", "background"):
-            raise ValueError(f"copy must be 'now' or 'background', not {copy!r}")
         started = time.monotonic()
         staged = self._stager.stage(state, copy_host=True, defer=copy == "background")
         blobs: list[Blob] = []

@@ -187,6 +187,9 @@ def test_steps_must_grow(tmp_path: Path) -> None:
     members[0].snapshot(state(0, 3), 3)
     with pytest.raises(ValueError, match="not after"):
         members[0].snapshot(state(0, 3), 3)
+    with pytest.raises(ValueError, match="copy must be"):
+        members[0].snapshot(state(0, 4), 4, copy="later")  # type: ignore[arg-type]
+    members[0].snapshot(state(0, 4), 4, copy="background")  # the bad call changed nothing
     close(members)
 
 
