@@ -357,8 +357,9 @@ class Tiers(Mode):
     def report(self) -> dict[str, Any]:
         """TierStats of both ranks, and what the tiers hold at the end."""
         assert self.ck is not None
-        own = MemoryStore(self.memory[0]).newest(OWN, 0)
-        peer_copy = MemoryStore(self.memory[1]).newest(PEER, 0)
+        world = self.ck.world_size
+        own = MemoryStore(self.memory[0], world).newest(OWN, 0)
+        peer_copy = MemoryStore(self.memory[1], world).newest(PEER, 0)
         durable = [ref.step for ref in list_sharded_checkpoints(self.path)]
         return {"stats": asdict(self.ck.stats), "rank1_stats": self.peer_stats,
                 "snapshots_taken": self.step,
