@@ -77,6 +77,9 @@ from hafo.store.identity import StoreTrust
 from hafo.tasks import Backoff, restarting, run_all, wait_event
 
 log = structlog.get_logger("hafo.agent")
+#: Seconds between two sweeps of the workloads' RAM-tier snapshots (``sweep_memory``: they
+#: are kept for minutes after a workload's last instance left the node).
+MEMORY_SWEEP_EVERY = 10.0
 
 RECOVERABLE: tuple[type[BaseException], ...] = (*TRANSIENT, StoreError)
 REPORT_ERRORS: tuple[type[BaseException], ...] = (*RECOVERABLE, TimeoutError)
@@ -136,6 +139,7 @@ class Agent:
                                     on_change=self.assignments.changed.set)
         self.ready_since: dict[InstanceKey, float] = {}  # running instances that are ready
         self.progress = ProgressWatch(self.name)  # hang_timeout (hafo.agent.progress_watch)
+        self._next_memory_sweep = 0.0  # monotonic time of the next RAM-tier sweep
         self.health_now = asyncio.Event()  # set: the health loop runs a cycle at once
         self.assignments.on_suspect = self._suspected
         self.app_faults: dict[InstanceKey, str] = {}  # restart-app findings on its GPUs
@@ -783,7 +787,9 @@ class Agent:
                     await self.store.delete(self.keys.status(key.workload, self.name))
                     self.reported.pop(key.workload, None)
                 self.supervisor.forget(key)
-        self.supervisor.sweep_memory()
+        if time.monotonic() >= self._next_memory_sweep:  # minutes matter here, not cycles
+            self._next_memory_sweep = time.monotonic() + MEMORY_SWEEP_EVERY
+            self.supervisor.sweep_memory()
         for key in [k for k in self._not_launched if k not in desired]:
             status = self._not_launched.pop(key)
             if self.reported.get(key.workload) == status:

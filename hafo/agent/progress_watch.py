@@ -47,6 +47,10 @@ from hafo.model.progress import (
     restore_rank_of_file,
 )
 
+#: How long after an instance is first watched its restore report is looked for (the SDK's
+#: restore comes before training; it waits at most 120 s for the gang's other members by
+#: default): a workload that writes none costs no directory scan per cycle after that.
+RESTORE_WINDOW_SECONDS = 600.0
 #: How long a node's restore reports are read again after the first (its other ranks').
 RESTORE_READ_SECONDS = 30.0
 #: The most bytes read of one rank file (a heartbeat is under 100).
@@ -180,6 +184,8 @@ class ProgressWatch:
         ``RESTORE_READ_SECONDS`` after it, then kept."""
         now = self.clock()
         watched = self._watched.setdefault(key, _Watched(first_seen=now))
+        if watched.restored is None and now - watched.first_seen >= RESTORE_WINDOW_SECONDS:
+            watched.restore_final = True  # a workload that reports no restore: read no more
         if not watched.restore_final:
             progressed = bool(watched.ranks)
             watched.restored = read_restored(directory) or watched.restored

@@ -15,7 +15,7 @@ import pytest
 
 from hafo.agent.instances import InstanceKey
 from hafo.agent.proctree import process_stopped
-from hafo.agent.progress_watch import ProgressWatch, read_beats
+from hafo.agent.progress_watch import RESTORE_WINDOW_SECONDS, ProgressWatch, read_beats
 from hafo.checkpoint import Checkpointer
 from hafo.checkpoint.sharded import ShardedCheckpointer
 from hafo.model.cluster import Pace, Restore, Stall
@@ -326,3 +326,14 @@ def test_render_shows_how_each_member_restored() -> None:
     assert _restored(None) == "-"
     assert _restored({"rank": 0, "tier": "none", "step": None, "seconds": 0.01}) == \
         "nothing to restore, 0.01s"
+
+
+def test_a_workload_that_reports_no_restore_is_not_scanned_for_one_forever(
+        tmp_path: Path) -> None:
+    clock = Clock()
+    watch = ProgressWatch("node-a", clock)
+    assert watch.restored(KEY, tmp_path) is None
+    clock.now += RESTORE_WINDOW_SECONDS
+    assert watch.restored(KEY, tmp_path) is None
+    restore(tmp_path, 0, "disk", 5, 1.0)  # too late: looked for no more
+    assert watch.restored(KEY, tmp_path) is None
