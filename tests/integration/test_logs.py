@@ -5,6 +5,7 @@ across a power-loss failover, ``--all`` with headers, the size cap of a workload
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -158,12 +159,28 @@ SPEW = ("import sys\n"
 
 
 def output_bytes(state_dir: Path, wid: str) -> int:
+    """The bytes of the workload's output kept on the node, in its instance directories and
+    in ``logs/``. The agent moves an ended instance's output into ``logs/`` while this reads:
+    a listing is taken again until two agree (a directory gone meanwhile is skipped)."""
+    last = -1
+    for _ in range(10):
+        total = _output_bytes_once(state_dir, wid)
+        if total == last:
+            break
+        last = total
+    return total
+
+
+def _output_bytes_once(state_dir: Path, wid: str) -> int:
     total = 0
     for root in (state_dir / "instances", state_dir / "logs"):
-        for path in root.rglob("*") if root.is_dir() else ():
-            if wid in str(path) and path.is_file() and ".log" in path.name \
-                    and not path.name.endswith(".meta") and path.name != "guard.log":
-                total += path.stat().st_size
+        for directory, _dirs, files in os.walk(root):  # errors (a directory gone) skipped
+            for name in files:
+                path = Path(directory) / name
+                if wid in str(path) and ".log" in name and not name.endswith(".meta") \
+                        and name != "guard.log":
+                    with contextlib.suppress(OSError):
+                        total += path.stat().st_size
     return total
 
 
