@@ -29,6 +29,7 @@ class NodeAssignments:
         self.node = node
         self.placed: dict[str, Assignment] = {}
         self.urgent: dict[str, int] = {}  # workload -> epoch to stop at once (no checkpoint)
+        self.park: dict[str, int] = {}  # workload -> epoch whose member here parks (warm)
         # workload -> until when this node is a suspect of it (a hang or straggler blamed on
         # it: ``Assignment.suspects``); ``on_suspect`` runs when that is new
         self.suspect_until: dict[str, float] = {}
@@ -58,6 +59,11 @@ class NodeAssignments:
             self.urgent[workload] = urgent
         else:
             self.urgent.pop(workload, None)
+        if assignment is not None and assignment.phase == "moving" \
+                and self.node in assignment.park:
+            self.park[workload] = assignment.stopping
+        else:
+            self.park.pop(workload, None)
         until = assignment.suspects.get(self.node) if assignment is not None else None
         if until is None:
             self.suspect_until.pop(workload, None)

@@ -156,3 +156,23 @@ def remove(path: Path) -> None:
     """Remove an empty cgroup (kept if still populated or already gone)."""
     with contextlib.suppress(OSError):
         path.rmdir()
+
+
+def move(source: Path, target: Path, rounds: int = 50) -> bool:
+    """Move every process of the cgroup ``source`` into ``target`` (made if missing): a warm
+    gang member handed to its next instance goes on in that instance's cgroup. Repeated
+    while processes remain (one may fork meanwhile); True once ``source`` holds none."""
+    make(target)
+    for _ in range(rounds):
+        pids = members(source)
+        if not pids:
+            return not populated(source)
+        for pid in pids:
+            try:
+                with open(target / "cgroup.procs", "w") as procs:
+                    procs.write(str(pid))
+            except ProcessLookupError:
+                continue  # it exited meanwhile
+            except OSError:
+                return False
+    return not members(source)

@@ -618,7 +618,20 @@ class Agent:
             self.keeper.clock(), self.fence_deadline(), START_HEADROOM)
         plan = plan_instances([(k.workload, k.epoch) for k in desired],
                               {(k.workload, k.epoch): s.state != "exited"
-                               for k, s in states.items()}, may_start, self.claim.claimed)
+                               for k, s in states.items()}, may_start, self.claim.claimed,
+                              park=list(self.assignments.park.items()),
+                              parked=[(k.workload, k.epoch) for k, s in states.items()
+                                      if s.state == "parked"])
+        for workload, epoch in plan.park:
+            key = InstanceKey(workload, epoch)
+            failing = self.failing(key)
+            if failing:
+                self.supervisor.stop(key, states[key], failing, urgent=True)
+            else:
+                self.supervisor.park(key, states[key])
+        for (workload, epoch), new in plan.hand_over:
+            await self._hand_over(InstanceKey(workload, epoch), InstanceKey(*new),
+                                  desired[InstanceKey(*new)], states)
         for workload, epoch in plan.stop:
             key = InstanceKey(workload, epoch)
             failing = self.failing(key)
@@ -639,6 +652,37 @@ class Agent:
         await self._check_apps(states, desired)
         await self._report(states, desired)
 
+    async def _hand_over(self, parked: InstanceKey, key: InstanceKey, assignment: Assignment,
+                         states: dict[InstanceKey, GuardState]) -> None:
+        """Hand a parked warm member's process the instance ``key`` (announced first, as any
+        start); a parked member whose next instance here launches differently (another
+        command, GPUs or environment) is stopped, and that instance starts anew."""
+        submission = await self.assignments.spec(key.workload, key.epoch)
+        if submission is None:
+            return
+        gpu_ids = self._gpu_ids(assignment)
+        refusal = self.supervisor.handover_refusal(parked, submission, gpu_ids)
+        if refusal:
+            self.supervisor.stop(parked, states[parked], f"parked, not handed over: {refusal}",
+                                 urgent=True)
+            return
+        service = await self._service_of(submission)
+        if not await self._announce_start(key, assignment):
+            return
+        try:
+            self.supervisor.hand_over(parked, assignment, submission, gpu_ids, service)
+        except (ValidationError, OSError) as exc:
+            log.error("hand-over failed", workload=key.workload, node=self.name,
+                      epoch=key.epoch, error=str(exc))
+            shutil.rmtree(instance_dir(self.state_dir, key), ignore_errors=True)
+            self.supervisor.stop(parked, states[parked], "hand-over failed", urgent=True)
+
+    def _gpu_ids(self, assignment: Assignment) -> list[str]:
+        """The ``CUDA_VISIBLE_DEVICES`` entries of the assignment's GPUs on this node."""
+        by_index = {g.index: g.uuid for g in self.inventory}
+        return [str(i) if self.node.simulate is not None else by_index.get(i, str(i))
+                for i in assignment.gpus]
+
     async def _service_of(self, submission: Submission) -> Submission | None:
         """A replica's service's submission (None: not a replica, or the service is gone),
         kept with the instance for ``hafo recover --from-agents``."""
@@ -657,12 +701,8 @@ class Agent:
         """Start one announced instance. A launch the state directory refuses (read-only,
         full) is reported exited at once (``guard-lost``: not the workload's fault), so the
         controller, which saw it ``starting``, does not wait for it."""
-        by_index = {g.index: g.uuid for g in self.inventory}
         try:
-            self.supervisor.launch(assignment, submission,
-                                   [str(i) if self.node.simulate is not None else
-                                    by_index.get(i, str(i)) for i in assignment.gpus],
-                                   service)
+            self.supervisor.launch(assignment, submission, self._gpu_ids(assignment), service)
         except ValidationError as exc:  # an id no submit makes: never a path from it
             log.error("refusing to start", workload=key.workload, node=self.name,
                       epoch=key.epoch, error=str(exc))

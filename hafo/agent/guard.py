@@ -12,7 +12,16 @@ The guard starts the workload in its own session, then polls every 50 ms:
   SIGTERM, and SIGKILL 10 s later: a planned move loses no work;
 - SIGUSR2 (the agent stops the instance now: its application failed, or its GPU is lost):
   SIGTERM at once (also during a checkpoint wait), SIGKILL 5 s later;
-- SIGUSR1: forwarded to the workload.
+- SIGUSR1: forwarded to the workload;
+- a warm gang member (``warm_dir`` in its launch; ``hafo.agent.warm_member``): asked to park
+  (the agent's ``park`` file), it asks the process to leave its epoch's process group and
+  reports ``parked`` once the process confirmed it (or stops it at once if it did not within
+  ``stop_grace``); handed over (``handover.json``), it becomes the guard of the next
+  epoch's instance with the same process: the process moves to that instance's cgroup, its
+  output to that instance's directory, the old instance is recorded as ended
+  (``handed-over``) after the new one is recorded as running, and the process is told its
+  new epoch. A parked process that is stopped gets SIGTERM at once (it has no epoch to
+  checkpoint).
 The workload also gets PR_SET_PDEATHSIG=SIGKILL, so it dies with a killed guard. Its stdout
 and stderr are pipes that a thread of the guard reads as fast as they fill
 (``hafo.agent.outputlog``): into ``output.log``, capped and rotated at ``output_max_bytes``;
@@ -26,6 +35,7 @@ import contextlib
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,9 +45,10 @@ from typing import Any
 
 from hafo.agent import cgroups, procid
 from hafo.agent.fencefile import read_deadline
-from hafo.agent.instances import write_json_atomic
+from hafo.agent.instances import read_launch, write_json_atomic
 from hafo.agent.outputlog import DEFAULT_MAX_BYTES, OutputPump, OutputWriter
 from hafo.agent.proctree import any_stopped, become_subreaper, descendants, kill_instance
+from hafo.agent.warm_member import WarmLink, handover_refusal
 from hafo.checkpoint.sharded import list_all_checkpoints
 from hafo.checkpoint.transparent import unavailable_reason
 from hafo.decisions.fencing import must_kill
@@ -49,6 +60,7 @@ URGENT_TERM_GRACE = 5.0  # after an urgent SIGTERM, before SIGKILL
 EXIT_AFTER_COMMIT = 2.0  # after the stop checkpoint commits, time to exit on its own
 OUTPUT_DRAIN = 2.0  # after the workload exited, time for its pipes to close
 PR_SET_PDEATHSIG = 1
+PARK_MIN_WAIT = 5.0  # a warm member is given at least this long to confirm its park
 
 
 def catches(pid: int, sig: int) -> bool:
@@ -117,6 +129,9 @@ class Guard:
         self.urgent = False
         self.proc: subprocess.Popen[bytes] | None = None
         self.pump: OutputPump | None = None
+        warm_dir = self.launch.get("warm_dir")
+        self.warm = WarmLink(Path(warm_dir), path) if isinstance(warm_dir, str) and warm_dir \
+            else None
 
     def write(self, **changes: Any) -> None:
         """Publish the guard's state (atomically)."""
@@ -138,7 +153,8 @@ class Guard:
             cgroups.kill(self.cgroup)
             return
         self._signal_group(signal.SIGKILL)
-        kill_instance(str(self.launch["workload"]), int(self.launch["epoch"]),
+        kill_instance(str(self.launch["workload"]),
+                      int(self.launch.get("env_epoch", self.launch["epoch"])),
                       str(self.launch["node"]), os.getpid())
 
     def _on_term(self, _sig: int, _frame: object) -> None:
@@ -218,7 +234,8 @@ class Guard:
         baseline = (0, -1)
         exit_by: float | None = None  # checkpoint committed; SIGTERM if still running then
         term_by: float | None = None  # SIGTERM sent; SIGKILL at this time
-        killed = stopping = fenced = False
+        killed = stopping = fenced = parked = False
+        park_by: float | None = None  # a warm member asked to park: stopped if not by then
         while True:
             code = self.proc.poll()
             if code is not None:
@@ -234,6 +251,8 @@ class Guard:
                 self._kill_all()  # leftovers, in its session or not
                 self.write(state="exited", exit_code=code, finished_at=time.time(),
                            ended=ended.value, reason=reason, stderr_tail=self._drain_output())
+                if self.warm is not None:
+                    shutil.rmtree(self.warm.warm_dir, ignore_errors=True)
                 return 0
             now = time.monotonic()
             if not killed and must_kill(now, read_deadline(self.fence_file)):
@@ -255,6 +274,32 @@ class Guard:
                                                         "process of it was stopped")
                 else:
                     self.write(state="stopping", reason="stopped at once by the agent")
+            elif self.warm is not None and not (parked or stopping or self.stop_requested) \
+                    and park_by is None and (self.launch.get("standby") is True
+                                             or self.warm.park_asked()):
+                self.warm.request_park(int(self.launch["epoch"]))
+                park_by = now + max(self.grace, PARK_MIN_WAIT)
+                self.write(reason=f"parking: asked to leave epoch {self.launch['epoch']}'s "
+                                  "process group")
+            elif self.warm is not None and park_by is not None and not parked \
+                    and not self.stop_requested:
+                if self.warm.parked(int(self.launch["epoch"]), self.proc.pid):
+                    parked, park_by = True, None
+                    self.write(state="parked", reason=f"parked: left epoch "
+                                                      f"{self.launch['epoch']}'s process group")
+                elif now >= park_by:
+                    park_by = None
+                    self.stop_requested = self.urgent = True
+                    self.write(reason="did not park within stop_grace: stopped at once")
+            elif parked and not self.stop_requested and self.warm is not None:
+                target = self.warm.handover_target()
+                if target is not None and self._hand_over(target):
+                    parked = False
+            elif parked and self.stop_requested and not stopping:
+                stopping = True  # a parked process has no epoch to checkpoint
+                self._signal_group(signal.SIGTERM)
+                term_by = now + TERM_GRACE
+                self.write(state="stopping", reason="parked member stopped by the agent")
             elif self.stop_requested and not stopping:
                 if self.launch.get("checkpoint_mode") == "transparent":
                     self.state["transparent"] = unavailable_reason()
@@ -289,6 +334,48 @@ class Guard:
                 self._kill_all()
                 killed = True
             time.sleep(POLL)
+
+
+    def _hand_over(self, target: Path) -> bool:
+        """Become the guard of the instance launched in ``target`` with the parked process
+        (``hafo.agent.warm_member``); False (and nothing changed) if that launch is not this
+        lineage's next instance or the process could not be moved into its cgroup."""
+        assert self.proc is not None and self.pump is not None and self.warm is not None
+        launch = read_launch(target)
+        refusal = handover_refusal(self.launch, launch)
+        if refusal == "" and launch is not None:
+            cgroup = launch.get("cgroup")
+            new_cgroup = Path(cgroup) if isinstance(cgroup, str) and cgroup else None
+            if (self.cgroup is None) != (new_cgroup is None) or (
+                    self.cgroup is not None and new_cgroup is not None
+                    and not cgroups.move(self.cgroup, new_cgroup)):
+                refusal = "the process could not move into the new instance's cgroup"
+        if refusal or launch is None:
+            print(f"hafo guard: hand-over to {target} refused: {refusal}", file=sys.stderr,
+                  flush=True)
+            (self.path / "handover.json").unlink(missing_ok=True)
+            return False
+        old_path, old_launch, now = self.path, self.launch, time.time()
+        old_started = self.state.get("started_at")
+        writer = OutputWriter(target, int(launch.get("output_max_bytes", DEFAULT_MAX_BYTES)))
+        self.pump.retarget(writer)
+        self.path, self.launch = target, launch
+        self.fence_file = Path(launch["fence_file"])
+        self.grace = float(launch.get("grace", 30.0))
+        cgroup = launch.get("cgroup")
+        self.cgroup = Path(cgroup) if isinstance(cgroup, str) and cgroup else None
+        self.warm = WarmLink(self.warm.warm_dir, target)
+        # the new instance first: the agent never sees the process in neither
+        self.write(state="running", started_at=now, finished_at=None, exit_code=None,
+                   handed_from=int(old_launch["epoch"]), reason="")
+        write_json_atomic(old_path / "state.json", {
+            **self.state, "state": "exited", "exit_code": None, "finished_at": now,
+            "ended": InstanceEnd.HANDED_OVER.value, "handed_from": None,
+            "started_at": old_started,
+            "reason": f"handed over to instance {launch['epoch']}"})
+        self.warm.hand_over(int(launch["epoch"]), old_launch.get("env", {}),
+                            launch.get("env", {}))
+        return True
 
 
 def main(argv: list[str]) -> int:

@@ -131,6 +131,7 @@ class OutputPump:
         self._fds = {stdout: False, stderr: True}  # fd -> is stderr
         self._stderr = b""
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()  # held while writing and while the writer changes
         self.error: str | None = None
         self._thread = threading.Thread(target=self._run, name="output", daemon=True)
 
@@ -172,14 +173,23 @@ class OutputPump:
                         else:
                             partial[fd] = b""
                     try:
-                        self.writer.write(data)
+                        with self._write_lock:
+                            self.writer.write(data)
                     except OSError as exc:  # a full disk: keep draining, say why once
                         if self.error is None:
                             self.error = f"output not written: {exc.strerror}"
                             print(f"hafo guard: {self.error}", file=sys.stderr, flush=True)
         finally:
             selector.close()
-            self.writer.close()
+            with self._write_lock:
+                self.writer.close()
+
+    def retarget(self, writer: OutputWriter) -> None:
+        """Write from now on with ``writer`` (a warm member handed to its next instance: its
+        output goes on in the new instance's directory); the old writer is closed."""
+        with self._write_lock:
+            old, self.writer = self.writer, writer
+            old.close()
 
     def join(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for both pipes to close (the workload and every process

@@ -41,6 +41,7 @@ from hafo.agent.procid import ProcessId
 from hafo.agent.proctree import kill_instance
 from hafo.agent.rendezvous import GANG_DEFAULTS, gang_env
 from hafo.agent.scratch import kept_caches, make_tmpdir, remove_tmpdir
+from hafo.agent.warm_member import ask_handover, ask_park
 from hafo.checkpoint.memory_store import ADDRESS_ENV, MEMORY_DIR_ENV, MemoryStore
 from hafo.checkpoint.sharded import list_all_checkpoints
 from hafo.model.clocks import since_boot
@@ -57,6 +58,7 @@ from hafo.model.names import checkpoint_dir as workload_checkpoint_dir
 from hafo.model.output import MIB
 from hafo.model.paths import DEFAULT_MEMORY_DIR
 from hafo.model.progress import PROGRESS_DIR_ENV
+from hafo.model.warm import STANDBY_ENV, WARM_DIR_ENV
 
 log = structlog.get_logger("hafo.agent")
 #: Seconds a workload's RAM-tier snapshots stay on a node with none of its instances.
@@ -115,6 +117,7 @@ class Supervisor:
         self._memory_idle: dict[str, float] = {}  # workload -> boot clock since no instance
         self.stopping: set[InstanceKey] = set()
         self.stopping_now: set[InstanceKey] = set()
+        self.parking: set[InstanceKey] = set()  # asked to park (warm gang members)
         # workload -> (monotonic and wall-clock time of the reading, the checkpoint read)
         self._checkpoint_cache: dict[str, tuple[float, float, CheckpointInfo | None]] = {}
 
@@ -238,9 +241,16 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 # a live process of ours started its own session: its group is ours too
                 os.killpg(state.workload.pid, signal.SIGKILL)
-        kill_instance(key.workload, key.epoch, self.node,
+        kill_instance(key.workload, self._env_epoch(key), self.node,
                       guard.pid if procid.is_alive(guard) and guard is not None else None)
         return True
+
+    def _env_epoch(self, key: InstanceKey) -> int:
+        """The ``HAFO_EPOCH`` in the environment of the instance's processes: its epoch, or
+        for a warm member handed over, the epoch its process was started for."""
+        launch = self._launches.get(key) or read_launch(instance_dir(self.state_dir, key)) or {}
+        epoch = launch.get("env_epoch", key.epoch)
+        return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else key.epoch
 
     def _kill_leftovers(self, key: InstanceKey) -> bool:
         """An exited instance's cgroup must be empty: kill what is left (a process that
@@ -292,6 +302,69 @@ class Supervisor:
         workload id no submit makes: no path is built from it). ``service``: a replica's
         service's submission, kept with the instance's own and its assignment in
         ``submission.json`` (what ``hafo recover --from-agents`` rebuilds from)."""
+        path = self._prepare(assignment, submission, gpu_ids, service)
+        if path is None:
+            return
+        with open(path / "guard.log", "ab") as guard_log:
+            subprocess.Popen([sys.executable, "-m", "hafo", "guard", str(path)],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=guard_log, start_new_session=True, close_fds=True)
+        log.info("instance launched", workload=assignment.workload, node=self.node,
+                 epoch=assignment.epoch, gpus=gpu_ids)
+
+    def handover_refusal(self, parked: InstanceKey, submission: Submission,
+                         gpu_ids: list[str]) -> str:
+        """Why the parked warm member ``parked`` cannot become this node's next instance
+        ("" if it can): it must have been launched warm, with the same command, working
+        directory and GPUs, and the spec's ``env`` unchanged."""
+        launch = read_launch(instance_dir(self.state_dir, parked)) or {}
+        spec = submission.spec
+        raw_env = launch.get("env")
+        env: dict[str, object] = raw_env if isinstance(raw_env, dict) else {}
+        if not spec.warm or not launch.get("warm_dir"):
+            return "not a warm member"
+        if launch.get("argv") != list(spec.command) \
+                or launch.get("cwd") != (spec.workdir or os.getcwd()):
+            return "its command changed"
+        if env.get("CUDA_VISIBLE_DEVICES") != ",".join(gpu_ids):
+            return "its GPUs changed"
+        if any(env.get(k) != v for k, v in spec.env.items()):
+            return "its environment changed"
+        return ""
+
+    def hand_over(self, parked: InstanceKey, assignment: Assignment, submission: Submission,
+                  gpu_ids: list[str], service: Submission | None = None) -> None:
+        """Launch the next instance with the parked warm member's process (its guard becomes
+        the new instance's: ``hafo.agent.guard``); ``handover_refusal`` said it may."""
+        old = read_launch(instance_dir(self.state_dir, parked)) or {}
+        epoch = old.get("env_epoch", parked.epoch)
+        path = self._prepare(assignment, submission, gpu_ids, service,
+                             warm=(str(old["warm_dir"]), int(epoch)))
+        if path is None:
+            return
+        ask_handover(instance_dir(self.state_dir, parked), path)
+        log.info("instance handed over", workload=assignment.workload, node=self.node,
+                 epoch=assignment.epoch, parked=parked.epoch)
+
+    def park(self, key: InstanceKey, state: GuardState) -> None:
+        """Ask a warm member's guard to have its process park (once)."""
+        if state.state != "running" or key in self.parking or key in self.stopping:
+            return
+        try:
+            ask_park(instance_dir(self.state_dir, key))
+        except OSError as exc:
+            self._failed("park request", exc)
+            return
+        self.parking.add(key)
+        log.info("instance parking", workload=key.workload, node=self.node, epoch=key.epoch)
+
+    def _prepare(self, assignment: Assignment, submission: Submission, gpu_ids: list[str],
+                 service: Submission | None, warm: tuple[str, int] | None = None
+                 ) -> Path | None:
+        """Write an instance's directory and launch file (None: it was recorded as not
+        started). ``warm``: (warm directory, epoch of its process's environment) of the
+        parked member it is handed to; a new warm member gets a warm directory of its
+        own."""
         checkpoint_dir = workload_checkpoint_dir(self.checkpoint_root, assignment.workload)
         key = InstanceKey(assignment.workload, assignment.epoch)
         path = instance_dir(self.state_dir, key)
@@ -306,7 +379,7 @@ class Supervisor:
             self._mark_exited(key, None, str(exc), InstanceEnd.EXIT, exit_code=1)
             log.error("instance not started", workload=assignment.workload, node=self.node,
                       epoch=assignment.epoch, error=str(exc))
-            return
+            return None
         path.mkdir(parents=True, exist_ok=False)
         progress_dir(path).mkdir()
         self._ports[key] = ports
@@ -323,6 +396,18 @@ class Supervisor:
                **({ADDRESS_ENV: self.address} if self.address else {}),
                "CUDA_VISIBLE_DEVICES": ",".join(gpu_ids), "PYTHONUNBUFFERED": "1", **gang,
                **port_env(ports)}
+        warm_dir: str | None = None
+        standby = assignment.is_gang and assignment.member_on(self.node) is None
+        if standby:
+            env[STANDBY_ENV] = "1"  # a warm gang's standby: no rank until handed one
+        if warm is not None:
+            warm_dir = warm[0]
+        elif spec.warm and assignment.is_gang:
+            made = self.state_dir / "warm" / key.dirname
+            made.mkdir(parents=True, mode=0o700, exist_ok=True)
+            warm_dir = str(made)
+        if warm_dir is not None:
+            env[WARM_DIR_ENV] = warm_dir
         cgroup = self.containment.of(self.node, key.dirname)
         write_json_atomic(path / SUBMISSION_FILE, {
             "workload": assignment.workload, "epoch": assignment.epoch,
@@ -339,13 +424,11 @@ class Supervisor:
             "output_max_bytes": self.logs.max_mib * MIB, "launched_at": time.time(),
             "launched_boottime": launched, "boot": procid.boot_id(),
             "tmpdir": str(tmpdir) if tmpdir is not None else None,
-            "cgroup": str(cgroup) if cgroup is not None else None})
-        with open(path / "guard.log", "ab") as guard_log:
-            subprocess.Popen([sys.executable, "-m", "hafo", "guard", str(path)],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=guard_log, start_new_session=True, close_fds=True)
-        log.info("instance launched", workload=assignment.workload, node=self.node,
-                 epoch=assignment.epoch, gpus=gpu_ids)
+            "cgroup": str(cgroup) if cgroup is not None else None,
+            **({"warm_dir": warm_dir} if warm_dir is not None else {}),
+            **({"standby": True} if standby else {}),
+            **({"env_epoch": warm[1]} if warm is not None else {})})
+        return path
 
     def stop(self, key: InstanceKey, state: GuardState, why: str, urgent: bool = False) -> None:
         """Ask the guard to stop its workload (once): checkpoint first (SIGTERM to the guard),
@@ -434,6 +517,12 @@ class Supervisor:
         ``<state_dir>/logs/``, where the newest ``node.logs.keep_epochs`` ended instances of
         each workload are kept."""
         path = instance_dir(self.state_dir, key)
+        ended = read_guard_state(path)
+        warm_dir = (read_launch(path) or {}).get("warm_dir")
+        if isinstance(warm_dir, str) and Path(warm_dir).parent == self.state_dir / "warm" \
+                and (ended is None or ended.ended is not InstanceEnd.HANDED_OVER):
+            # its process ended (its guard removes it; not a guard that was killed)
+            shutil.rmtree(warm_dir, ignore_errors=True)
         if not any(other.workload == key.workload and other != key
                    for other in list_instances(self.state_dir)):
             launch = read_launch(path) or {}  # its last instance here
@@ -457,6 +546,7 @@ class Supervisor:
         self._launched.pop(key, None)
         self.stopping.discard(key)
         self.stopping_now.discard(key)
+        self.parking.discard(key)
 
     # -- reporting ----------------------------------------------------------------------
 
@@ -477,7 +567,8 @@ class Supervisor:
 
     def status_of(self, key: InstanceKey, state: GuardState) -> InstanceStatus:
         """The report for one instance."""
-        reported = "stopping" if key in self.stopping and state.state != "exited" else state.state
+        reported = "stopping" if (key in self.stopping and state.state != "exited") or (
+            key in self.parking and state.state == "running") else state.state
         return InstanceStatus(workload=key.workload, node=self.node, epoch=key.epoch,
                               state=reported,  # type: ignore[arg-type]
                               pid=state.pid, exit_code=state.exit_code,

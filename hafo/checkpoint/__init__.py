@@ -5,6 +5,9 @@ from hafo.checkpoint.format import CheckpointRef, list_checkpoints
 from hafo.checkpoint.sdk import Checkpointer, Restored
 from hafo.checkpoint.sharded import ShardedCheckpointer as ShardedCheckpointer
 from hafo.checkpoint.tiered import TieredCheckpointer as TieredCheckpointer
+from hafo.checkpoint.warm import ParkRequested, WarmEpoch
+from hafo.checkpoint.warm import run as run_warm
 
 __all__ = ["CheckpointMismatch", "CheckpointRef", "CheckpointWriteFailed", "Checkpointer",
-           "CorruptCheckpoint", "Restored", "list_checkpoints"]
+           "CorruptCheckpoint", "ParkRequested", "Restored", "WarmEpoch", "list_checkpoints",
+           "run_warm"]

@@ -26,7 +26,7 @@ import socketserver
 import struct
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -259,6 +259,36 @@ def _connect(endpoint: Endpoint, timeout: float) -> socket.socket:
         raise PeerError(f"{endpoint.host}:{endpoint.port}: {exc}") from exc
 
 
+_transfers: set[socket.socket] = set()  # this process's transfers in flight
+_transfers_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _transfer(endpoint: Endpoint, timeout: float) -> Iterator[socket.socket]:
+    """A connection for one transfer, known to ``abort_transfers`` while it is open."""
+    sock = _connect(endpoint, timeout)
+    with _transfers_lock:
+        _transfers.add(sock)
+    try:
+        with sock:
+            yield sock
+    finally:
+        with _transfers_lock:
+            _transfers.discard(sock)
+
+
+def abort_transfers() -> int:
+    """Shut down every transfer this process has in flight (a warm member parking,
+    ``hafo.checkpoint.warm``): one blocked on a stopped or unreachable peer fails at once
+    instead of after its timeout. Returns how many were shut down."""
+    with _transfers_lock:
+        open_now = list(_transfers)
+    for sock in open_now:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    return len(open_now)
+
+
 def _answer(sock: socket.socket, endpoint: Endpoint) -> dict[str, Any]:
     answer = _recv_frame(sock)
     if not answer.get("ok"):
@@ -273,7 +303,7 @@ def put_snapshot(endpoint: Endpoint, rank: int, epoch: int, step: int, path: Pat
     files = [path / name for name in FILES]
     try:
         sizes = [f.stat().st_size for f in files]
-        with _connect(endpoint, timeout) as sock:
+        with _transfer(endpoint, timeout) as sock:
             _send_frame(sock, {"op": "put", "token": endpoint.token, "rank": rank,
                                "epoch": epoch, "step": step, "sizes": sizes})
             _answer(sock, endpoint)  # taken: no byte is sent to be refused
@@ -289,7 +319,7 @@ def get_snapshot(endpoint: Endpoint, store: MemoryStore, place: str, rank: int, 
     """Fetch rank ``rank``'s snapshot of ``epoch`` and ``step`` from a peer's server into
     ``store`` (in ``place``); its path. PeerError if the peer has it not or is not reached."""
     try:
-        with _connect(endpoint, timeout) as sock:
+        with _transfer(endpoint, timeout) as sock:
             _send_frame(sock, {"op": "get", "token": endpoint.token, "rank": rank,
                                "epoch": epoch, "step": step})
             answer = _answer(sock, endpoint)

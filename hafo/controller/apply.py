@@ -36,7 +36,7 @@ def _mirror_ops(keys: Keys, action: Action,
     under every node the new assignment names (each member's, for a gang), removed from the
     nodes it named before and no longer does."""
     new = action.assignment
-    new_nodes = new.nodes if new is not None else ()
+    new_nodes = new.copy_nodes if new is not None else ()
     ops: list[Put | Delete] = [Delete(keys.node_assignment(node, action.workload))
                                for node in previous_nodes if node not in new_nodes]
     if new is not None and new_nodes:
@@ -125,7 +125,7 @@ async def _apply_batch(election: Election, keys: Keys, events: EventLog,
 
 def _ops(action: Action, previous: tuple[str, ...]) -> int:
     """An upper bound on the writes of one action."""
-    new = action.assignment.nodes if action.assignment is not None else ()
+    new = action.assignment.copy_nodes if action.assignment is not None else ()
     return 3 + len(new) + len(previous)
 
 
@@ -171,7 +171,7 @@ async def apply_plan(election: Election, keys: Keys, events: EventLog, plan: Pla
     if snapshot is not None:
         for action in plan.actions:
             current = snapshot.assignments.get(action.workload)
-            previous[action.workload] = current.nodes if current is not None else ()
+            previous[action.workload] = current.copy_nodes if current is not None else ()
         down = frozenset(node for nodes in previous.values() for node in nodes
                          if snapshot.node_state(node) == "down")
     highest = await apply_replica_changes(election, keys, events, plan.replicas)

@@ -46,14 +46,22 @@ GANG_PORT_FIRST = 29500
 GANG_PORT_COUNT = 2000
 
 
+def warm_park(current: Assignment, warm: bool, *lost: str) -> tuple[str, ...]:
+    """The nodes whose members park instead of stopping (a ``warm`` gang's survivors): every
+    member's but those of ``lost`` (down, failing, leaving, exited); none unless ``warm``."""
+    return tuple(m.node for m in current.members if m.node not in lost) if warm else ()
+
+
 def stop_gang(current: Assignment, why: str, cause: Cause, *, urgent: bool,
               after: AfterFailure | None = None, leave: tuple[str, ...] = (),
               move_to: str | None = None, not_before: float = 0.0,
-              quick_restarts: int = 0) -> Action:
+              quick_restarts: int = 0, park: tuple[str, ...] = ()) -> Action:
     """Stop every member of the gang's epoch (``moving``); ``moved_off_gang`` places it again
     once all are stopped. ``after``: a failure's outcome (restart counted, backoff);
     ``leave``: the nodes whose members go elsewhere; ``not_before`` and ``quick_restarts``:
-    an uncounted restart's backoff (``hafo.decisions.failures.uncounted_backoff``)."""
+    an uncounted restart's backoff (``hafo.decisions.failures.uncounted_backoff``);
+    ``park``: the nodes whose members park instead (``warm_park``: ``urgent`` is then for
+    the others)."""
     moving = dataclasses.replace(
         current, phase="moving", stopping=current.epoch, urgent=urgent,
         restarts=after.restarts if after else current.restarts,
@@ -63,8 +71,14 @@ def stop_gang(current: Assignment, why: str, cause: Cause, *, urgent: bool,
         quick_restarts=quick_restarts,
         after_stop=after.kind if after else ("move" if leave else "restart"),
         reason=after.why if after else why, move_to=move_to, leave=leave,
+        park=tuple(n for n in park if n not in leave) + tuple(
+            s.node for s in current.standby if s.node not in current.nodes),
         cause=move_cause(cause), preempted_for=None, failure=after.subject if after else "")
     how = "stop every member now" if urgent else "checkpoint and stop every member"
+    parked = [n for n in moving.park if n in current.nodes]
+    if parked:
+        how = f"park the members on {', '.join(parked)}, stop the others" + (
+            " now" if urgent else "")
     return Action(kind="move", workload=current.workload, cause=cause,
                   why=f"{after.why if after else why}: {how}", expected_revision=current.revision,
                   assignment=moving)
@@ -77,7 +91,7 @@ def _status(snapshot: ClusterSnapshot, current: Assignment, member: Member,
 
 
 def _uncounted(current: Assignment, member: Member, why: str, seen: Observations,
-               now: float) -> Action:
+               now: float, warm: bool = False) -> Action:
     """Stop the gang for an uncounted restart (the infrastructure ended ``member``), placed
     again after its backoff (timed from when this controller saw the end)."""
     ref = (current.workload, member.node, current.epoch)
@@ -85,7 +99,7 @@ def _uncounted(current: Assignment, member: Member, why: str, seen: Observations
     wait = f" after a {delay:g}s backoff" if delay else ""
     return stop_gang(current, f"{why}: restart, not counted{wait}", Cause.INFRASTRUCTURE,
                      urgent=False, not_before=seen.ended_at(ref, now) + delay,
-                     quick_restarts=streak)
+                     quick_restarts=streak, park=warm_park(current, warm, member.node))
 
 
 def assess_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
@@ -102,14 +116,15 @@ def assess_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
             # failsafe: an agent may still run a member on our word
             return Settled(SettledReason.FAILSAFE, f"gang member's node {down[0]} is down")
         return stop_gang(current, f"gang member on {down[0]} lost (node down)",
-                         Cause.MEMBER_LOST, urgent=False)
+                         Cause.MEMBER_LOST, urgent=False,
+                         park=warm_park(current, spec.warm, *down))
     for member in current.members:
         registered = snapshot.alive.get(member.node)
         if registered is not None and current.epoch <= registered.claimed:
             return _uncounted(current, member, f"{member.node} was registered again by an "
                               f"agent with a new lease; member {member.rank} of instance "
-                              f"{current.epoch} is gone", seen, now)
-    hardware = _hardware(snapshot, current)
+                              f"{current.epoch} is gone", seen, now, spec.warm)
+    hardware = _hardware(snapshot, current, spec.warm)
     if hardware is not None:
         return hardware
     statuses = [(m, _status(snapshot, current, m, current.epoch)) for m in current.members]
@@ -121,7 +136,8 @@ def assess_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
                               f"member {member.rank} failing ({status.failing})", now, now)
         cause = Cause.FAILING if after.kind == "restart" else Cause.APP_FAILED
         return stop_gang(current, after.why, cause, urgent=True, after=after,
-                         leave=(member.node,) if after.kind == "move" else ())
+                         leave=(member.node,) if after.kind == "move" else (),
+                         park=warm_park(current, spec.warm, member.node))
     # a member's node about to be confirmed down is a lost member, not a hang: wait for it
     hung = _hung(current, statuses, spec.restart, seen, now) \
         if spec.hang_timeout is not None \
@@ -144,12 +160,13 @@ def assess_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
             continue
         if status.ended_by_infrastructure:
             return _uncounted(current, member, f"member {member.rank} on {member.node} was "
-                              "ended by the infrastructure", seen, now)
+                              "ended by the infrastructure", seen, now, spec.warm)
         after = after_failure(current, spec.restart, member.node,
                               f"member {member.rank} exited with code {status.exit_code}",
                               exit_seen((member, status))[0], now, detail=status.stderr_line)
         return stop_gang(current, after.why, Cause.EXITED, urgent=False, after=after,
-                         leave=(member.node,) if after.kind == "move" else ())
+                         leave=(member.node,) if after.kind == "move" else (),
+                         park=warm_park(current, spec.warm, member.node))
     if len(exited) == len(current.members):
         done = Assignment(workload=wid, phase="completed", node=None,
                           restarts=current.restarts, restart_times=current.restart_times,
@@ -185,27 +202,36 @@ def _blame(current: Assignment, verdict: Verdict, node: str, cause: Cause,
         action, assignment=dataclasses.replace(action.assignment, suspects=suspects))
 
 
-def _hardware(snapshot: ClusterSnapshot, current: Assignment) -> Action | None:
+def _hardware(snapshot: ClusterSnapshot, current: Assignment,
+              warm: bool = False) -> Action | None:
     """Stop the gang if a member's node is unhealthy or one of its GPUs is bad; that member
-    goes elsewhere (no checkpoint wait if the GPU does not answer at all)."""
+    goes elsewhere (no checkpoint wait if the GPU does not answer at all); with ``warm``,
+    the others park."""
     for member in current.members:
         fault = hardware_fault(snapshot, member.node, member.gpus)
         if fault is not None:
             return stop_gang(current, f"member {member.rank}: {fault.subject}", fault.cause,
-                             urgent=fault.lost, leave=(member.node,))
+                             urgent=fault.lost, leave=(member.node,),
+                             park=warm_park(current, warm, member.node))
     return None
 
 
 def all_stopped(snapshot: ClusterSnapshot, current: Assignment) -> bool:
     """Every member of the instance being stopped is gone: reported exited, never launched
     (no report of that epoch: it never will be, its assignment changed), or its node is down
-    (its lease expired, so its guard killed it)."""
+    (its lease expired, so its guard killed it); or, asked to park (``current.park``),
+    reported parked: its process confirmed that it left the epoch's process group and opens
+    no link until it is handed the next epoch (docs/safety.md, "Warm survivors keep the
+    epoch rule")."""
     for member in current.members:
         if snapshot.node_state(member.node) == "down":
             continue
         status = _status(snapshot, current, member, current.stopping)
-        if status is not None and status.state != "exited":
-            return False
+        if status is None or status.state == "exited":
+            continue
+        if status.state == "parked" and member.node in current.park:
+            continue
+        return False
     return True
 
 

@@ -52,6 +52,7 @@ from hafo.decisions.preemption_policy import PRIORITY_ONLY, PreemptionPolicy, Qu
 from hafo.decisions.quota import Quotas
 from hafo.decisions.reclaim import DEFAULT_MIN_RUNTIME, Reclaiming
 from hafo.decisions.services import ReplicaChange, apart_from, decide_services
+from hafo.decisions.standby import choose_standby
 from hafo.model.cluster import Assignment, ClusterSnapshot, Member
 
 __all__ = ["FAILED_NODE_COOLDOWN", "Action", "Cause", "Plan", "ReplicaChange", "reconcile"]
@@ -256,7 +257,7 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
         for wid in preemption.held_young - set(placing.preemptions):
             notes[wid] = ("it takes back its lent quota once the borrowed work has run "
                           f"fair_sharing.min_runtime ({min_runtime:g} s)")
-    actions += _placement_actions(snapshot, needs, placing, notes)  # 4. actions
+    actions += _placement_actions(snapshot, needs, placing, notes, now)  # 4. actions
     actions += _victim_actions(snapshot, placing.preemptions)
     return Plan(tuple(actions), replicas)
 
@@ -284,7 +285,8 @@ def _suspects(need: Need) -> Mapping[str, float]:
 
 
 def _placement_actions(snapshot: ClusterSnapshot, needs: tuple[Need, ...],
-                       placing: _Placing, notes: Mapping[str, str]) -> list[Action]:
+                       placing: _Placing, notes: Mapping[str, str],
+                       now: float) -> list[Action]:
     """Stage 4, **actions**: each need's place, final failure or pending (in workload
     order; nothing for one already pending for the same reason). ``notes``: what
     else a pending one waits for (a reclaim held back by ``fair_sharing.min_runtime``). Its
@@ -311,7 +313,9 @@ def _placement_actions(snapshot: ClusterSnapshot, needs: tuple[Need, ...],
                              reason=need.why, avoid=avoid, failed_on=failed_on,
                              members=with_addresses(snapshot, result.members),
                              master_port=port, quick_restarts=need.quick_restarts,
-                             checkpoint=need.checkpoint, suspects=_suspects(need))
+                             checkpoint=need.checkpoint, suspects=_suspects(need),
+                             standby=choose_standby(need.request, result.members, spare_nodes,
+                                                    snapshot.assignments, now))
             where = ", ".join(f"{m.rank}:{m.node}" for m in result.members) or result.node
             actions.append(Action(kind="place", workload=wid, cause=need.cause,
                                   why=f"{need.why} -> {where}",

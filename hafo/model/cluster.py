@@ -28,7 +28,7 @@ NodeState = Literal["ready", "cordoned", "unhealthy", "down"]
 WorkloadState = Literal["pending", "starting", "running", "stopping", "completed", "failed",
                         "degraded", "updating"]
 Phase = Literal["pending", "placed", "moving", "completed", "failed"]
-InstanceState = Literal["starting", "running", "stopping", "exited"]
+InstanceState = Literal["starting", "running", "stopping", "parked", "exited"]
 AfterStop = Literal["move", "restart"]
 #: Why a workload in phase ``moving`` is being stopped. A planned move or a preemption says
 #: nothing against its node, so the node is not avoided afterwards; the others do.
@@ -204,7 +204,12 @@ class Assignment(Record):
 
     A gang (``members`` not empty) has one assignment and one epoch for all its members;
     ``master_port`` is its rendezvous port for this epoch; ``leave``: while ``moving``, the
-    nodes whose members are placed elsewhere next (a planned move, a bad node).
+    nodes whose members are placed elsewhere next (a planned move, a bad node); ``park``:
+    while ``moving``, the nodes whose members park instead of stopping (``warm`` gangs: their
+    processes are handed the next epoch, docs/safety.md, "Warm survivors keep the epoch
+    rule"); ``standby``: a placed ``warm`` gang's standbys, each on a spare node with the
+    GPUs a member would take there (``rank`` -1): a process started and parked at once, that
+    becomes the member placed on its node next (docs/reference/gangs.md, "Warm spares").
 
     ``quick_restarts``: uncounted restarts (the infrastructure's) in a row of instances that
     ran less than a minute, for their backoff (``hafo.decisions.failures.uncounted_backoff``);
@@ -242,6 +247,8 @@ class Assignment(Record):
     members: tuple[Member, ...] = ()
     master_port: int = 0
     leave: tuple[str, ...] = ()
+    park: tuple[str, ...] = ()
+    standby: tuple[Member, ...] = ()
     quick_restarts: int = 0
     failure: str = ""
     checkpoint: CheckpointInfo | None = None
@@ -285,6 +292,14 @@ class Assignment(Record):
         """The nodes of ``slots``."""
         return tuple(node for node, _ in self.slots)
 
+    @property
+    def copy_nodes(self) -> tuple[str, ...]:
+        """The nodes whose agents get a copy of this assignment: ``nodes``, and while it is
+        placed or moving, its standbys' nodes."""
+        if self.phase not in ("placed", "moving") or not self.standby:
+            return self.nodes
+        return self.nodes + tuple(s.node for s in self.standby if s.node not in self.nodes)
+
     def member_on(self, node: str) -> Member | None:
         """The gang member on ``node`` (None: none, or not a gang)."""
         for member in self.members:
@@ -299,6 +314,10 @@ class Assignment(Record):
             return self if self.node == node else None
         member = self.member_on(node)
         if member is None:
+            if self.phase == "placed":
+                for standby in self.standby:
+                    if standby.node == node:  # a warm gang's standby: no rank
+                        return dataclasses.replace(self, node=node, gpus=standby.gpus)
             return None
         return dataclasses.replace(self, node=node, gpus=member.gpus)
 

@@ -19,6 +19,8 @@ class InstanceEnd(StrEnum):
     """Killed at the fencing deadline or on lease loss: not the workload's fault."""
     GUARD_LOST = "guard-lost"  # its guard died (or never started); the agent killed it
     """Its guard died (or never started); the agent killed it."""
+    HANDED_OVER = "handed-over"  # parked, then handed the gang's next epoch (warm gangs)
+    """Its process parked and became the member of the gang's next epoch (``warm``)."""
 
 
 #: Ends caused by the infrastructure (fencing, lease loss, an etcd outage, a lost guard), not

@@ -222,8 +222,17 @@ class WorkloadSpec(Section):
     collectives: from the SDK's `synced()` to its next `heartbeat`, the median of recent
     steps) may exceed the other members' median before hafo names its rank and treats it as
     a hang (a restart, the node suspect, a second time replaced); none: off. Gangs only."""
+    warm: Annotated[Flag, OMIT_DEFAULT] = False
+    """A gang's survivors stay warm: when a new epoch starts because a member was lost (its
+    node down or bad, its process failed), the other members' processes are asked to park
+    (leave the epoch's process group) and are handed the next epoch, keeping their
+    interpreter, imports and GPU context, instead of being stopped and started again. The
+    command must run under the SDK's `run_warm`; a member that does not confirm its park
+    within `stop_grace` is stopped as without it. Gangs only."""
 
     def _check(self) -> None:
+        if self.warm and self.nodes < 2:
+            invalid("warm", "keeps a gang's survivors: needs nodes of 2 or more", self.warm)
         if self.straggler_lag is not None and self.nodes < 2:
             invalid("straggler_lag", "compares a gang's members: needs nodes of 2 or more",
                     self.straggler_lag)

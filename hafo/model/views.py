@@ -186,7 +186,7 @@ def workload_state(snapshot: ClusterSnapshot, workload_id: str) -> WorkloadState
         return "starting"
     if status.state == "exited":
         return "completed" if status.exit_code == 0 else "failed"
-    return status.state
+    return "stopping" if status.state == "parked" else status.state
 
 
 def _member_state(snapshot: ClusterSnapshot, workload_id: str, epoch: int, node: str) -> str:

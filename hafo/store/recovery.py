@@ -69,7 +69,7 @@ async def write_recovery(store: Store, keys: Keys, plan: RecoveryPlan,
         value = codec.encode(assignment.to_dict())
         ops.append(Put(keys.assignment(submission.id), value))
         ops += [Put(keys.node_assignment(node, submission.id), value)
-                for node in assignment.nodes]
+                for node in assignment.copy_nodes]
         await store.txn([], ops)
     current, revision = await read_identity(store, keys)
     generation = accepted_generation(*plan.generations,

@@ -70,7 +70,7 @@ def test_node_and_gpu_families_from_the_agent_state() -> None:
     assert found["hafo_agent_fencing_deadline_seconds"] == [({}, 2.5)]
     assert found["hafo_agent_loop_lag_seconds"] == [({}, 0.25)]
     assert {labels["state"]: v for labels, v in found["hafo_agent_instances"]} == {
-        "starting": 0.0, "running": 1.0, "stopping": 0.0, "exited": 1.0}
+        "starting": 0.0, "running": 1.0, "stopping": 0.0, "parked": 0.0, "exited": 1.0}
     assert "DCGM_FI_DEV_GPU_TEMP" not in found  # nothing sampled yet
     assert found["hafo_node_memory_snapshot_bytes"] == [
         ({"workload": "w1", "node": "node-a"}, 4096.0)]
