@@ -15,11 +15,17 @@ Side by side in one run, on this machine, the same 3-node gloo DDP job
 (a') the same, with tiered checkpoints (``--tiers``: a snapshot every step into the node's
     RAM and a peer node's, durable every 10 steps as in (a)): the lost rank restores from its
     peer's RAM, the survivors from their own; the steps lost and the job's start-up beside (a).
+(a'') hafo warm (``warm: true``, ``examples/warm_train.py`` under the SDK's ``run_warm``, one
+    process per node, tiers as in (a')): the survivors park and are handed the next epoch in
+    their processes, and the standby that waited on the spare (imports done, model built)
+    becomes the lost rank and fetches its snapshot from its peer's RAM. A standby is chosen
+    when the gang is placed, so each warm trial runs on a fresh cluster with a freshly placed
+    gang (a gang whose spare is used up replaces its next lost member cold).
 (b) plain ``torchrun --nnodes 2:3 --max-restarts 3`` with its c10d rendezvous on node 1, no
     hafo (``benchmarks/gang_baseline.py``): a worker node lost, then the rendezvous host
     lost.
 
-    python benchmarks/gang_failover.py [--trials 3] [--no-tiers] [--no-baseline]
+    python benchmarks/gang_failover.py [--trials 3] [--no-tiers] [--no-warm] [--no-baseline]
 """
 
 from __future__ import annotations
@@ -56,6 +62,15 @@ def gang_spec(tiers: bool = False) -> dict[str, Any]:
             "env": {"HAFO_DDP_TIMEOUT": "15"}}
 
 
+def warm_spec() -> dict[str, Any]:
+    """The warm example as a 3-node gang: survivors kept, a standby on the spare, snapshots
+    every step, durable every 10 steps."""
+    return {"name": "ddp-warm", "nodes": 3, "gpus": 1, "stop_grace": 15, "warm": True,
+            "command": [sys.executable, str(ROOT / "examples" / "warm_train.py"), "--steps",
+                        "0", "--every", "10", "--sleep", "0.05"],
+            "env": {"HAFO_DDP_TIMEOUT": "15"}}
+
+
 def _rank0(lines: list[dict[str, Any]], event: str, epoch: int | None = None
            ) -> list[dict[str, Any]]:
     return [x for x in lines if x.get("event") == event and x.get("rank", 0) == 0
@@ -81,14 +96,22 @@ async def hafo_trial(cluster: LocalCluster, wid: str) -> dict[str, float]:
     def trained(_: Any) -> bool:
         return any(x["epoch"] > epoch for x in _rank0(cluster.progress_log(wid), "step"))
 
-    snapshot = await cluster.wait_for(trained, 120, what="gang training again")
+    await cluster.wait_for(trained, 120, what="gang training again")
     lines = cluster.progress_log(wid)
     new_epoch = min(x["epoch"] for x in _rank0(lines, "step") if x["epoch"] > epoch)
     first = min(x["t"] for x in _rank0(lines, "step", new_epoch))
+
+    def launched(s: Any) -> list[float]:  # the members' (a standby is none of them)
+        nodes = {m["node"] for m in workload_view(s, wid)["members"]}
+        return [st.started_at for (w, node), st in s.statuses.items()
+                if w == wid and node in nodes and st.epoch == new_epoch and st.started_at]
+
+    # a warm gang trains before every agent reported it
+    snapshot = await cluster.wait_for(lambda s: len(launched(s)) >= 3, 30,
+                                      what="every member reported running")
     placed = min(e.ts for e in await read_events(cluster.store, cluster.keys, 0)
                  if e.workload == wid and e.ts > cut and e.kind in ("failover", "restarted"))
-    launches = [s.started_at for (w, _), s in snapshot.statuses.items()
-                if w == wid and s.epoch == new_epoch and s.started_at]
+    launches = launched(snapshot)
     if len(launches) != 3:
         raise AssertionError(f"members of epoch {new_epoch} launched: {launches}")
     start = max(launches)
@@ -107,26 +130,30 @@ async def hafo_trial(cluster: LocalCluster, wid: str) -> dict[str, float]:
             "from_peer": float(tiers.count("peer")), "from_disk": float(tiers.count("disk"))}
 
 
-async def run_hafo(trials: int, ttl: int, keep: str | None = None,
-                   tiers: bool = False) -> list[dict[str, float]]:
-    cluster = LocalCluster(nodes=3, controllers=1, gpus_per_node=1, lease_ttl=ttl,
-                           base_dir=Path(keep) if keep else None, keep=bool(keep))
-    results = []
-    try:
-        cluster.start()
-        cluster.add_node("spare-1", labels={"zone": "local", "hafo.io/spare": "true"})
-        cluster.start_node("spare-1")
-        await cluster.wait_ready(60)
-        wid = await cluster.submit(gang_spec(tiers))
-        for i in range(trials):
-            result = await hafo_trial(cluster, wid)
-            results.append(result)
-            print(f"hafo{' tiers' if tiers else ''} trial {i + 1}: " + ", ".join(
-                f"{k} {v:.2f}" for k, v in result.items()), flush=True)
-        return results
-    finally:
-        await cluster.close_store()
-        cluster.stop()
+async def run_hafo(trials: int, ttl: int, keep: str | None = None, tiers: bool = False,
+                   warm: bool = False) -> list[dict[str, float]]:
+    """``trials`` power cuts; a warm gang gets a fresh cluster per trial (its standby)."""
+    results: list[dict[str, float]] = []
+    label = " warm" if warm else " tiers" if tiers else ""
+    while len(results) < trials:
+        cluster = LocalCluster(nodes=3, controllers=1, gpus_per_node=1, lease_ttl=ttl,
+                               base_dir=Path(f"{keep}-{len(results)}") if keep else None,
+                               keep=bool(keep))
+        try:
+            cluster.start()
+            cluster.add_node("spare-1", labels={"zone": "local", "hafo.io/spare": "true"})
+            cluster.start_node("spare-1")
+            await cluster.wait_ready(60)
+            wid = await cluster.submit(warm_spec() if warm else gang_spec(tiers))
+            for _ in range(1 if warm else trials):
+                result = await hafo_trial(cluster, wid)
+                results.append(result)
+                print(f"hafo{label} trial {len(results)}: " + ", ".join(
+                    f"{k} {v:.2f}" for k, v in result.items()), flush=True)
+        finally:
+            await cluster.close_store()
+            cluster.stop()
+    return results
 
 
 def _p50(results: list[dict[str, float]], key: str) -> float:
@@ -134,7 +161,8 @@ def _p50(results: list[dict[str, float]], key: str) -> float:
 
 
 def report(results: list[dict[str, float]], ttl: int,
-           baselines: list[BaselineResult], tiered: list[dict[str, float]]) -> None:
+           baselines: list[BaselineResult], tiered: list[dict[str, float]],
+           warmed: list[dict[str, float]]) -> None:
     training = _p50(results, "training")
     print(f"\n(a) hafo, 3-node gang, one node powered off ({len(results)} trials, p50):")
     launched = _p50(results, "launched")
@@ -156,6 +184,18 @@ def report(results: list[dict[str, float]], ttl: int,
         print(f"    training again       {warm:6.2f} s  = {warm / ttl:.2f} x TTL; steps lost "
               f"p50 {_p50(tiered, 'steps_lost'):.0f} max "
               f"{max(r['steps_lost'] for r in tiered):.0f} (a snapshot every step)")
+    if warmed:
+        again = _p50(warmed, "training")
+        print(f"(a'') hafo warm: survivors kept, a standby on the spare ({len(warmed)} trials):")
+        print(f"    every member running {_p50(warmed, 'launched'):6.2f} s  (handed over)")
+        print(f"    job start-up         {_p50(warmed, 'startup'):6.2f} s  (rendezvous and "
+              f"restore in the kept processes: {_p50(warmed, 'from_peer'):.0f} rank from a "
+              "peer's RAM)")
+        print(f"    training again       {again:6.2f} s  = {again / ttl:.2f} x TTL, max "
+              f"{max(r['training'] for r in warmed):.2f} s (goal: TTL + 1.5 s = {ttl + 1.5:g} s); "
+              f"{training / again:.2f}x faster than (a); steps lost p50 "
+              f"{_p50(warmed, 'steps_lost'):.0f} max "
+              f"{max(r['steps_lost'] for r in warmed):.0f}")
     print("(b) plain torchrun --nnodes 2:3 --max-restarts 3, c10d rendezvous on node 1:")
     for base in baselines:
         if base.time_to_train is None:
@@ -174,16 +214,20 @@ def main() -> int:
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--no-tiers", action="store_true",
                         help="skip (a'), the gang with tiered checkpoints")
+    parser.add_argument("--no-warm", action="store_true",
+                        help="skip (a''), the warm gang")
     parser.add_argument("--keep", metavar="DIR", help="run the cluster in DIR, keep its logs")
     args = parser.parse_args()
     configure("console", level="warning")
     results = asyncio.run(run_hafo(args.trials, args.ttl, args.keep))
     tiered = [] if args.no_tiers else asyncio.run(
         run_hafo(args.trials, args.ttl, f"{args.keep}-tiers" if args.keep else None, True))
+    warm = [] if args.no_warm else asyncio.run(
+        run_hafo(args.trials, args.ttl, f"{args.keep}-warm" if args.keep else None, warm=True))
     baselines = [] if args.no_baseline else [
         run_torchrun_baseline(lost, timeout=args.baseline_timeout)
         for lost in ("worker", "rendezvous-host")]
-    report(results, args.ttl, baselines, tiered)
+    report(results, args.ttl, baselines, tiered, warm)
     return 0
 
 

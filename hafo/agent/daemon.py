@@ -619,7 +619,9 @@ class Agent:
         plan = plan_instances([(k.workload, k.epoch) for k in desired],
                               {(k.workload, k.epoch): s.state != "exited"
                                for k, s in states.items()}, may_start, self.claim.claimed,
-                              park=list(self.assignments.park.items()),
+                              park=[(k.workload, k.epoch) for k in states
+                                    if k.epoch >= self.assignments.park.get(k.workload,
+                                                                            k.epoch + 1)],
                               parked=[(k.workload, k.epoch) for k, s in states.items()
                                       if s.state == "parked"])
         for workload, epoch in plan.park:
@@ -754,8 +756,10 @@ class Agent:
             return False
         status = InstanceStatus(workload=key.workload, node=self.name, epoch=key.epoch,
                                 state="starting")
+        # a standby's copy was written after the assignment it copies (``revision_of``)
+        revision = assignment.revision_of or assignment.revision
         result = await self.store.txn(
-            [Compare(self.keys.assignment(key.workload), "mod", "==", assignment.revision)],
+            [Compare(self.keys.assignment(key.workload), "mod", "==", revision)],
             [Put(self.keys.status(key.workload, self.name), codec.encode(status.to_dict()),
                  lease=lease)])
         if not result.succeeded:

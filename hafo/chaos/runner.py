@@ -86,6 +86,11 @@ class ChaosReport:
 LoggedProcess = tuple[str, int, str]
 
 
+#: The epoch of a logged process whose last line says it parked (a warm gang's member between
+#: two instances: it belongs to neither).
+PARKED = -1
+
+
 class PidSampler:
     """Every 50 ms, looks at the live processes of each workload (from its progress log) and
     the epochs they belong to: processes of two epochs alive together are a sighting (a gang's
@@ -126,6 +131,8 @@ class PidSampler:
                 epoch, t = int(record["epoch"]), float(record["t"])
             except (ValueError, KeyError, TypeError):
                 continue
+            if record.get("event") == "parked":
+                epoch = PARKED  # a warm member left its epoch; its next line names the next
             known = self.pids[wid].get(process)
             if known is None or known[1] != epoch:
                 self.pids[wid][process] = (t, epoch)
@@ -164,7 +171,8 @@ class PidSampler:
             for gone in set(self.pids[wid]) - set(alive):
                 self.hosts[gone] = None  # dead for good: never looked up again
             self.pids[wid] = alive
-            instances = {(history(t, self.restores), e) for t, e in alive.values()}
+            instances = {(history(t, self.restores), e) for t, e in alive.values()
+                         if e != PARKED}
             if len(instances) > 1:
                 pids = sorted(f"{node}:{pid}" for node, pid, _ in alive)
                 epochs = [str(e) if h == 0 else f"{e} (history {h})"
@@ -280,10 +288,14 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
             ids.append(await cluster.submit(spec))
             kinds[ids[-1]] = "escaping" if i == 0 else "single"
         for i in range(gangs):
-            spec = demo_workload_spec(name=f"chaos-gang-{i}", interval=0.02, every=10)
+            # the first gang is warm: its survivors park and take the next epoch in their
+            # processes (an epoch change is one instance ending, the next beginning)
+            spec = demo_workload_spec(name=f"chaos-gang-{i}", interval=0.02, every=10,
+                                      warm=i == 0)
             spec["restart"] = {"max_restarts": 100000, "window": 60}
             spec["hang_timeout"] = CHAOS_HANG_TIMEOUT
             spec["nodes"] = 2
+            spec["warm"] = i == 0
             ids.append(await cluster.submit(spec))
             kinds[ids[-1]] = "gang-member"
         for i in range(services):

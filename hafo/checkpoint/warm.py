@@ -113,7 +113,7 @@ def run(train: Callable[[WarmEpoch], T], *, backend: str | None = None,
     Without ``$HAFO_WARM_DIR``: once; its exceptions propagate. With it: once per epoch. When
     ``train`` raises and hafo asks this process to park (before, or within ``park_wait``
     seconds after), it parks: tears down the process group (at most ``TEARDOWN_SECONDS``),
-    writes ``parked.json``, calls ``on_park`` and waits for the next epoch, sets the variables
+    calls ``on_park``, writes ``parked.json`` and waits for the next epoch, sets the variables
     handed over and calls ``train`` again. Otherwise the exception propagates. ``backend``
     defaults to ``default_backend()``, ``timeout`` is the group's (collectives, rendezvous).
     """
@@ -231,6 +231,11 @@ class _Member:
                         "its teardown (something keeps a reference to it): shut down", epoch,
                         left)
         parked = Parked(epoch, os.getpid(), time.time())
+        if self.on_park is not None:  # before the confirmation: the next epoch follows it
+            try:
+                self.on_park(parked)
+            except Exception:
+                log.exception("epoch %d: on_park failed", epoch)
         try:
             _write_atomic(self.dir / PARKED_FILE, encode_parked(parked))
             written = True
@@ -243,11 +248,6 @@ class _Member:
         requested = self.requested_at if self.requested_at is not None else now
         log.info("epoch %d: parked %.3fs after the failure, %.3fs after the request "
                  "(teardown %.3fs)", epoch, now - failed, now - requested, now - torn)
-        if self.on_park is not None:
-            try:
-                self.on_park(parked)
-            except Exception:
-                log.exception("epoch %d: on_park failed", epoch)
         self._take_next_epoch(epoch, now)
 
     def _stand_by(self) -> None:
@@ -259,21 +259,14 @@ class _Member:
             self.epoch, self.park, self.requested_at = epoch, threading.Event(), None
             self.links, self.aborted = None, False
         self.park.wait()
-        _write_atomic(self.dir / PARKED_FILE, encode_parked(Parked(epoch, os.getpid(),
-                                                                   time.time())))
+        confirm_park(self.dir, epoch)
         log.info("epoch %d: standing by", epoch)
         self._take_next_epoch(epoch, time.monotonic())
 
     def _take_next_epoch(self, epoch: int, since: float) -> None:
         """Wait for the hand-over of an epoch after ``epoch`` and set its variables."""
         now = since
-        handed = _wait_next_epoch(self.dir / EPOCH_FILE, epoch)
-        for name, value in handed.env.items():
-            if value:
-                os.environ[name] = value
-            else:
-                os.environ.pop(name, None)
-        os.environ["HAFO_EPOCH"] = str(handed.epoch)
+        handed = take_next_epoch(self.dir, epoch)
         log.info("epoch %d: handed epoch %d after %.3fs parked (%s)", epoch, handed.epoch,
                  time.monotonic() - now, ", ".join(sorted(handed.env)) or "no variables")
 
@@ -345,6 +338,35 @@ class _Reader:
             if self.value is None:
                 log.warning("%s ignored: not a valid %s", self.path, self.path.name)
         return self.value
+
+
+def park_requested(directory: Path, epoch: int) -> bool:
+    """Whether the guard asked the process of ``epoch`` (or a later one) to park: for a
+    workload that speaks the protocol without ``run`` (no torch; ``hafo.local.workload``)."""
+    text = _read_text(directory / PARK_FILE)
+    request = parse_park(text) if text is not None else None
+    return request is not None and request.epoch >= epoch
+
+
+def confirm_park(directory: Path, epoch: int) -> Parked:
+    """Tell the guard that this process left ``epoch`` (it holds no link to any of its
+    ranks): ``parked.json``."""
+    parked = Parked(epoch, os.getpid(), time.time())
+    _write_atomic(directory / PARKED_FILE, encode_parked(parked))
+    return parked
+
+
+def take_next_epoch(directory: Path, epoch: int) -> NextEpoch:
+    """Wait (no limit) for the hand-over of an epoch after ``epoch``, then set the variables
+    it names in ``os.environ`` (an empty value unsets one) and ``HAFO_EPOCH``."""
+    handed = _wait_next_epoch(directory / EPOCH_FILE, epoch)
+    for name, value in handed.env.items():
+        if value:
+            os.environ[name] = value
+        else:
+            os.environ.pop(name, None)
+    os.environ["HAFO_EPOCH"] = str(handed.epoch)
+    return handed
 
 
 def _wait_next_epoch(path: Path, epoch: int) -> NextEpoch:

@@ -21,7 +21,7 @@ from collections.abc import Collection, Mapping, Sequence
 import structlog
 
 from hafo.decisions.reconcile import Action, Plan, ReplicaChange
-from hafo.model.cluster import ClusterSnapshot, Event
+from hafo.model.cluster import ClusterSnapshot, Event, StandbyRecord
 from hafo.store import Compare, Delete, Election, EventLog, Keys, Put, codec
 
 log = structlog.get_logger("hafo.controller")
@@ -67,15 +67,40 @@ async def _txn_parts(keys: Keys, events: EventLog, action: Action,
         ops.append(Delete(keys.move(action.workload)))
     if action.kind == "refuse-move":
         guard = Compare(keys.move(action.workload), "version", ">", 0)
+    elif action.kind == "standby":
+        ops += _standby_ops(keys, action, previous_nodes)
+        return [guard], ops
     elif action.assignment is None:
         ops.append(Delete(key))
         ops += _mirror_ops(keys, action, previous_nodes)
+        ops.append(Delete(keys.standby(action.workload)))
     else:
         ops.append(Put(key, codec.encode(action.assignment.to_dict())))
         ops += _mirror_ops(keys, action, previous_nodes)
+        if action.assignment.is_gang:  # a standby record is for one assignment only
+            ops.append(Delete(keys.standby(action.workload)))
     unheld = [Compare(keys.alive(node), "create", "==", 0)
               for node in previous_nodes if node in down and action.kind != "refuse-move"]
     return [guard, *unheld], ops
+
+
+def _standby_ops(keys: Keys, action: Action,
+                 previous_nodes: tuple[str, ...]) -> list[Put | Delete]:
+    """A standby chosen for a placed gang, its assignment (so its epoch) unchanged: the
+    record, a copy of the assignment naming it under the standby's node (``revision_of``:
+    the revision it copies), and the copy under the node of a standby it replaces removed.
+    The members' copies are not rewritten: their mod revision is their epoch."""
+    assert action.assignment is not None
+    new = action.assignment
+    record = StandbyRecord(revision=action.expected_revision, members=new.standby)
+    copy = dataclasses.replace(new, revision_of=action.expected_revision)
+    ops: list[Put | Delete] = [Put(keys.standby(action.workload),
+                                   codec.encode(record.to_dict()))]
+    ops += [Put(keys.node_assignment(s.node, action.workload), codec.encode(copy.to_dict()))
+            for s in new.standby]
+    ops += [Delete(keys.node_assignment(node, action.workload)) for node in previous_nodes
+            if node not in new.copy_nodes]
+    return ops
 
 
 def _log_applied(action: Action, revision: int) -> None:
@@ -126,7 +151,7 @@ async def _apply_batch(election: Election, keys: Keys, events: EventLog,
 def _ops(action: Action, previous: tuple[str, ...]) -> int:
     """An upper bound on the writes of one action."""
     new = action.assignment.copy_nodes if action.assignment is not None else ()
-    return 3 + len(new) + len(previous)
+    return 4 + len(new) + len(previous)
 
 
 def _batches(actions: Sequence[Action],

@@ -198,7 +198,7 @@ class GangPlacer:
         name), none of ``skip``."""
         picks: list[str] = []
         for name in sorted(self.spares, key=lambda n: (
-                self.spares[n].labels.get(SPARE_LABEL) != "true", n)):
+                n not in request.standby, self.spares[n].labels.get(SPARE_LABEL) != "true", n)):
             if len(picks) >= count:
                 break
             if name not in skip and filter_reason(request, self.spares[name], self.now,

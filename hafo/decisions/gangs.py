@@ -270,7 +270,8 @@ def moved_off_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
     request = PlacementRequest(wid, submission.spec, submission.submitted_at, avoid,
                                prefer=current.move_to, exclude=current.failed_on,
                                members=current.members, leave=(*current.leave, *down),
-                               spares_first=current.cause not in PLANNED_CAUSES)
+                               spares_first=current.cause not in PLANNED_CAUSES,
+                               standby=tuple(s.node for s in current.standby))
     return Need(request=request, previous=current, restarts=restarts, restart_times=times,
                 cause=cause, why=f"{why} (gang instance {current.stopping} stopped){resumes}",
                 avoid=kept, quick_restarts=current.quick_restarts, failure=failure)

@@ -59,6 +59,8 @@ class PlacementRequest:
     members: tuple[Member, ...] = ()
     leave: tuple[str, ...] = ()
     spares_first: bool = False
+    #: the nodes of a warm gang's standbys: its replacements take those spares first
+    standby: tuple[str, ...] = ()
     apart: frozenset[str] = frozenset()
     group: str | None = None
     reclaim: bool = False

@@ -13,7 +13,7 @@ from hafo.decisions.placement import PlacementRequest
 from hafo.decisions.services import ReplicaChange
 from hafo.model.cluster import Assignment, CheckpointInfo, MoveCause
 
-ActionKind = Literal["place", "pending", "finish", "forget", "move", "refuse-move"]
+ActionKind = Literal["place", "pending", "finish", "forget", "move", "refuse-move", "standby"]
 FAILED_NODE_COOLDOWN = 60.0
 
 
@@ -60,6 +60,8 @@ class Cause(StrEnum):
     HUNG = "hung"                      # no progress for hang_timeout: stop, restart in place
     """No rank made progress for the spec's `hang_timeout`: stopped at once, restarted in place
     (the rank that stalled first is named)."""
+    STANDBY = "standby"                # a warm gang's standby on a spare, its epoch unchanged
+    """A warm gang gets a standby on a spare node (its assignment, so its epoch, unchanged)."""
     STRAGGLER = "straggler"            # a member slower than straggler_lag: as a hang
     """A gang member's own work per step exceeds the others' by more than `straggler_lag`:
     stopped at once, restarted in place (its rank is named)."""
@@ -100,7 +102,8 @@ def event_kind(kind: ActionKind, cause: Cause) -> str:
         return _MOVE_EVENTS[cause]
     if kind == "finish":
         return "completed" if cause is Cause.COMPLETED else "failed"
-    return {"pending": "pending", "forget": "deleted", "refuse-move": "move-refused"}[kind]
+    return {"pending": "pending", "forget": "deleted", "refuse-move": "move-refused",
+            "standby": "standby"}[kind]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -52,7 +52,7 @@ from hafo.decisions.preemption_policy import PRIORITY_ONLY, PreemptionPolicy, Qu
 from hafo.decisions.quota import Quotas
 from hafo.decisions.reclaim import DEFAULT_MIN_RUNTIME, Reclaiming
 from hafo.decisions.services import ReplicaChange, apart_from, decide_services
-from hafo.decisions.standby import choose_standby
+from hafo.decisions.standby import choose_standby, lacks_standby, standby_actions
 from hafo.model.cluster import Assignment, ClusterSnapshot, Member
 
 __all__ = ["FAILED_NODE_COOLDOWN", "Action", "Cause", "Plan", "ReplicaChange", "reconcile"]
@@ -233,6 +233,10 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
     assessed = _assess_all(snapshot, now, cooldown, allow_failover, seen)  # 1. assess
     actions += assessed.actions
     if not assessed.needs:
+        if any(lacks_standby(snapshot, a) for a in snapshot.assignments.values()):
+            spare_nodes = choose_spares(snapshot, capacity_from(snapshot, set()), spares)
+            actions += standby_actions(snapshot, spare_nodes, {a.workload for a in actions},
+                                       now)
         return Plan(tuple(actions), replicas)  # nothing to place: no capacity to compute
     needs = tuple(_kept_apart(snapshot, need) for need in assessed.needs)
     # Work that completes in this cycle (every instance exited 0) leaves its GPUs and its
@@ -259,6 +263,7 @@ def reconcile(snapshot: ClusterSnapshot, now: float,
                           f"fair_sharing.min_runtime ({min_runtime:g} s)")
     actions += _placement_actions(snapshot, needs, placing, notes, now)  # 4. actions
     actions += _victim_actions(snapshot, placing.preemptions)
+    actions += standby_actions(snapshot, placing.spares, {a.workload for a in actions}, now)
     return Plan(tuple(actions), replicas)
 
 

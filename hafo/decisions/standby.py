@@ -11,7 +11,8 @@ finds the same ones; it takes them out of nothing (a spare runs no other work).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Collection, Mapping
 
 from hafo.decisions.gang_placement import is_spare
 from hafo.decisions.placement_rules import (
@@ -20,7 +21,8 @@ from hafo.decisions.placement_rules import (
     filter_reason,
     take_gpus,
 )
-from hafo.model.cluster import Assignment, Member
+from hafo.decisions.plan import Action, Cause
+from hafo.model.cluster import Assignment, ClusterSnapshot, Member
 
 #: A standby has no rank until it is handed one.
 STANDBY_RANK = -1
@@ -46,3 +48,39 @@ def choose_standby(request: PlacementRequest, members: tuple[Member, ...],
             continue
         return (Member(rank=STANDBY_RANK, node=name, gpus=take_gpus(request.spec, cap.free)),)
     return ()
+
+
+def lacks_standby(snapshot: ClusterSnapshot, assignment: Assignment) -> bool:
+    """A placed ``warm`` gang with no standby on a ready node that is no member's."""
+    submission = snapshot.workloads.get(assignment.workload)
+    if assignment.phase != "placed" or not assignment.is_gang or submission is None \
+            or not submission.spec.warm:
+        return False
+    return not any(snapshot.node_state(s.node) == "ready" and s.node not in assignment.nodes
+                   for s in assignment.standby)
+
+
+def standby_actions(snapshot: ClusterSnapshot, spares: Mapping[str, NodeCapacity],
+                    acted: Collection[str], now: float) -> list[Action]:
+    """A standby for each placed ``warm`` gang that lacks one (its spare was used, or its
+    node is gone) and that no other action of this cycle touches, on a spare of ``spares``
+    (one gang per spare per cycle): written with the gang's assignment unchanged (its epoch
+    stays), as a ``StandbyRecord`` and a copy for the spare's agent."""
+    actions: list[Action] = []
+    taken: set[str] = set()
+    for wid, assignment in sorted(snapshot.assignments.items()):
+        if wid in acted or not lacks_standby(snapshot, assignment):
+            continue
+        submission = snapshot.workloads[wid]
+        request = PlacementRequest(wid, submission.spec, submission.submitted_at)
+        free = {name: cap for name, cap in spares.items() if name not in taken}
+        chosen = choose_standby(request, assignment.members, free, snapshot.assignments, now)
+        if not chosen:
+            continue
+        taken.add(chosen[0].node)
+        actions.append(Action(
+            kind="standby", workload=wid, cause=Cause.STANDBY,
+            why=f"standby for gang instance {assignment.epoch} on {chosen[0].node}",
+            expected_revision=assignment.revision,
+            assignment=dataclasses.replace(assignment, standby=chosen)))
+    return actions

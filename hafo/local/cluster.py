@@ -549,9 +549,11 @@ async def lose_etcd_data(cluster: LocalCluster) -> None:
 
 def demo_workload_spec(name: str = "train-demo", steps: int = 0, interval: float = 0.05,
                        every: int = 10, gpus: int = 1, fail_at: int = 0,
-                       stall_at: int = 0, escape: bool = False) -> dict[str, Any]:
+                       stall_at: int = 0, escape: bool = False,
+                       warm: bool = False) -> dict[str, Any]:
     """Spec of the built-in checkpointing workload (``python -m hafo.local.workload``);
-    ``escape``: it leaves a process behind that escapes its tree and environment."""
+    ``escape``: it leaves a process behind that escapes its tree and environment; ``warm``:
+    it speaks the warm protocol (a ``warm`` gang's member, no torch)."""
     command = [sys.executable, "-u", "-m", "hafo.local.workload", "--steps", str(steps),
                "--interval", str(interval), "--every", str(every)]
     if fail_at:
@@ -560,5 +562,7 @@ def demo_workload_spec(name: str = "train-demo", steps: int = 0, interval: float
         command += ["--stall-at", str(stall_at)]
     if escape:
         command += ["--escape"]
+    if warm:
+        command += ["--warm"]
     return {"name": name, "command": command, "gpus": gpus, "stop_grace": 5,
             "restart": {"max_restarts": 3, "window": 600}}

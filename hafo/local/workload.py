@@ -14,6 +14,8 @@ from pathlib import Path
 
 from hafo.agent.procid import boot_id
 from hafo.checkpoint import Checkpointer
+from hafo.checkpoint.warm import confirm_park, park_requested, take_next_epoch
+from hafo.model.warm import STANDBY_ENV, WARM_DIR_ENV
 
 #: The escaped process (``--escape``): it ignores SIGTERM and logs a line every 0.1 s with the
 #: instance it came from, for as long as it lives. Standard library only: it runs with an
@@ -51,6 +53,16 @@ def escape(log_path: Path, identity: Mapping[str, object]) -> None:
     os.waitpid(child, 0)
 
 
+def stand_by(warm_dir: Path) -> None:
+    """A warm gang's standby: park at once when asked, and wait to be handed a member."""
+    epoch = int(os.environ.get("HAFO_EPOCH", "0"))
+    while os.environ.get(STANDBY_ENV) == "1":
+        while not park_requested(warm_dir, epoch):
+            time.sleep(0.02)
+        confirm_park(warm_dir, epoch)
+        epoch = take_next_epoch(warm_dir, epoch).epoch
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the training loop; exit 0 after ``--steps`` (0 = forever)."""
     parser = argparse.ArgumentParser(prog="hafo-demo-workload")
@@ -63,13 +75,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--escape", action="store_true",
                         help="leave a process behind that escapes the instance's tree and "
                              "environment and ignores SIGTERM")
+    parser.add_argument("--warm", action="store_true",
+                        help="a warm gang's member: park when asked and take the next epoch "
+                             "in this process (the protocol of hafo.model.warm, no torch)")
     args = parser.parse_args(argv)
+    warm_dir = Path(os.environ[WARM_DIR_ENV]) if args.warm and os.environ.get(WARM_DIR_ENV) \
+        else None
+    if warm_dir is not None and os.environ.get(STANDBY_ENV) == "1":
+        stand_by(warm_dir)
     ck = Checkpointer()
-    # a gang member: rank 0 alone saves (every rank logs, and stops when asked)
-    saves = os.environ.get("HAFO_GANG_RANK", "0") == "0"
-
     def save(state: dict[str, object], step: int) -> None:
-        if saves:
+        # a gang member: rank 0 alone saves (every rank logs, and stops when asked); a warm
+        # member's rank is its current epoch's
+        if os.environ.get("HAFO_GANG_RANK", "0") == "0":
             ck.save(state, step=step)
     log_path = ck.root / "progress.jsonl"
     identity = {"workload": os.environ.get("HAFO_WORKLOAD"), "node": os.environ.get("HAFO_NODE"),
@@ -91,6 +109,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"start at step {step} on {identity['node']} epoch {identity['epoch']}", flush=True)
     while args.steps == 0 or step < args.steps:
         time.sleep(args.interval)
+        if warm_dir is not None and park_requested(warm_dir, ck.epoch):
+            record(event="parked", step=step)
+            confirm_park(warm_dir, ck.epoch)
+            take_next_epoch(warm_dir, ck.epoch)
+            ck = Checkpointer()  # the new epoch's: it reads HAFO_EPOCH
+            identity["epoch"] = ck.epoch
+            latest = ck.load_latest()
+            step = latest.step if latest else 0
+            loss = float(latest.state["loss"]) if latest else 10.0
+            record(event="start", resumed_from=step, warm=True)
+            continue
         step += 1
         loss *= 0.99
         record(event="step", step=step)

@@ -209,7 +209,11 @@ class Assignment(Record):
     processes are handed the next epoch, docs/safety.md, "Warm survivors keep the epoch
     rule"); ``standby``: a placed ``warm`` gang's standbys, each on a spare node with the
     GPUs a member would take there (``rank`` -1): a process started and parked at once, that
-    becomes the member placed on its node next (docs/reference/gangs.md, "Warm spares").
+    becomes the member placed on its node next (docs/reference/gangs.md, "Warm spares");
+    ``revision_of``: in the per-node copy written for a standby chosen after the gang was
+    placed (``StandbyRecord``), the revision of the assignment it copies; the copy's own mod
+    revision, later, is the standby instance's epoch (its agent's claim of the node may be
+    newer than the gang's epoch: a node that came back).
 
     ``quick_restarts``: uncounted restarts (the infrastructure's) in a row of instances that
     ran less than a minute, for their backoff (``hafo.decisions.failures.uncounted_backoff``);
@@ -249,6 +253,7 @@ class Assignment(Record):
     leave: tuple[str, ...] = ()
     park: tuple[str, ...] = ()
     standby: tuple[Member, ...] = ()
+    revision_of: int = 0
     quick_restarts: int = 0
     failure: str = ""
     checkpoint: CheckpointInfo | None = None
@@ -325,6 +330,25 @@ class Assignment(Record):
     def from_dict(cls, data: Mapping[str, Any], epoch: int = 0) -> Assignment:
         """Inverse of ``to_dict``; ``epoch`` comes from the key's mod_revision."""
         return schema_of(cls).validate(data, context={"epoch": epoch})
+
+
+@dataclass(frozen=True, slots=True)
+class StandbyRecord(Record):
+    """A warm gang's standby chosen after the gang was placed (``Keys.standby``): for its
+    assignment of ``revision``; the views and decisions see it folded into that assignment's
+    ``standby`` (``with_standby``)."""
+
+    revision: int
+    members: tuple[Member, ...] = ()
+
+
+def with_standby(assignment: Assignment, record: StandbyRecord | None) -> Assignment:
+    """``assignment`` with the standby of ``record`` when it is that assignment's (same
+    revision) and the assignment names none of its own."""
+    if record is None or assignment.standby or record.revision != assignment.revision \
+            or assignment.phase not in ("placed", "moving"):
+        return assignment
+    return dataclasses.replace(assignment, standby=record.members)
 
 
 @dataclass(frozen=True, slots=True)
@@ -564,6 +588,9 @@ class ClusterSnapshot:
     #: The declared queues (``Keys.queue``), by name; none: every workload is admitted as
     #: if the pool had no queues (``hafo.decisions.quota``).
     queues: Mapping[str, QueueSpec] = field(default_factory=dict)
+    #: Warm gangs' standbys chosen after their placement (``Keys.standby``), by workload;
+    #: already folded into ``assignments`` (``with_standby``).
+    standbys: Mapping[str, StandbyRecord] = field(default_factory=dict)
 
     def node_state(self, name: str) -> NodeState:
         """Derived node state: down > unhealthy > cordoned > ready."""

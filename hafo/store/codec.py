@@ -18,6 +18,7 @@ from hafo.model.cluster import (
     Liveness,
     MoveRequest,
     NodeRecord,
+    StandbyRecord,
     Submission,
 )
 from hafo.model.queues import QueueSpec, parse_queue
@@ -30,6 +31,7 @@ _STATUS = schema_of(InstanceStatus)
 _SUBMISSION = schema_of(Submission)
 _MOVE = schema_of(MoveRequest)
 _EVENT = schema_of(Event)
+_STANDBY = schema_of(StandbyRecord)
 
 
 def encode(data: dict[str, Any]) -> bytes:
@@ -57,6 +59,11 @@ def decode_submission(value: bytes) -> Submission:
 def decode_assignment(value: bytes, mod_revision: int) -> Assignment:
     """An assignment; its epoch is the key's mod_revision."""
     return _ASSIGNMENT.validate_json(value, context={"epoch": mod_revision})
+
+
+def decode_standby(value: bytes) -> StandbyRecord:
+    """A warm gang's standby record."""
+    return _STANDBY.validate_json(value)
 
 
 def decode_node(value: bytes) -> NodeRecord:

@@ -19,7 +19,7 @@ from typing import Literal, NamedTuple
 KeyKind = Literal["leader", "failsafe", "node", "alive", "cordon", "workload", "assignment",
                   "node-assignment", "move", "status", "controller", "event", "history",
                   "identity", "api-auth", "report", "queue", "fair-share", "names-indexed",
-                  "unknown"]
+                  "standby", "unknown"]
 
 
 class ParsedKey(NamedTuple):
@@ -48,6 +48,7 @@ _NAMED: dict[str, tuple[KeyKind, Literal["node", "workload", "name"]]] = {
     "moves": ("move", "workload"),
     "controllers": ("controller", "name"),
     "queues": ("queue", "name"),
+    "standby": ("standby", "workload"),
 }
 # Of those named by ``name``: the kinds whose name is free-form (the whole rest of the key).
 _FREE_FORM = frozenset({"controller"})
@@ -179,6 +180,12 @@ class Keys:
         """The copy of a workload's assignment under the node it names (written in the same
         transaction as the assignment, so its mod_revision is the same epoch)."""
         return f"{self.node_assignments(node)}{workload_id}"
+
+    def standby(self, workload_id: str) -> str:
+        """A warm gang's standby chosen after its placement (``StandbyRecord``), written by
+        the leader with a copy of the assignment under the standby's node; deleted with the
+        gang's next assignment write."""
+        return f"{self.state}standby/{workload_id}"
 
     def move(self, workload_id: str) -> str:
         """An operator's pending request to move a workload (consumed by the controller)."""

@@ -24,7 +24,9 @@ from hafo.model.cluster import (
     Liveness,
     MoveRequest,
     NodeRecord,
+    StandbyRecord,
     Submission,
+    with_standby,
 )
 from hafo.model.queues import QueueSpec
 from hafo.store import codec
@@ -54,6 +56,7 @@ class ClusterCache:
         self.moves: dict[str, MoveRequest] = {}
         self.checkpoints: dict[str, CheckpointInfo] = {}  # newest seen, outlives the reports
         self.queues: dict[str, QueueSpec] = {}
+        self.standbys: dict[str, StandbyRecord] = {}
         # Liveness keys deleted while their lease may still live (deleted by hand): the node
         # stays alive until etcd confirms that the lease is gone (``confirm_expiries``).
         self.unconfirmed: dict[str, Liveness] = {}
@@ -138,6 +141,8 @@ class ClusterCache:
             self.failsafe = FailsafeSet() if deleted else cast(FailsafeSet, value)
         elif kind == "queue":
             _set(self.queues, name, value)
+        elif kind == "standby":
+            _set(self.standbys, name, value)
 
     def _liveness_deleted(self, name: str, liveness: Liveness) -> None:
         """A liveness key went: the node stays alive until its lease is confirmed gone."""
@@ -153,7 +158,9 @@ class ClusterCache:
             alive=MappingProxyType(dict(self.alive)),
             cordoned=frozenset(self.cordoned),
             workloads=MappingProxyType(dict(self.workloads)),
-            assignments=MappingProxyType(dict(self.assignments)),
+            assignments=MappingProxyType({
+                wid: with_standby(a, self.standbys.get(wid)) if wid in self.standbys else a
+                for wid, a in self.assignments.items()}),
             statuses=MappingProxyType(dict(self.statuses)),
             leader=self.leader,
             controllers=tuple(sorted(self.controllers)),
@@ -163,6 +170,7 @@ class ClusterCache:
             checkpoints=MappingProxyType(dict(self.checkpoints)),
             expiring=frozenset(self.unconfirmed),
             queues=MappingProxyType(dict(self.queues)),
+            standbys=MappingProxyType(dict(self.standbys)),
         )
 
     async def confirm_expiries(self, interval: float = 0.25) -> None:
@@ -226,6 +234,7 @@ _DECODERS: dict[KeyKind, Callable[[KV], object]] = {
     "move": lambda kv: codec.decode_move(kv.value),
     "failsafe": lambda kv: codec.decode_failsafe(kv.value),
     "queue": _decode_queue,
+    "standby": lambda kv: codec.decode_standby(kv.value),
 }
 
 

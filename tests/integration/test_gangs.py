@@ -41,9 +41,9 @@ def ddp_spec(name: str, nodes: int, **extra: Any) -> dict[str, Any]:
             "env": {"HAFO_DDP_TIMEOUT": "30"}, **extra}
 
 
-async def gang_cluster(factory: ClusterFactory, nodes: int) -> LocalCluster:
+async def gang_cluster(factory: ClusterFactory, nodes: int, **extra: Any) -> LocalCluster:
     """``nodes`` ordinary nodes and one node labelled as a spare."""
-    cluster = await factory.start(nodes=nodes, controllers=1, gpus_per_node=1)
+    cluster = await factory.start(nodes=nodes, controllers=1, gpus_per_node=1, **extra)
     cluster.add_node(SPARE, labels={"zone": "local", "hafo.io/spare": "true"})
     cluster.start_node(SPARE)
     await cluster.wait_ready(45)

@@ -29,7 +29,7 @@ from hafo.model.views import workload_view
 from .conftest import ClusterFactory
 from .helpers import assert_never_two_copies
 from .test_gang_tiers import assert_each_rank_got_its_own, assert_ram_bounded, starts
-from .test_gangs import SPARE, gang_cluster, members, steps, training, wait_steps
+from .test_gangs import gang_cluster, members, steps, training, wait_steps
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -60,18 +60,29 @@ def pids_of(cluster: LocalCluster, wid: str, epoch: int) -> dict[int, tuple[str,
 
 
 async def standby_pid(cluster: LocalCluster, wid: str) -> tuple[str, int]:
-    """The pid of the gang's standby on the spare, once it parked."""
-    snapshot = await cluster.wait_for(
-        lambda s: (st := s.statuses.get((wid, SPARE))) is not None and st.state == "parked",
-        60, what="the standby parked on the spare")
-    status = snapshot.statuses[(wid, SPARE)]
+    """(node, pid) of the gang's standby, once it parked in the gang's epoch."""
+    def parked(s: Any) -> bool:
+        assignment = s.assignments.get(wid)
+        if assignment is None or assignment.phase != "placed" or not assignment.standby:
+            return False
+        status = s.statuses.get((wid, assignment.standby[0].node))
+        # of the gang's epoch, or later: a standby chosen after the placement
+        return bool(status is not None and status.state == "parked"
+                    and status.epoch >= assignment.epoch)
+
+    snapshot = await cluster.wait_for(parked, 60, what="the gang's standby parked")
+    node = snapshot.assignments[wid].standby[0].node
+    status = snapshot.statuses[(wid, node)]
     assert status.pid
-    return SPARE, status.pid
+    return node, status.pid
 
 
 async def test_power_loss_keeps_the_survivors_and_the_standby_warm(
         local_cluster: ClusterFactory) -> None:
-    cluster = await gang_cluster(local_cluster, nodes=3)
+    # four nodes, one kept idle as a spare (placement.spares): each node that comes back
+    # idle becomes the next spare
+    cluster = await local_cluster.start(nodes=4, controllers=1, gpus_per_node=1,
+                                        controller_config={"placement": {"spares": 1}})
     wid = await cluster.submit(warm_spec("warm-power", nodes=3))
     snapshot = before = await cluster.wait_for(training(wid), 90, what="gang training")
     epoch = workload_view(snapshot, wid)["epoch"]
@@ -84,7 +95,7 @@ async def test_power_loss_keeps_the_survivors_and_the_standby_warm(
     last_old = max(s["step"] for s in steps(cluster, wid, epoch))
     snapshot = await cluster.wait_for(training(wid, epoch), 90, what="gang trains again")
     new = workload_view(snapshot, wid)
-    assert [(r, n) for r, n, _ in members(snapshot, wid)][1] == (1, SPARE)
+    assert [(r, n) for r, n, _ in members(snapshot, wid)][1] == (1, standby[0])
     fresh = await wait_steps(cluster, wid, new["epoch"], 5)
     again = min(s["t"] for s in fresh if s["rank"] == 0) - cut
     print(f"training again {again:.2f}s after the power cut")
@@ -102,11 +113,23 @@ async def test_power_loss_keeps_the_survivors_and_the_standby_warm(
     assert_ram_bounded(cluster, wid)
     assert new["restarts"] == 0
     assert_never_two_copies(cluster, wid)
-    # the node comes back with its disk: it holds nothing of the gang's now
+    # the node comes back with its disk, idle: the gang's next standby goes there, with the
+    # gang's epoch unchanged (its members keep running)
     cluster.start_node(lost)
     await cluster.wait_ready(60)
-    await wait_steps(cluster, wid, new["epoch"], 15)
+    second = await standby_pid(cluster, wid)
+    assert second[0] == lost
+    snapshot = await cluster.snapshot()
+    assert workload_view(snapshot, wid)["epoch"] == new["epoch"]
     assert pids_of(cluster, wid, new["epoch"]) == {0: old[0], 1: standby, 2: old[2]}
+    # and takes rank 1 when the first standby's node, rank 1's now, loses power in turn
+    await wait_steps(cluster, wid, new["epoch"], 30)
+    cluster.power_off(standby[0])
+    snapshot = await cluster.wait_for(training(wid, new["epoch"]), 90,
+                                      what="gang trains again, twice")
+    third = workload_view(snapshot, wid)
+    await wait_steps(cluster, wid, third["epoch"], 5)
+    assert pids_of(cluster, wid, third["epoch"]) == {0: old[0], 1: second, 2: old[2]}
     assert_never_two_copies(cluster, wid)
 
 

@@ -9,10 +9,12 @@ import dataclasses
 import pytest
 
 from hafo.decisions.gangs import all_stopped, warm_park
-from hafo.model.cluster import InstanceEnd, Member
+from hafo.decisions.plan import Action, Cause
+from hafo.decisions.reconcile import reconcile
+from hafo.model.cluster import InstanceEnd, Member, StandbyRecord, with_standby
 from hafo.model.spec import parse_spec
 
-from .conftest import status
+from .conftest import make_node, status
 from .test_gangs import NOW, by_workload, gang_cluster, nodes_of, placed_gang
 
 
@@ -162,3 +164,89 @@ def test_the_standby_stays_parked_while_the_gang_moves() -> None:
     assert moving is not None and moving.park == ("a", "c", "s")
     assert moving.copy_nodes == ("a", "b", "c", "s")  # its agent keeps its copy
     assert dataclasses.replace(moving, phase="pending").copy_nodes == ()
+
+
+def test_the_lost_member_goes_to_its_standby_s_spare_first() -> None:
+    standby = (Member(rank=-1, node="t", gpus=(0, 1, 2, 3)),)
+    moving = dataclasses.replace(
+        placed_gang("a", "b", "c", phase="moving", stopping=50, cause="member-lost",
+                    park=("a", "c", "t")), standby=standby)
+    snap = gang_cluster(down=("b",), assignment=moving, warm=True,
+                        extra_nodes=(make_node("t", labels={"hafo.io/spare": "true"}),),
+                        statuses=(status("g", "a", 50, "parked"), status("g", "c", 50, "parked")))
+    action = by_workload(snap)["g"]
+    assert nodes_of(action) == ["a", "t", "c"]  # not s, the first spare by name
+    assert action.assignment is not None
+    assert [s.node for s in action.assignment.standby] == ["s"]  # the other spare next
+
+
+# -- a standby chosen after the placement (its spare was used up, a node came back) ----------
+
+def test_a_placed_warm_gang_without_a_standby_gets_one_when_a_spare_is_free() -> None:
+    snap = gang_cluster(warm=True)  # placed on a, b, c; the spare s idle; nothing to place
+    actions = [a for a in reconcile(snap, NOW).actions if a.workload == "g"]
+    assert [(a.kind, a.cause, a.event) for a in actions] == [
+        ("standby", Cause.STANDBY, "standby")]
+    action = actions[0]
+    assert action.expected_revision == placed_gang("a", "b", "c").revision
+    assert action.assignment is not None
+    assert [(s.rank, s.node) for s in action.assignment.standby] == [(-1, "s")]
+    # the gang's epoch stays: the assignment is the same but for its standby
+    assert dataclasses.replace(action.assignment, standby=()) == placed_gang("a", "b", "c")
+
+
+def test_no_standby_action_for_a_gang_that_has_one_or_is_not_warm() -> None:
+    standby = (Member(rank=-1, node="s", gpus=(0, 1, 2, 3)),)
+    has_one = gang_cluster(warm=True, assignment=dataclasses.replace(
+        placed_gang("a", "b", "c"), standby=standby))
+    assert not [a for a in reconcile(has_one, NOW).actions if a.kind == "standby"]
+    cold = gang_cluster()
+    assert not [a for a in reconcile(cold, NOW).actions if a.kind == "standby"]
+
+
+def test_a_standby_whose_node_is_down_is_replaced_on_another_spare() -> None:
+    standby = (Member(rank=-1, node="s", gpus=(0, 1, 2, 3)),)
+    snap = gang_cluster(warm=True, down=("s",),
+                        extra_nodes=(make_node("t", labels={"hafo.io/spare": "true"}),),
+                        assignment=dataclasses.replace(placed_gang("a", "b", "c"),
+                                                       standby=standby))
+    actions = [a for a in reconcile(snap, NOW).actions if a.kind == "standby"]
+    assert [[s.node for s in a.assignment.standby] for a in actions  # type: ignore[union-attr]
+            ] == [["t"]]
+
+
+def test_a_standby_record_is_folded_into_its_own_assignment_only() -> None:
+    current = placed_gang("a", "b", "c")
+    standby = (Member(rank=-1, node="s", gpus=(0,)),)
+    record = StandbyRecord(revision=current.revision, members=standby)
+    assert with_standby(current, record).standby == standby
+    assert with_standby(current, dataclasses.replace(record, revision=1)) == current
+    assert with_standby(dataclasses.replace(current, phase="pending"), record).standby == ()
+    assert StandbyRecord.from_dict(record.to_dict()) == record
+
+
+def test_a_standby_record_s_ops_leave_the_members_copies_alone() -> None:
+    from hafo.controller.apply import _standby_ops
+    from hafo.store import Delete, Keys, Put, codec
+
+    keys = Keys("c")
+    current = placed_gang("a", "b", "c")
+    standby = (Member(rank=-1, node="t", gpus=(0,)),)
+    action = Action(kind="standby", workload="g", cause=Cause.STANDBY, why="",
+                    expected_revision=current.revision,
+                    assignment=dataclasses.replace(current, standby=standby))
+    ops = _standby_ops(keys, action, previous_nodes=("a", "b", "c", "s"))
+    puts = {op.key: op.value for op in ops if isinstance(op, Put)}
+    deletes = [op.key for op in ops if isinstance(op, Delete)]
+    assert sorted(puts) == sorted([keys.standby("g"), keys.node_assignment("t", "g")])
+    assert deletes == [keys.node_assignment("s", "g")]  # the old standby's copy only
+    copy = codec.decode_assignment(puts[keys.node_assignment("t", "g")], 99)
+    assert copy.revision_of == current.revision and copy.on_node("t") is not None
+
+
+def test_the_standby_key_parses_back() -> None:
+    from hafo.store import Keys
+
+    keys = Keys("c")
+    parsed = keys.parse(keys.standby("g-1"))
+    assert (parsed.kind, parsed.workload) == ("standby", "g-1")
