@@ -26,6 +26,10 @@ Side by side in one run, on this machine, the same 3-node gloo DDP job
     lost.
 
     python benchmarks/gang_failover.py [--trials 3] [--no-tiers] [--no-warm] [--no-baseline]
+
+With ``--soak MINUTES``: instead, the warm gang and plain torchrun each lose a node every
+``--every-s`` seconds (default 60) for that long, and the effective training time ratio of
+each is printed (``benchmarks/gang_soak.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_main import run_main
 from gang_baseline import BaselineResult, run_torchrun_baseline
+from gang_soak import soak_hafo, soak_torchrun
 
 from hafo.local.cluster import LocalCluster
 from hafo.local.progress import overlaps
@@ -206,6 +212,25 @@ def report(results: list[dict[str, float]], ttl: int,
                   f"{base.steps_lost}; {base.detail}")
 
 
+def soak(minutes: float, every: float, ttl: int, baseline: bool) -> int:
+    """The warm gang and plain torchrun, a node lost every ``every`` seconds."""
+    if every <= 15:
+        raise ValueError("--every-s must be above 15 (a node comes back 10 s after its cut)")
+    warm = asyncio.run(soak_hafo(minutes, every, ttl))
+    with tempfile.TemporaryDirectory(prefix="gang-soak-") as base:
+        torchrun = soak_torchrun(minutes, every, Path(base)) if baseline else None
+    print(f"\nA node powered off every {every:g} s for {minutes:g} min; effective training "
+          "time = useful steps x step time / wall:")
+    print(f"  hafo warm   {warm['ratio']:6.1%}  ({warm['useful_steps']:.0f} steps x "
+          f"{warm['step_time'] * 1000:.0f} ms / {warm['wall']:.0f} s; {warm['cuts']:.0f} cuts, "
+          f"{warm['warm_starts']:.0f} warm starts; goal >= 90%, torchft 81.2%)")
+    if torchrun is not None:
+        print(f"  torchrun    {torchrun['ratio']:6.1%}  ({torchrun['useful_steps']:.0f} steps x "
+              f"{torchrun['step_time'] * 1000:.0f} ms / {torchrun['wall']:.0f} s; "
+              f"{torchrun['cuts']:.0f} cuts)")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=3)
@@ -217,8 +242,13 @@ def main() -> int:
     parser.add_argument("--no-warm", action="store_true",
                         help="skip (a''), the warm gang")
     parser.add_argument("--keep", metavar="DIR", help="run the cluster in DIR, keep its logs")
+    parser.add_argument("--soak", type=float, metavar="MINUTES",
+                        help="a node lost every --every-s seconds for MINUTES, warm vs torchrun")
+    parser.add_argument("--every-s", type=float, default=60.0)
     args = parser.parse_args()
     configure("console", level="warning")
+    if args.soak:
+        return soak(args.soak, args.every_s, args.ttl, not args.no_baseline)
     results = asyncio.run(run_hafo(args.trials, args.ttl, args.keep))
     tiered = [] if args.no_tiers else asyncio.run(
         run_hafo(args.trials, args.ttl, f"{args.keep}-tiers" if args.keep else None, True))

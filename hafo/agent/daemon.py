@@ -678,6 +678,13 @@ class Agent:
                       epoch=key.epoch, error=str(exc))
             shutil.rmtree(instance_dir(self.state_dir, key), ignore_errors=True)
             self.supervisor.stop(parked, states[parked], "hand-over failed", urgent=True)
+            return
+        what = "standby" if parked.epoch != assignment.stopping and states[parked].reason \
+            .startswith("parked") is False else "parked member"
+        await self.events.append(Event(
+            ts=time.time(), kind="handed-over", workload=key.workload, node=self.name,
+            epoch=key.epoch, message=f"{what} of instance {parked.epoch} handed instance "
+                                     f"{key.epoch} (the same process)"))
 
     def _gpu_ids(self, assignment: Assignment) -> list[str]:
         """The ``CUDA_VISIBLE_DEVICES`` entries of the assignment's GPUs on this node."""

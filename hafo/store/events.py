@@ -83,6 +83,9 @@ class EventKind(StrEnum):
     """Leader: no rank made progress for `hang_timeout`: the rank that stalled first is named,
     every member is stopped at once and the workload restarts (counted); a second hang on the
     same node moves that member (`app-failed`)."""
+    STANDBY = "standby"
+    """Leader: a warm gang got a standby on a spare node, its epoch unchanged (its spare was
+    used up, or a node came back)."""
     STRAGGLER = "straggler"
     """Leader: a gang member's own work per step exceeded the others' by more than
     `straggler_lag`: its rank is named, every member is stopped at once and the gang restarts
@@ -106,6 +109,9 @@ class EventKind(StrEnum):
     """Agent: an instance was stopped (with or without a checkpoint)."""
     FENCED = "fenced"
     """Agent: an instance was killed by fencing."""
+    HANDED_OVER = "handed-over"
+    """Agent: a warm gang member's parked process became the member of the gang's next
+    epoch (one instance ended, the next began, in the same process)."""
     NODE_REREGISTERED = "node-reregistered"
     """Agent: it lost its hold on the node, fenced its work and registered again."""
     NODE_RESUMED = "node-resumed"

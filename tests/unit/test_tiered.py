@@ -312,3 +312,42 @@ def test_a_resized_gang_never_reads_the_old_sizes_snapshots(tmp_path: Path) -> N
     assert all(entry.name.endswith("-of-00002") or not entry.is_dir()
                for place in ("own", "peer")
                for entry in (tmp_path / "ram" / "a" / place).iterdir())
+
+
+def test_a_transfer_blocked_on_a_silent_peer_is_aborted_at_once(tmp_path: Path) -> None:
+    """A warm member parking (``hafo.checkpoint.warm``) ends a snapshot's copy to a peer that
+    took the connection and never answers (a stopped process), instead of waiting for the
+    transfer's 30 s timeout."""
+    import socket
+    import time
+
+    from hafo.checkpoint.peer_link import abort_transfers
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    port = silent.getsockname()[1]
+    snapshot = tmp_path / "snap"
+    snapshot.mkdir()
+    from hafo.checkpoint.memory_store import FILES
+    for name in FILES:
+        (snapshot / name).write_bytes(b"x")
+    failed: list[BaseException] = []
+
+    def put() -> None:
+        try:
+            put_snapshot(Endpoint("127.0.0.1", port, "t"), 0, 1, 1, snapshot)
+        except PeerError as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=put)
+    thread.start()
+    try:
+        time.sleep(0.3)  # connected, its header sent, waiting for the answer
+        started = time.monotonic()
+        assert abort_transfers() == 1
+        thread.join(5)
+        assert not thread.is_alive() and failed, "the transfer ended with a PeerError"
+        assert time.monotonic() - started < 2
+        assert abort_transfers() == 0  # none left in flight
+    finally:
+        silent.close()
+        thread.join(5)
