@@ -679,12 +679,10 @@ class Agent:
             shutil.rmtree(instance_dir(self.state_dir, key), ignore_errors=True)
             self.supervisor.stop(parked, states[parked], "hand-over failed", urgent=True)
             return
-        what = "standby" if parked.epoch != assignment.stopping and states[parked].reason \
-            .startswith("parked") is False else "parked member"
         await self.events.append(Event(
             ts=time.time(), kind="handed-over", workload=key.workload, node=self.name,
-            epoch=key.epoch, message=f"{what} of instance {parked.epoch} handed instance "
-                                     f"{key.epoch} (the same process)"))
+            epoch=key.epoch, message=f"the parked process of instance {parked.epoch} is "
+                                     f"handed instance {key.epoch}"))
 
     def _gpu_ids(self, assignment: Assignment) -> list[str]:
         """The ``CUDA_VISIBLE_DEVICES`` entries of the assignment's GPUs on this node."""

@@ -78,6 +78,7 @@ SHIPPED: dict[str, tuple[str, Callable[[dict[str, Any]], bool], str]] = {
     "counter.yaml": ("counter", _checkpointed(10), "a checkpoint at step 10"),
     "train.yaml": ("train-mlp", _checkpointed(20), "a checkpoint at step 20"),
     "ddp.yaml": ("ddp-train", _checkpointed(10), "a gang checkpoint at step 10"),
+    "warm.yaml": ("warm-train", _checkpointed(10), "a warm gang's checkpoint at step 10"),
     "service.yaml": ("web", _ready(3), "3 replicas ready"),
     "openai-service.yaml": ("llm", _ready(2), "2 replicas ready"),
 }
