@@ -102,6 +102,7 @@ async def local_cluster(tmp_path: Path) -> AsyncIterator[ClusterFactory]:
 TIMING_MODULES = frozenset({
     "test_chaos", "test_clock_step", "test_etcd_restart", "test_etcd_stall", "test_failover",
     "test_gang_hang", "test_guard", "test_metrics", "test_node_identity", "test_services",
+    "test_warm_guard",
 })
 
 
@@ -110,7 +111,7 @@ TIMING_MODULES = frozenset({
 # starve each other (their steps then took seconds; measured: three gang tests timed out).
 TORCH_GANG_MODULES = frozenset({"test_ddp_example", "test_gangs", "test_gang_sharded",
                                 "test_gang_hang", "test_gang_tiers",
-                                "test_snapshot_cost_bench"})
+                                "test_snapshot_cost_bench", "test_warm_gang"})
 
 
 def shares_a_module_fixture(item: pytest.Item) -> bool:
