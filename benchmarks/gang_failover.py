@@ -18,9 +18,9 @@ Side by side in one run, on this machine, the same 3-node gloo DDP job
 (a'') hafo warm (``warm: true``, ``examples/warm_train.py`` under the SDK's ``run_warm``, one
     process per node, tiers as in (a')): the survivors park and are handed the next epoch in
     their processes, and the standby that waited on the spare (imports done, model built)
-    becomes the lost rank and fetches its snapshot from its peer's RAM. A standby is chosen
-    when the gang is placed, so each warm trial runs on a fresh cluster with a freshly placed
-    gang (a gang whose spare is used up replaces its next lost member cold).
+    becomes the lost rank and fetches its snapshot from its peer's RAM. Each warm trial runs
+    on a fresh cluster, so that its gang has a standby (here no node but the labelled spare
+    is one: a gang whose standby was used gets the next on a spare that is free).
 (b) plain ``torchrun --nnodes 2:3 --max-restarts 3`` with its c10d rendezvous on node 1, no
     hafo (``benchmarks/gang_baseline.py``): a worker node lost, then the rendezvous host
     lost.
