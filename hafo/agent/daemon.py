@@ -619,9 +619,7 @@ class Agent:
         plan = plan_instances([(k.workload, k.epoch) for k in desired],
                               {(k.workload, k.epoch): s.state != "exited"
                                for k, s in states.items()}, may_start, self.claim.claimed,
-                              park=[(k.workload, k.epoch) for k in states
-                                    if k.epoch >= self.assignments.park.get(k.workload,
-                                                                            k.epoch + 1)],
+                              park=self.assignments.park,
                               parked=[(k.workload, k.epoch) for k, s in states.items()
                                       if s.state == "parked"])
         for workload, epoch in plan.park:

@@ -48,10 +48,11 @@ from hafo.agent.fencefile import read_deadline
 from hafo.agent.instances import read_launch, write_json_atomic
 from hafo.agent.outputlog import DEFAULT_MAX_BYTES, OutputPump, OutputWriter
 from hafo.agent.proctree import any_stopped, become_subreaper, descendants, kill_instance
-from hafo.agent.warm_member import WarmLink, handover_refusal
+from hafo.agent.warm_member import WarmLink
 from hafo.checkpoint.sharded import list_all_checkpoints
 from hafo.checkpoint.transparent import unavailable_reason
 from hafo.decisions.fencing import must_kill
+from hafo.decisions.handover import adoption_refusal
 from hafo.model.ends import InstanceEnd
 
 POLL = 0.05
@@ -342,7 +343,7 @@ class Guard:
         lineage's next instance or the process could not be moved into its cgroup."""
         assert self.proc is not None and self.pump is not None and self.warm is not None
         launch = read_launch(target)
-        refusal = handover_refusal(self.launch, launch)
+        refusal = adoption_refusal(self.launch, launch)
         if refusal == "" and launch is not None:
             cgroup = launch.get("cgroup")
             new_cgroup = Path(cgroup) if isinstance(cgroup, str) and cgroup else None

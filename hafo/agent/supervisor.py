@@ -44,6 +44,7 @@ from hafo.agent.scratch import kept_caches, make_tmpdir, remove_tmpdir
 from hafo.agent.warm_member import ask_handover, ask_park
 from hafo.checkpoint.memory_store import ADDRESS_ENV, MEMORY_DIR_ENV, MemoryStore
 from hafo.checkpoint.sharded import list_all_checkpoints
+from hafo.decisions.handover import relaunch_refusal
 from hafo.model.clocks import since_boot
 from hafo.model.cluster import (
     Assignment,
@@ -319,18 +320,7 @@ class Supervisor:
         directory and GPUs, and the spec's ``env`` unchanged."""
         launch = read_launch(instance_dir(self.state_dir, parked)) or {}
         spec = submission.spec
-        raw_env = launch.get("env")
-        env: dict[str, object] = raw_env if isinstance(raw_env, dict) else {}
-        if not spec.warm or not launch.get("warm_dir"):
-            return "not a warm member"
-        if launch.get("argv") != list(spec.command) \
-                or launch.get("cwd") != (spec.workdir or os.getcwd()):
-            return "its command changed"
-        if env.get("CUDA_VISIBLE_DEVICES") != ",".join(gpu_ids):
-            return "its GPUs changed"
-        if any(env.get(k) != v for k, v in spec.env.items()):
-            return "its environment changed"
-        return ""
+        return relaunch_refusal(launch, spec, spec.workdir or os.getcwd(), gpu_ids)
 
     def hand_over(self, parked: InstanceKey, assignment: Assignment, submission: Submission,
                   gpu_ids: list[str], service: Submission | None = None) -> None:
@@ -518,14 +508,14 @@ class Supervisor:
         each workload are kept."""
         path = instance_dir(self.state_dir, key)
         ended = read_guard_state(path)
-        warm_dir = (read_launch(path) or {}).get("warm_dir")
+        launch = read_launch(path) or {}
+        warm_dir = launch.get("warm_dir")
         if isinstance(warm_dir, str) and Path(warm_dir).parent == self.state_dir / "warm" \
                 and (ended is None or ended.ended is not InstanceEnd.HANDED_OVER):
             # its process ended (its guard removes it; not a guard that was killed)
             shutil.rmtree(warm_dir, ignore_errors=True)
         if not any(other.workload == key.workload and other != key
-                   for other in list_instances(self.state_dir)):
-            launch = read_launch(path) or {}  # its last instance here
+                   for other in list_instances(self.state_dir)):  # its last one here
             with contextlib.suppress(OSError):
                 remove_tmpdir(key.workload, launch.get("tmpdir"))
         with contextlib.suppress(OSError):

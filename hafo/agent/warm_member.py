@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from hafo.agent.instances import write_json_atomic
+from hafo.checkpoint.warm import read_protocol_file, write_protocol_file
 from hafo.model.warm import (
     EPOCH_FILE,
-    MAX_FILE_BYTES,
     PARK_FILE,
     PARKED_FILE,
     NextEpoch,
@@ -33,21 +31,6 @@ from hafo.model.warm import (
 PARK_REQUEST = "park"
 #: The agent's hand-over, in the instance directory: ``{"to": DIR}``.
 HANDOVER_FILE = "handover.json"
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
-
-
-def _read_small(path: Path) -> str | None:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(MAX_FILE_BYTES).decode(errors="replace")
-    except OSError:
-        return None
 
 
 class WarmLink:
@@ -66,17 +49,17 @@ class WarmLink:
         removed first, so only one of this epoch counts)."""
         with contextlib.suppress(FileNotFoundError):
             (self.warm_dir / PARKED_FILE).unlink()
-        _write_text(self.warm_dir / PARK_FILE, encode_park(ParkRequest(epoch)))
+        write_protocol_file(self.warm_dir / PARK_FILE, encode_park(ParkRequest(epoch)))
 
     def parked(self, epoch: int, pid: int) -> bool:
         """The process ``pid`` confirmed that it left ``epoch``'s process group."""
-        text = _read_small(self.warm_dir / PARKED_FILE)
+        text = read_protocol_file(self.warm_dir / PARKED_FILE)
         confirmed = parse_parked(text) if text is not None else None
         return confirmed is not None and confirmed.epoch == epoch and confirmed.pid == pid
 
     def handover_target(self) -> Path | None:
         """The directory of the instance the agent hands the process to, if it asked."""
-        text = _read_small(self.instance / HANDOVER_FILE)
+        text = read_protocol_file(self.instance / HANDOVER_FILE)
         if text is None:
             return None
         try:
@@ -90,23 +73,8 @@ class WarmLink:
                   new_env: Mapping[str, str]) -> None:
         """Tell the process it is now the instance of ``epoch``, with the variables that
         changed."""
-        _write_text(self.warm_dir / EPOCH_FILE,
+        write_protocol_file(self.warm_dir / EPOCH_FILE,
                     encode_next_epoch(NextEpoch(epoch, changed_env(old_env, new_env))))
-
-
-def handover_refusal(current: Mapping[str, Any], target: Mapping[str, Any] | None) -> str:
-    """Why the guard of the instance launched with ``current`` must not become the one
-    launched with ``target`` ("" if it may): the same workload, node and warm directory, a
-    later epoch."""
-    if target is None:
-        return "no launch file in the target"
-    for name in ("workload", "node", "warm_dir"):
-        if target.get(name) != current.get(name):
-            return f"another {name}"
-    epoch, mine = target.get("epoch"), current.get("epoch")
-    if not isinstance(epoch, int) or not isinstance(mine, int) or epoch <= mine:
-        return "not a later epoch"
-    return ""
 
 
 def ask_park(instance: Path) -> None:

@@ -295,7 +295,6 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
             spec["restart"] = {"max_restarts": 100000, "window": 60}
             spec["hang_timeout"] = CHAOS_HANG_TIMEOUT
             spec["nodes"] = 2
-            spec["warm"] = i == 0
             ids.append(await cluster.submit(spec))
             kinds[ids[-1]] = "gang-member"
         for i in range(services):

@@ -237,7 +237,7 @@ class _Member:
             except Exception:
                 log.exception("epoch %d: on_park failed", epoch)
         try:
-            _write_atomic(self.dir / PARKED_FILE, encode_parked(parked))
+            write_protocol_file(self.dir / PARKED_FILE, encode_parked(parked))
             written = True
         except OSError as exc:
             log.error("epoch %d: %s not written, not parking: %s", epoch, PARKED_FILE, exc)
@@ -332,7 +332,7 @@ class _Reader:
         if key == self.seen:
             return self.value
         self.seen, self.value = key, None
-        text = _read_text(self.path)
+        text = read_protocol_file(self.path)
         if text is not None:
             self.value = self.parse(text)
             if self.value is None:
@@ -343,7 +343,7 @@ class _Reader:
 def park_requested(directory: Path, epoch: int) -> bool:
     """Whether the guard asked the process of ``epoch`` (or a later one) to park: for a
     workload that speaks the protocol without ``run`` (no torch; ``hafo.local.workload``)."""
-    text = _read_text(directory / PARK_FILE)
+    text = read_protocol_file(directory / PARK_FILE)
     request = parse_park(text) if text is not None else None
     return request is not None and request.epoch >= epoch
 
@@ -352,7 +352,7 @@ def confirm_park(directory: Path, epoch: int) -> Parked:
     """Tell the guard that this process left ``epoch`` (it holds no link to any of its
     ranks): ``parked.json``."""
     parked = Parked(epoch, os.getpid(), time.time())
-    _write_atomic(directory / PARKED_FILE, encode_parked(parked))
+    write_protocol_file(directory / PARKED_FILE, encode_parked(parked))
     return parked
 
 
@@ -384,7 +384,9 @@ def _wait_next_epoch(path: Path, epoch: int) -> NextEpoch:
         time.sleep(POLL_SECONDS)
 
 
-def _read_text(path: Path) -> str | None:
+def read_protocol_file(path: Path) -> str | None:
+    """A protocol file's text (at most ``MAX_FILE_BYTES``); None if it cannot be read. The
+    guard's side reads with it too (``hafo.agent.warm_member``)."""
     try:
         with open(path, "rb") as f:
             return f.read(MAX_FILE_BYTES).decode("utf-8", "replace")
@@ -392,7 +394,8 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_protocol_file(path: Path, text: str) -> None:
+    """Replace a protocol file with ``text`` atomically (a rename)."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)

@@ -30,21 +30,23 @@ class InstancePlan:
 
 
 def plan_instances(desired: Iterable[Instance], running: Mapping[Instance, bool],
-                   may_start: bool, claimed: int = 0, park: Iterable[Instance] = (),
+                   may_start: bool, claimed: int = 0, park: Mapping[str, int] | None = None,
                    parked: Iterable[Instance] = ()) -> InstancePlan:
     """``desired``: instances assigned to this node; ``running``: every instance on disk ->
     whether it still runs; ``claimed``: the epoch of this agent's claim of the node
     (``Liveness.claimed``; instances of epochs up to it are an earlier holder's, never
-    started here, see ``hafo.decisions.claim``); ``park``: instances the controller asked
-    to park instead of stopping (a warm gang's survivors); ``parked``: those whose process
-    confirmed its park.
+    started here, see ``hafo.decisions.claim``); ``park``: workload -> the epoch whose
+    instances here the controller asked to park instead of stopping (a warm gang's
+    survivors; a standby's epoch may be later); ``parked``: those whose process confirmed
+    its park.
 
     A parked instance is handed the workload's assigned instance when that one is not on
     disk yet and the parked one is the workload's only live instance here (the agent
     checks that the two launch alike, else stops the parked one); while the instance it was
     handed to runs, it is neither stopped nor started again (the hand-over is under way)."""
     wanted = set(desired)
-    asked, confirmed = set(park), {i for i in parked if running.get(i)}
+    asked = {i for i in running if park and i[0] in park and i[1] >= park[i[0]]}
+    confirmed = {i for i in parked if running.get(i)}
     busy = {workload for (workload, _), alive in running.items() if alive}
     handing: set[Instance] = set()
     hand_over: list[tuple[Instance, Instance]] = []

@@ -565,4 +565,4 @@ def demo_workload_spec(name: str = "train-demo", steps: int = 0, interval: float
     if warm:
         command += ["--warm"]
     return {"name": name, "command": command, "gpus": gpus, "stop_grace": 5,
-            "restart": {"max_restarts": 3, "window": 600}}
+            "restart": {"max_restarts": 3, "window": 600}, **({"warm": True} if warm else {})}
