@@ -157,6 +157,21 @@ def _checkpoint(ck: Mapping[str, Any] | None) -> str:
                                                           else "")
 
 
+def _preflight(report: Mapping[str, Any] | None) -> str:
+    """``passed in 2.1s, probe 0.031s, 32 MiB all-reduce at 1.20 GB/s`` or ``failed: ...``
+    (``-``: none ran, or not yet)."""
+    if not report:
+        return "-"
+    if not report["passed"]:
+        return f"failed: {report['why']}"
+    text = f"passed in {float(report['seconds']):.1f}s"
+    if report.get("compute") is not None:
+        text += f", probe {float(report['compute']):.3f}s"
+    if report.get("large_bandwidth") is not None:
+        text += f", all-reduce {float(report['large_bandwidth']) / 1e9:.2f} GB/s"
+    return text
+
+
 def _restored(restore: Mapping[str, Any] | None) -> str:
     """``step 41 from peer RAM, 0.21s`` (``-``: not said)."""
     if not restore:
@@ -227,10 +242,13 @@ def render_workload(view: Mapping[str, Any], now: float | None = None) -> str:
     ])
     if members:
         restored = any(m.get("restored") for m in members)
+        preflight = any(m.get("preflight") for m in members)
         lines += ["", "members:", table(
-            ["RANK", "NODE", "STATE", "GPUS", *(["RESTORED"] if restored else [])], [
+            ["RANK", "NODE", "STATE", "GPUS", *(["PRE-FLIGHT"] if preflight else []),
+             *(["RESTORED"] if restored else [])], [
                 [m["rank"], m["node"], m["state"],
                  ", ".join(_gpu_labels(m["gpus"], m.get("gpu_indexes"))) or "-",
+                 *([_preflight(m.get("preflight"))] if preflight else []),
                  *([_restored(m.get("restored"))] if restored else [])]
                 for m in members])]
     service = view.get("replicas")

@@ -13,6 +13,8 @@ The guard starts the workload in its own session, then polls every 50 ms:
 - SIGUSR2 (the agent stops the instance now: its application failed, or its GPU is lost):
   SIGTERM at once (also during a checkpoint wait), SIGKILL 5 s later;
 - SIGUSR1: forwarded to the workload;
+- a gang member whose launch asks for the pre-flight (``preflight``): the process starts as
+  ``hafo.agent.preflight``, which execs the command once the gang passed it;
 - a warm gang member (``warm_dir`` in its launch; ``hafo.agent.warm_member``): asked to park
   (the agent's ``park`` file), it asks the process to leave its epoch's process group and
   reports ``parked`` once the process confirmed it (or stops it at once if it did not within
@@ -84,6 +86,19 @@ def checkpoint_listeners(leader: int) -> list[procid.ProcessId]:
         pid for pid in descendants(leader) if catches(pid, signal.SIGUSR1)]
     found = (procid.identify(pid) for pid in pids)
     return [identity for identity in found if identity is not None]
+
+
+def preflight_argv(launch: dict[str, Any]) -> list[str]:
+    """What runs before the command of a gang member whose launch asks for the pre-flight
+    (``hafo.agent.preflight``: it execs the command, in the same process, once the gang
+    passed it), or nothing."""
+    options = launch.get("preflight")
+    if not isinstance(options, dict):
+        return []
+    return [sys.executable, "-m", "hafo.agent.preflight", "--out", str(options["out"]),
+            "--timeout", str(options["timeout"]), "--slowdown", str(options["slowdown"]),
+            "--min-excess", str(options["min_excess"]), "--large-mib",
+            str(options["large_mib"]), "--"]
 
 
 def _child_setup(cgroup: Path | None) -> Any:
@@ -195,7 +210,8 @@ class Guard:
             if self.cgroup is not None:
                 cgroups.make(self.cgroup)
             self.proc = subprocess.Popen(
-                self.launch["argv"], env=self.launch["env"], cwd=self.launch.get("cwd"),
+                preflight_argv(self.launch) + list(self.launch["argv"]),
+                env=self.launch["env"], cwd=self.launch.get("cwd"),
                 stdin=subprocess.DEVNULL, stdout=out_write, stderr=err_write,
                 start_new_session=True, preexec_fn=_child_setup(self.cgroup))
         except (OSError, subprocess.SubprocessError) as exc:

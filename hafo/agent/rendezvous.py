@@ -4,7 +4,11 @@ torchrun's, so that ``command: ["torchrun", "train.py"]`` runs unchanged."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hafo.model.cluster import Assignment
+from hafo.model.preflight import PREFLIGHT_FILE
+from hafo.model.spec import PreflightPolicy
 
 #: Set before the spec's ``env`` (which may override it): hafo restarts a gang, torchrun
 #: should not restart its workers on its own.
@@ -30,3 +34,12 @@ def gang_env(assignment: Assignment, node: str) -> dict[str, str]:
             "NNODES": size, "NODE_RANK": rank, "WORLD_SIZE": size, "RANK": rank,
             "PET_NNODES": size, "PET_NODE_RANK": rank, "PET_MASTER_ADDR": address,
             "PET_MASTER_PORT": port, "PET_NPROC_PER_NODE": nproc}
+
+
+def preflight_options(policy: PreflightPolicy, progress: Path) -> dict[str, object]:
+    """The launch's ``preflight`` (``hafo.agent.guard.preflight_argv``): the spec's options,
+    and where the member's report goes (its progress directory's ``preflight.json``, which
+    its agent reports as ``InstanceStatus.preflight``)."""
+    return {"out": str(progress / PREFLIGHT_FILE), "timeout": policy.timeout,
+            "slowdown": policy.slowdown, "min_excess": policy.min_excess,
+            "large_mib": policy.large_mib}

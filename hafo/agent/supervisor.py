@@ -39,7 +39,7 @@ from hafo.agent.outputlog import keep_ended
 from hafo.agent.ports import NoFreePort, choose_ports, port_env, read_ports
 from hafo.agent.procid import ProcessId
 from hafo.agent.proctree import kill_instance
-from hafo.agent.rendezvous import GANG_DEFAULTS, gang_env
+from hafo.agent.rendezvous import GANG_DEFAULTS, gang_env, preflight_options
 from hafo.agent.scratch import kept_caches, make_tmpdir, remove_tmpdir
 from hafo.agent.warm_member import ask_handover, ask_park
 from hafo.checkpoint.memory_store import ADDRESS_ENV, MEMORY_DIR_ENV, MemoryStore
@@ -58,6 +58,7 @@ from hafo.model.exits import bounded_tail
 from hafo.model.names import checkpoint_dir as workload_checkpoint_dir
 from hafo.model.output import MIB
 from hafo.model.paths import DEFAULT_MEMORY_DIR
+from hafo.model.preflight import MAX_REPORT_BYTES, Preflight, parse_preflight
 from hafo.model.progress import PROGRESS_DIR_ENV
 from hafo.model.warm import STANDBY_ENV, WARM_DIR_ENV
 
@@ -113,6 +114,7 @@ class Supervisor:
         self._launched: dict[InstanceKey, float] = {}  # boot clock at launch (or first sight)
         self._ports: dict[InstanceKey, dict[str, int]] = {}
         self._launches: dict[InstanceKey, dict[str, object]] = {}
+        self._preflights: dict[InstanceKey, Preflight] = {}  # reports read (final once written)
         self._unrecorded: dict[InstanceKey, GuardState] = {}  # exits not written to disk yet
         self._forgotten: set[InstanceKey] = set()  # forgotten, but the directory stays
         self._memory_idle: dict[str, float] = {}  # workload -> boot clock since no instance
@@ -198,6 +200,37 @@ class Supervisor:
             self._launched[key] = at
         return now - at
 
+    def _launch_of(self, key: InstanceKey) -> dict[str, object] | None:
+        """The instance's launch file, read once."""
+        launch = self._launches.get(key)
+        if launch is None:
+            launch = read_launch(instance_dir(self.state_dir, key))
+            if launch is not None:
+                self._launches[key] = launch
+        return launch
+
+    def preflight_of(self, key: InstanceKey) -> Preflight | None:
+        """The pre-flight report of an instance launched with one (``hafo.model.preflight``),
+        once its pre-flight wrote it (read at most ``MAX_REPORT_BYTES``); None otherwise."""
+        found = self._preflights.get(key)
+        if found is not None:
+            return found
+        options = (self._launch_of(key) or {}).get("preflight")
+        if not isinstance(options, dict) or not isinstance(options.get("out"), str):
+            return None
+        out = Path(options["out"])
+        if out.parent != progress_dir(instance_dir(self.state_dir, key)):
+            return None  # an edited launch file's path is never read
+        try:
+            with out.open(encoding="utf-8", errors="replace") as f:
+                text = f.read(MAX_REPORT_BYTES + 1)
+        except OSError:
+            return None
+        report = parse_preflight(text)
+        if report is not None:
+            self._preflights[key] = report
+        return report
+
     def cgroup_of(self, key: InstanceKey) -> Path | None:
         """The instance's cgroup, if it was launched in one: the path this agent would give
         it, and only if its launch file names that same path (a path an edited launch file
@@ -205,12 +238,9 @@ class Supervisor:
         path = self.containment.of(self.node, key.dirname)
         if path is None:
             return None
-        launch = self._launches.get(key)
+        launch = self._launch_of(key)
         if launch is None:
-            launch = read_launch(instance_dir(self.state_dir, key))
-            if launch is None:
-                return None
-            self._launches[key] = launch
+            return None
         return path if launch.get("cgroup") == str(path) else None
 
     def _guard_identity(self, key: InstanceKey, state: GuardState) -> ProcessId | None:
@@ -417,7 +447,10 @@ class Supervisor:
             "cgroup": str(cgroup) if cgroup is not None else None,
             **({"warm_dir": warm_dir} if warm_dir is not None else {}),
             **({"standby": True} if standby else {}),
-            **({"env_epoch": warm[1]} if warm is not None else {})})
+            **({"env_epoch": warm[1]} if warm is not None else {}),
+            **({"preflight": preflight_options(spec.preflight, progress_dir(path))}
+               if assignment.preflight and spec.preflight is not None and not standby
+               and warm is None else {})})
         return path
 
     def stop(self, key: InstanceKey, state: GuardState, why: str, urgent: bool = False) -> None:
@@ -533,6 +566,7 @@ class Supervisor:
             cgroups.remove(cgroup)
         self._ports.pop(key, None)
         self._launches.pop(key, None)
+        self._preflights.pop(key, None)
         self._launched.pop(key, None)
         self.stopping.discard(key)
         self.stopping_now.discard(key)
@@ -569,7 +603,8 @@ class Supervisor:
                               ended=state.ended if state.state == "exited" else None,
                               ports=self.ports_of(key),
                               stderr_tail=bounded_tail(state.last_words)
-                              if state.state == "exited" else "")
+                              if state.state == "exited" else "",
+                              preflight=self.preflight_of(key))
 
 
 def newest_per_workload(states: Mapping[InstanceKey, GuardState]) -> dict[str, InstanceKey]:

@@ -25,6 +25,7 @@ failover cause            decision
 ``app-failed``            the application failed past its restart limit: move it
 ``planned``               ``hafo migrate`` / ``hafo drain``
 ``preempted``             room for a higher-priority workload
+``preflight``             a gang's pre-flight blamed a member: it goes elsewhere (not counted)
 ========================  ====================================================================
 
 Restart causes (in place): ``exited`` (non-zero exit), ``failing`` (a check past its
@@ -83,7 +84,7 @@ log = structlog.get_logger("hafo.controller")
 
 Kind = Literal["failover", "restart"]
 FAILOVER_CAUSES = ("node-down", "node-unhealthy", "gpu-fault", "gpu-degraded", "app-failed",
-                   "planned", "preempted")
+                   "planned", "preempted", "preflight")
 RESTART_CAUSES = ("exited", "failing", "hung", "straggler", "infrastructure")
 GPU_STATES = ("healthy", "degraded", "unhealthy", "down", "allocated")
 #: seconds-scale failover: lease TTL 3 s, heartbeat 1 s, restart backoff up to 30 s
@@ -101,6 +102,7 @@ COUNTED: Mapping[Cause, tuple[Kind, str]] = {
     Cause.APP_FAILED: ("failover", "app-failed"),
     Cause.PLANNED: ("failover", "planned"),
     Cause.PREEMPTED: ("failover", "preempted"),
+    Cause.PREFLIGHT: ("failover", "preflight"),
     Cause.EXITED: ("restart", "exited"),
     Cause.FAILING: ("restart", "failing"),
     Cause.HUNG: ("restart", "hung"),

@@ -23,6 +23,7 @@ import zlib
 from collections.abc import Mapping
 
 from hafo.decisions.failures import AfterFailure, after_failure, uncounted_backoff
+from hafo.decisions.gang_preflight import PreflightBlame, preflight_blame
 from hafo.decisions.hangs import Verdict, after_hang, find_hang, find_straggler
 from hafo.decisions.hardware import hardware_fault
 from hafo.decisions.observed import Observations
@@ -128,6 +129,9 @@ def assess_gang(snapshot: ClusterSnapshot, current: Assignment, now: float,
     if hardware is not None:
         return hardware
     statuses = [(m, _status(snapshot, current, m, current.epoch)) for m in current.members]
+    blame = preflight_blame(statuses) if current.preflight else None
+    if blame is not None:
+        return _preflight_failed(current, blame, spec.restart, now)
     for member, status in statuses:
         if status is None or status.state == "exited" or not status.failing \
                 or status.state == "stopping":
@@ -200,6 +204,20 @@ def _blame(current: Assignment, verdict: Verdict, node: str, cause: Cause,
     assert action.assignment is not None
     return dataclasses.replace(
         action, assignment=dataclasses.replace(action.assignment, suspects=suspects))
+
+
+def _preflight_failed(current: Assignment, blame: PreflightBlame, policy: RestartPolicy,
+                      now: float) -> Action:
+    """Stop every member at once: the pre-flight blamed ``blame.members``, which go elsewhere,
+    their nodes excluded for ``restart.window``; not counted (``hafo.decisions.gang_preflight``)."""
+    failed_on = {n: t for n, t in current.failed_on.items() if t > now}
+    failed_on.update({node: now + policy.window for node in blame.nodes})
+    why = (f"{blame.describe()}, {', '.join(blame.nodes)} excluded for {policy.window:g}s; "
+           "not counted")
+    after = AfterFailure("move", current.restarts, current.restart_times, failed_on, 0.0, why,
+                         subject=f"pre-flight failed: {blame.why}")
+    return stop_gang(current, why, Cause.PREFLIGHT, urgent=True, after=after,
+                     leave=blame.nodes)
 
 
 def _hardware(snapshot: ClusterSnapshot, current: Assignment,

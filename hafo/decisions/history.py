@@ -95,6 +95,8 @@ def _stop_end(assignment: Assignment, snapshot: ClusterSnapshot,
                         detail=failing or assignment.reason)
     if cause in ("hung", "straggler"):
         return EpochEnd("hung" if cause == "hung" else "straggler", detail=assignment.reason)
+    if cause == "preflight":
+        return EpochEnd("preflight", detail=assignment.reason)
     if cause == "member-lost":
         return EpochEnd("member-lost", detail=assignment.reason)
     if cause == "infrastructure":

@@ -65,6 +65,9 @@ class Cause(StrEnum):
     STRAGGLER = "straggler"            # a member slower than straggler_lag: as a hang
     """A gang member's own work per step exceeds the others' by more than `straggler_lag`:
     stopped at once, restarted in place (its rank is named)."""
+    PREFLIGHT = "preflight"            # a gang's pre-flight blamed members: replace them
+    """A gang's pre-flight blamed members (did not join, failed, much slower): they are
+    replaced before the job starts, their nodes excluded for `restart.window` (not counted)."""
 
 
 #: The event-log kind (a public contract: docs/reference/reasons.md, "Events") of a move's first
@@ -75,6 +78,7 @@ _MOVE_EVENTS: Mapping[Cause, str] = {
     Cause.PREEMPTED: "preempted", Cause.APP_FAILED: "app-failed", Cause.FAILING: "app-failed",
     Cause.MEMBER_LOST: "member-lost", Cause.EXITED: "member-exited",
     Cause.INFRASTRUCTURE: "gang-restart", Cause.HUNG: "hung", Cause.STRAGGLER: "straggler",
+    Cause.PREFLIGHT: "preflight-failed",
 }
 #: ... and of a placement.
 _PLACE_EVENTS: Mapping[Cause, str] = {
@@ -90,7 +94,7 @@ def move_cause(cause: Cause) -> MoveCause:
         Cause.GPU_DEGRADED: "gpu-degraded", Cause.APP_FAILED: "app-failed",
         Cause.FAILING: "app-failed", Cause.EXITED: "app-failed",
         Cause.MEMBER_LOST: "member-lost", Cause.INFRASTRUCTURE: "infrastructure",
-        Cause.HUNG: "hung", Cause.STRAGGLER: "straggler"}
+        Cause.HUNG: "hung", Cause.STRAGGLER: "straggler", Cause.PREFLIGHT: "preflight"}
     return names[cause]
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from hafo.decisions.admission import Admitted, admit
 from hafo.decisions.assessment import assess, revision
 from hafo.decisions.gang_placement import choose_spares
+from hafo.decisions.gang_preflight import needs_preflight
 from hafo.decisions.gangs import gang_ports, master_port, stop_gang, with_addresses
 from hafo.decisions.moves import latest_checkpoints, stop_then_place
 from hafo.decisions.observed import Observations, observe
@@ -319,6 +320,8 @@ def _placement_actions(snapshot: ClusterSnapshot, needs: tuple[Need, ...],
                              members=with_addresses(snapshot, result.members),
                              master_port=port, quick_restarts=need.quick_restarts,
                              checkpoint=need.checkpoint, suspects=_suspects(need),
+                             preflight=needs_preflight(need.request.spec, need.previous,
+                                                       result.members),
                              standby=choose_standby(need.request, result.members, spare_nodes,
                                                     snapshot.assignments, now))
             where = ", ".join(f"{m.rank}:{m.node}" for m in result.members) or result.node

@@ -20,6 +20,7 @@ from hafo.model.ends import INFRASTRUCTURE_ENDS as INFRASTRUCTURE_ENDS
 from hafo.model.ends import InstanceEnd as InstanceEnd
 from hafo.model.ends import instance_end as instance_end
 from hafo.model.exits import bounded_tail, stderr_line
+from hafo.model.preflight import Preflight
 from hafo.model.queues import QueueSpec
 from hafo.model.schema import Record, schema_of
 from hafo.model.spec import WorkloadSpec
@@ -33,7 +34,8 @@ AfterStop = Literal["move", "restart"]
 #: Why a workload in phase ``moving`` is being stopped. A planned move or a preemption says
 #: nothing against its node, so the node is not avoided afterwards; the others do.
 MoveCause = Literal["planned", "preempted", "node-unhealthy", "gpu-unhealthy", "gpu-degraded",
-                    "app-failed", "member-lost", "infrastructure", "hung", "straggler"]
+                    "app-failed", "member-lost", "infrastructure", "hung", "straggler",
+                    "preflight"]
 PLANNED_CAUSES: frozenset[str] = frozenset({"planned", "preempted"})
 
 
@@ -159,7 +161,7 @@ def _after_stop(value: object) -> AfterStop:
 
 _MOVE_CAUSES: dict[str, MoveCause] = {c: c for c in (
     "planned", "preempted", "node-unhealthy", "gpu-unhealthy", "gpu-degraded", "app-failed",
-    "member-lost", "infrastructure", "hung", "straggler")}
+    "member-lost", "infrastructure", "hung", "straggler", "preflight")}
 
 
 def _move_cause(value: object) -> MoveCause | None:
@@ -227,6 +229,9 @@ class Assignment(Record):
 
     ``suspects``: nodes a hang was blamed on (``hang_timeout``), until then (the deciding
     controller's clock): another hang blamed on one of them moves that member elsewhere.
+
+    ``preflight``: a placed gang's members run the spec's pre-flight before their command
+    (``hafo.decisions.gang_preflight.needs_preflight``: a new set of nodes).
     """
 
     workload: str
@@ -258,6 +263,7 @@ class Assignment(Record):
     failure: str = ""
     checkpoint: CheckpointInfo | None = None
     suspects: Mapping[str, float] = field(default_factory=dict)
+    preflight: bool = False
 
     @property
     def revision(self) -> int:
@@ -461,7 +467,8 @@ class InstanceStatus(Record):
     workload with ``hang_timeout``: its start-up is over); ``pace``: its slowest rank's own
     time per step (``Pace``; only for a gang with ``straggler_lag``), null until known.
     ``restored``: how its slowest rank restored at its start (``Restore``: a workload using
-    ``TieredCheckpointer``), null until it says."""
+    ``TieredCheckpointer``), null until it says. ``preflight``: its gang's pre-flight report
+    (``hafo.model.preflight``; null: none ran, or not yet)."""
 
     workload: str
     node: str
@@ -482,6 +489,7 @@ class InstanceStatus(Record):
     progressed: bool = False
     pace: Pace | None = None
     restored: Restore | None = None
+    preflight: Preflight | None = None
 
     @property
     def stderr_line(self) -> str:

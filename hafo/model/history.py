@@ -34,7 +34,8 @@ HISTORY_KEEP = 100
 #: ``unknown``: a newer epoch replaced it and nothing said how it ended.
 EndHow = Literal["completed", "exit", "signal", "fenced", "guard-lost", "moved", "preempted",
                  "node-down", "node-unhealthy", "gpu-fault", "gpu-degraded", "app-failed",
-                 "member-lost", "infrastructure", "deleted", "hung", "straggler", "unknown"]
+                 "member-lost", "infrastructure", "deleted", "hung", "straggler", "preflight",
+                 "unknown"]
 END_HOWS: tuple[str, ...] = get_args(EndHow)
 
 _XID = re.compile(r"\bxid[ :]*(\d+)", re.IGNORECASE)
@@ -60,6 +61,7 @@ _PLAIN: dict[str, str] = {
     "member-lost": "gang member lost", "infrastructure": "node registered anew",
     "deleted": "stopped (deleted)", "hung": "hung (no progress)",
     "straggler": "straggler (slower than the others)",
+    "preflight": "failed the gang's pre-flight",
     "unknown": "replaced (how it ended is unknown)",
 }
 

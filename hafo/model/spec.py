@@ -89,6 +89,25 @@ StragglerLag = Annotated[Number, Field(ge=0.01, le=3600.0)]
 
 
 @dataclass(frozen=True, slots=True)
+class PreflightPolicy(Section):
+    """A gang's pre-flight (docs/reference/gangs.md, "Pre-flight"): before the first epoch on
+    a new set of nodes, every member runs a short collective test before its command; a
+    member that does not join, fails or is much slower than the others is replaced before
+    the job starts."""
+
+    timeout: Annotated[Number, Field(ge=1.0, le=3600.0)] = 60.0
+    """Seconds for every member to join the test, and again for the test itself."""
+    slowdown: Annotated[Number, Field(ge=1.1, le=1000.0)] = 3.0
+    """A member whose local probe takes this many times the other members' median (and
+    `min_excess` more) is much slower."""
+    min_excess: Annotated[Number, Field(ge=0.0, le=3600.0)] = 0.05
+    """Seconds a member's probe must exceed the others' median by, besides `slowdown`, to be
+    much slower (small probes are noisy)."""
+    large_mib: Annotated[int, Field(ge=1, le=16384), INTEGER] = 32
+    """The large all-reduce's buffer, MiB (the small one is 4 KiB)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Topology(Section):
     """Keep every member of a gang in one value of the node label ``key`` (a rack, a switch,
     an NVLink domain): ``required`` (else the gang waits) or ``preferred`` (else anywhere)."""
@@ -230,9 +249,20 @@ class WorkloadSpec(Section):
     command must run under the SDK's `run_warm`; a member that does not confirm its park
     within `stop_grace` is stopped as without it. Gangs only."""
 
+    preflight: Annotated[PreflightPolicy | None, OMIT_DEFAULT] = None
+    """A gang's pre-flight: before the first epoch on a new set of nodes (and after a member
+    was replaced), the members meet in a short collective test (an all-reduce of a small and
+    of a large buffer, and a local probe on each, timed) before their command starts; a
+    member that does not join, fails, or is much slower than the others (`slowdown`) is
+    replaced before the job starts, its node excluded for `restart.window`. With `warm`, it
+    runs at the gang's cold starts only. None: off. Gangs only."""
+
     def _check(self) -> None:
         if self.warm and self.nodes < 2:
             invalid("warm", "keeps a gang's survivors: needs nodes of 2 or more", self.warm)
+        if self.preflight is not None and self.nodes < 2:
+            invalid("preflight", "tests a gang's members together: needs nodes of 2 or more",
+                    None)
         if self.straggler_lag is not None and self.nodes < 2:
             invalid("straggler_lag", "compares a gang's members: needs nodes of 2 or more",
                     self.straggler_lag)

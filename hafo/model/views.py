@@ -14,6 +14,7 @@ from hafo.model.cluster import (
     ClusterSnapshot,
     Event,
     InstanceStatus,
+    Member,
     NodeState,
     Submission,
     WorkloadState,
@@ -39,6 +40,19 @@ class RestoreView(TypedDict):
     seconds: float
 
 
+class PreflightView(TypedDict):
+    """A member's pre-flight (``InstanceStatus.preflight``): whether the gang passed, why not,
+    how long it took, this member's own probe and the gang's collective figures."""
+
+    passed: bool
+    why: str
+    seconds: float
+    backend: str
+    compute: float | None
+    small_latency: float | None
+    large_bandwidth: float | None
+
+
 class MemberView(TypedDict):
     """One member of a gang: its rank, node, state (of its instance at the gang's epoch), the
     UUIDs of its GPUs and their indexes on its node (in the same order), and how it restored
@@ -50,6 +64,7 @@ class MemberView(TypedDict):
     gpus: list[str]
     gpu_indexes: list[int]
     restored: RestoreView | None
+    preflight: PreflightView | None
 
 
 class RestartWindowView(TypedDict):
@@ -296,8 +311,23 @@ def members_view(snapshot: ClusterSnapshot, workload_id: str) -> list[MemberView
                        and _member_state(snapshot, workload_id, epoch, m.node) != "completed"
                        else _member_state(snapshot, workload_id, epoch, m.node)),
              "gpus": _uuids(snapshot, m.node, m.gpus), "gpu_indexes": list(m.gpus),
-             "restored": _member_restored(snapshot, workload_id, epoch, m.node)}
+             "restored": _member_restored(snapshot, workload_id, epoch, m.node),
+             "preflight": _member_preflight(snapshot, workload_id, epoch, m)}
             for m in assignment.members]
+
+
+def _member_preflight(snapshot: ClusterSnapshot, workload_id: str, epoch: int,
+                      member: Member) -> PreflightView | None:
+    """The member's pre-flight at ``epoch``, as its agent reported (null: none ran, or not
+    yet)."""
+    status = snapshot.statuses.get((workload_id, member.node))
+    if status is None or status.epoch != epoch or status.preflight is None:
+        return None
+    p = status.preflight
+    own = next((r.compute for r in p.ranks if r.rank == member.rank), None)
+    return {"passed": p.passed, "why": p.why, "seconds": p.seconds, "backend": p.backend,
+            "compute": own, "small_latency": p.small_latency,
+            "large_bandwidth": p.large_bandwidth}
 
 
 def _member_restored(snapshot: ClusterSnapshot, workload_id: str, epoch: int,

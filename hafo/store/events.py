@@ -90,6 +90,10 @@ class EventKind(StrEnum):
     """Leader: a gang member's own work per step exceeded the others' by more than
     `straggler_lag`: its rank is named, every member is stopped at once and the gang restarts
     (counted); a second time on the same node moves that member (`app-failed`)."""
+    PREFLIGHT_FAILED = "preflight-failed"
+    """Leader: a gang's pre-flight blamed members (did not join, failed, or much slower than
+    the others): every member is stopped, those members are replaced before the job starts,
+    their nodes excluded for `restart.window` (not counted)."""
     GANG_RESTART = "gang-restart"
     """Leader: a gang member was ended by the infrastructure (fenced, node claimed anew): the
     gang restarts, not counted."""

@@ -111,7 +111,8 @@ TIMING_MODULES = frozenset({
 # starve each other (their steps then took seconds; measured: three gang tests timed out).
 TORCH_GANG_MODULES = frozenset({"test_ddp_example", "test_gangs", "test_gang_sharded",
                                 "test_gang_hang", "test_gang_tiers",
-                                "test_snapshot_cost_bench", "test_warm_gang"})
+                                "test_snapshot_cost_bench", "test_warm_gang",
+                                "test_gang_preflight", "test_preflight_program"})
 
 
 def shares_a_module_fixture(item: pytest.Item) -> bool:

@@ -2,8 +2,8 @@
 
 Three rules of the workload spec hold between fields, which JSON Schema cannot state, so the
 OpenAPI document cannot either: a check's ``port`` that names a port must name one of the
-spec's ``ports``, an ``http`` check needs ``url`` or ``port``, and ``straggler_lag`` and
-``warm`` need a gang (``nodes`` of 2 or more). A body the schema accepts
+spec's ``ports``, an ``http`` check needs ``url`` or ``port``, and ``straggler_lag``,
+``warm`` and ``preflight`` need a gang (``nodes`` of 2 or more). A body the schema accepts
 may break them (and is then refused with 400, naming the field, as it should be); this hook
 makes generated bodies keep them, so that "bodies the schema accepts are accepted" stays
 checked for everything else. Likewise a check type must be installed on the controller
@@ -34,13 +34,16 @@ def _unknown_types(body: dict[str, Any]) -> bool:
 
 
 def _gang_only(body: dict[str, Any]) -> None:
-    """``straggler_lag`` and ``warm`` only in a gang's spec: left out of another's."""
+    """``straggler_lag``, ``warm`` and ``preflight`` only in a gang's spec: left out of
+    another's."""
     nodes = body.get("nodes")
     gang = isinstance(nodes, int) and not isinstance(nodes, bool) and nodes >= 2
     if body.get("straggler_lag") is not None and not gang:
         body["straggler_lag"] = None
     if body.get("warm") is True and not gang:
         body["warm"] = False
+    if body.get("preflight") is not None and not gang:
+        body["preflight"] = None
 
 
 def _consistent(body: dict[str, Any]) -> None:
