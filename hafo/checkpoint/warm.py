@@ -98,10 +98,11 @@ class WarmEpoch:
 
 
 def default_backend() -> str:
-    """nccl where CUDA is present, else gloo."""
+    """``cpu:gloo,cuda:nccl`` where CUDA is present (NCCL for device tensors, gloo for a
+    host tensor's collective), else ``gloo``."""
     import torch
 
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
 
 
 def run(train: Callable[[WarmEpoch], T], *, backend: str | None = None,
@@ -196,9 +197,17 @@ class _Member:
         else:
             with self.lock:
                 self.links = None
-            if dist.is_initialized():  # not if aborted (a park request came as it returned)
-                dist.destroy_process_group()
-            return (value,)
+                aborted = self.aborted
+            if aborted:
+                # its group was aborted under it (a park request): what it returned may rest
+                # on collectives that never completed (NCCL's abort fails none of them), so
+                # it is no result: park, and run the next epoch as asked
+                error = ParkRequested(f"epoch {epoch}: train returned after its process "
+                                      "group was aborted")
+            else:
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+                return (value,)
         self._park(error, epoch)
         return None
 

@@ -78,6 +78,8 @@ def train(w):
     except Exception as exc:
         record(event="error", epoch=w.epoch, rank=w.rank, step=step,
                error=f"{type(exc).__name__}: {exc}"[:300])
+        if os.environ.get("WARM_SWALLOW"):  # a loop that ends quietly on a failed collective
+            return step
         raise
 
 
@@ -290,6 +292,26 @@ def test_a_park_request_unblocks_a_collective_stuck_on_a_stopped_peer(gang: Gang
     assert gang.exit_code("b") == 3
     assert gang.of("b", "error") and gang.of("b", "raised")
     assert not (gang.warm_dir("b") / PARKED_FILE).exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_train_that_returns_after_its_group_was_aborted_parks(gang: Gang) -> None:
+    """Its value may rest on collectives that never completed (NCCL's abort fails none):
+    no result, it parks as asked instead of ending the process."""
+    port = gang.store()
+    gang.start("a", rank=0, world=2, port=port, extra={"WARM_SWALLOW": "1"})
+    gang.start("b", rank=1, world=2, port=port, timeout=3.0)
+    gang.wait_for("both stepped", lambda: gang.of("a", "step", step=3)
+                  and gang.of("b", "step", step=3), timeout=30)
+    os.kill(gang.procs["b"].pid, signal.SIGSTOP)
+    try:
+        write_atomic(gang.warm_dir("a") / PARK_FILE, encode_park(ParkRequest(1)))
+        parked = gang.wait_for("a parked", lambda: gang.parked("a"), timeout=10)
+        assert (parked.epoch, parked.pid) == (1, gang.procs["a"].pid)
+        assert gang.of("a", "error") and not gang.of("a", "done")
+        assert gang.procs["a"].poll() is None
+    finally:
+        os.kill(gang.procs["b"].pid, signal.SIGCONT)
 
 
 @pytest.mark.timeout(60)
