@@ -48,16 +48,16 @@ _MemoKey = tuple[SignatureKey, int, int, str | None, str | None]
 def choose_spares(snapshot: ClusterSnapshot, capacity: dict[str, NodeCapacity],
                   target: int) -> dict[str, NodeCapacity]:
     """Take the spare nodes out of ``capacity`` and return them: every ready node labelled
-    ``hafo.io/spare: "true"``, then idle ready nodes (nothing placed or moving there), most
-    GPUs first, then by name, until there are ``target`` spares. A spare that a gang member
-    took is busy, so the next idle node becomes one."""
+    ``hafo.io/spare: "true"``, and besides them ``target`` idle ready nodes (nothing placed
+    or moving there; ``placement.spares``), most GPUs first, then by name. An idle spare that
+    a gang member took is busy, so the next idle node becomes one."""
     labelled = sorted(n for n, cap in capacity.items() if cap.labels.get(SPARE_LABEL) == "true")
     chosen = list(labelled)
-    if target > len(chosen):
+    if target > 0:
         idle = sorted((n for n, cap in capacity.items()
                        if n not in labelled and not snapshot.holders.get(n) and cap.free),
                       key=lambda n: (-len(capacity[n].free), n))
-        chosen += idle[:target - len(chosen)]
+        chosen += idle[:target]
     return {name: capacity.pop(name) for name in chosen}
 
 

@@ -203,6 +203,8 @@ def test_idle_sightings_are_kept_while_idle_and_forgotten_after() -> None:
     (700.0, 0, {}, (Removable("a", 600.5), Removable("b", 300.5))),
     (700.0, 1, {}, (Removable("b", 300.5),)),  # the most-GPU idle node kept as a spare
     (700.0, 0, {"a": {"hafo.io/spare": "true"}}, (Removable("b", 300.5),)),
+    # placement.spares counts idle nodes besides the labelled ones
+    (700.0, 1, {"a": {"hafo.io/spare": "true"}}, ()),
 ])
 def test_removable_nodes(now: float, spares: int, labels: dict[str, dict[str, str]],
                          expected: tuple[Removable, ...]) -> None:
