@@ -13,7 +13,8 @@
    key writes ``[]``, one whose time ran out the ranks it missed, and every member takes the
    one that is there, so no member starts the test while another gives up. After a failed
    meeting rank 0 keeps the store open (at most ``LINGER_SECONDS``) until each member that
-   joined read the verdict. A member that cannot reach rank 0 blames rank 0.
+   joined read the verdict. A member that cannot reach rank 0 blames rank 0; rank 0 that
+   cannot listen on the port (another process of its node holds it) blames no one.
 2. They form a process group on that store (NCCL on the member's first visible GPU, else
    gloo; ``--timeout`` for each collective) and, after a barrier, each times a local probe
    at the same moment (a fixed matrix product on its GPU, or on one CPU core): the median
@@ -262,8 +263,10 @@ def meet(member: Member, timeout: float, deadline: float) -> Any:
             return TCPStore(member.addr, member.port, member.size, True,
                             timedelta(seconds=timeout), wait_for_workers=False)
         except RuntimeError as error:
+            # no member to blame: the port is taken by another process of rank 0's node
+            # (the gang's next epoch gets another port, hafo.decisions.gangs.master_port)
             raise Failed(f"rank 0 could not open the meeting point on port {member.port}: "
-                         f"{one_line(error)}", (0,)) from None
+                         f"{one_line(error)}") from None
     # The client's own connect loop does the waiting; each try is bounded so that the
     # deadline holds (torch may overrun a try's timeout by half).
     while True:

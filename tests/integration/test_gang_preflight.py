@@ -30,9 +30,12 @@ from .test_gangs import SPARE, ddp_spec, gang_cluster, members, training, wait_s
 
 CPU_V1 = Path("/sys/fs/cgroup/cpu")
 SLOW_NODE = "node-2"
-#: The slow node's share of one CPU: its probe takes several times the others'.
-SLOW_SHARE = 0.15
-pytestmark = pytest.mark.timeout(300)  # a bound for liveness: torch gangs on 2 busy cores
+#: The slow node's share of one CPU: its probe takes several times the others' (its torch
+#: import, about 3 s of CPU, takes half a minute; the others wait for it to join).
+SLOW_SHARE = 0.08
+# A bound for liveness; in the timing lane (conftest.TIMING_MODULES): a node slowed by a CPU
+# share is told from the others only on a machine not loaded by other tests.
+pytestmark = pytest.mark.timeout(300)
 
 
 @contextlib.contextmanager
