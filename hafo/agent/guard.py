@@ -18,8 +18,9 @@ The guard starts the workload in its own session, then polls every 50 ms:
 - a warm gang member (``warm_dir`` in its launch; ``hafo.agent.warm_member``): asked to park
   (the agent's ``park`` file), it asks the process to leave its epoch's process group and
   reports ``parked`` once the process confirmed it (or stops it at once if it did not within
-  ``stop_grace``); handed over (``handover.json``), it becomes the guard of the next
-  epoch's instance with the same process: the process moves to that instance's cgroup, its
+  ``stop_grace``; a standby, asked at its start, within ``STANDBY_START_WAIT``); handed
+  over (``handover.json``), it becomes the guard of the next epoch's instance with the same
+  process: the process moves to that instance's cgroup, its
   output to that instance's directory, the old instance is recorded as ended
   (``handed-over``) after the new one is recorded as running, and the process is told its
   new epoch. A parked process that is stopped gets SIGTERM at once (it has no epoch to
@@ -64,6 +65,10 @@ EXIT_AFTER_COMMIT = 2.0  # after the stop checkpoint commits, time to exit on it
 OUTPUT_DRAIN = 2.0  # after the workload exited, time for its pipes to close
 PR_SET_PDEATHSIG = 1
 PARK_MIN_WAIT = 5.0  # a warm member is given at least this long to confirm its park
+#: A standby parks once its start-up is over (imports, the model built, a GPU context): that
+#: may take minutes on a busy or big node, and no epoch waits on it (it is no member), so it
+#: has this long, not ``stop_grace``, before it is stopped as one that will never park.
+STANDBY_START_WAIT = 600.0
 
 
 def catches(pid: int, sig: int) -> bool:
@@ -295,7 +300,8 @@ class Guard:
                     and park_by is None and (self.launch.get("standby") is True
                                              or self.warm.park_asked()):
                 self.warm.request_park(int(self.launch["epoch"]))
-                park_by = now + max(self.grace, PARK_MIN_WAIT)
+                park_by = now + (STANDBY_START_WAIT if self.launch.get("standby") is True
+                                 else max(self.grace, PARK_MIN_WAIT))
                 self.write(reason=f"parking: asked to leave epoch {self.launch['epoch']}'s "
                                   "process group")
             elif self.warm is not None and park_by is not None and not parked \

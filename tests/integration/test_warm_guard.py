@@ -30,6 +30,7 @@ import json, os, sys, time
 warm = os.environ["HAFO_WARM_DIR"]
 epoch = int(os.environ["HAFO_EPOCH"])
 parks = os.environ.get("PARKS", "1") == "1"
+time.sleep(float(os.environ.get("START_DELAY", "0")))  # a slow start-up (imports, a model)
 def read(name):
     try:
         with open(os.path.join(warm, name)) as f:
@@ -57,7 +58,7 @@ while True:
 
 
 def launch(state_dir: Path, epoch: int, warm: Path, env: dict[str, str],
-           grace: float = 5.0, env_epoch: int | None = None) -> Path:
+           grace: float = 5.0, env_epoch: int | None = None, standby: bool = False) -> Path:
     path = state_dir / "instances" / f"w.{epoch}"
     path.mkdir(parents=True)
     write_json_atomic(path / "launch.json", {
@@ -65,16 +66,18 @@ def launch(state_dir: Path, epoch: int, warm: Path, env: dict[str, str],
         "argv": [sys.executable, "-c", MEMBER],
         "env": {**os.environ, "HAFO_EPOCH": str(epoch), "HAFO_WARM_DIR": str(warm), **env},
         "cwd": str(state_dir), "grace": grace, "fence_file": str(state_dir / FENCE_FILE),
-        "warm_dir": str(warm), **({"env_epoch": env_epoch} if env_epoch else {})})
+        "warm_dir": str(warm), **({"env_epoch": env_epoch} if env_epoch else {}),
+        **({"standby": True} if standby else {})})
     return path
 
 
-def start(tmp_path: Path, **env: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
+def start(tmp_path: Path, standby: bool = False,
+          **env: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
     state_dir = tmp_path / "state"
     warm = state_dir / "warm" / "w.7"
     warm.mkdir(parents=True)
     write_deadline(state_dir, time.monotonic() + 120)
-    path = launch(state_dir, 7, warm, {"MASTER_PORT": "29501", **env})
+    path = launch(state_dir, 7, warm, {"MASTER_PORT": "29501", **env}, standby=standby)
     guard = subprocess.Popen([sys.executable, "-m", "hafo", "guard", str(path)],
                              start_new_session=True)
     assert wait_until(lambda: (s := read_guard_state(path)) is not None and s.pid, 10)
@@ -135,6 +138,17 @@ def test_a_member_that_does_not_park_is_stopped_at_once_after_the_wait(tmp_path:
         assert 4.5 <= took < 15, f"stopped after {took:.1f}s (park wait 5 s, then SIGTERM)"
         assert not pid_alive(pid)
         assert state_of(old).ended is InstanceEnd.STOPPED
+    finally:
+        stop(guard, pid)
+
+
+def test_a_standby_has_its_start_up_to_park_not_the_stop_grace(tmp_path: Path) -> None:
+    """Its imports and model may take minutes on a busy node; no epoch waits on it."""
+    guard, old, _warm = start(tmp_path, standby=True, START_DELAY="7")
+    pid = state_of(old).pid
+    try:
+        assert wait_until(lambda: state_of(old).state == "parked", 20)
+        assert pid_alive(pid) and state_of(old).pid == pid
     finally:
         stop(guard, pid)
 
