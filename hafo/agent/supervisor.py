@@ -279,7 +279,7 @@ class Supervisor:
     def _env_epoch(self, key: InstanceKey) -> int:
         """The ``HAFO_EPOCH`` in the environment of the instance's processes: its epoch, or
         for a warm member handed over, the epoch its process was started for."""
-        launch = self._launches.get(key) or read_launch(instance_dir(self.state_dir, key)) or {}
+        launch = self._launch_of(key) or {}
         epoch = launch.get("env_epoch", key.epoch)
         return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else key.epoch
 
