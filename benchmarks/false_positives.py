@@ -3,6 +3,7 @@ cores are saturated by other processes and a neighbour hammers the disk with fsy
 
     python benchmarks/false_positives.py --minutes 10
     python benchmarks/false_positives.py --minutes 10 --stall-every 60 --stall-for 2.5
+    python benchmarks/false_positives.py --minutes 10 --profile fast
 
 Counts, over the run, failovers, restarts, hang detections, re-registrations and epoch
 changes (all spurious: nothing is injected but load). The quiet workloads report progress
@@ -14,7 +15,8 @@ first for a short while without the load. ``--stall-every S --stall-for T`` also
 every etcd member (SIGSTOP) for T seconds every S seconds under the load, as a GC pause or a
 VM stall does: each stall expires every lease as etcd resumes, and the agents must hold
 their nodes again (``node-resumed``, counted apart) without a restart (docs/safety.md, "An
-etcd stall").
+etcd stall"). ``--profile fast`` runs the cluster in the fast timing profile (lease TTL 1 s,
+etcd's election timeout 150 ms; ``hafo.model.timing_profile``).
 """
 
 from __future__ import annotations
@@ -89,8 +91,8 @@ def ddp_gang_spec(hang_timeout: float, straggler_lag: float) -> dict[str, object
 
 
 async def main(minutes: float, baseline: float, stall_every: float, stall_for: float,
-               hang_timeout: float, ddp_gang: bool, straggler_lag: float) -> int:
-    cluster = LocalCluster(nodes=4, controllers=2, etcd_members=3)
+               hang_timeout: float, ddp_gang: bool, straggler_lag: float, profile: str) -> int:
+    cluster = LocalCluster(nodes=4, controllers=2, etcd_members=3, profile=profile)
     load = Stress(cluster.base / "etcd" / "stress")  # its fsyncs on etcd's disk
     cluster.start()
     try:
@@ -108,7 +110,9 @@ async def main(minutes: float, baseline: float, stall_every: float, stall_for: f
         stalls: list[float] = []
         stalling = (asyncio.ensure_future(stall_etcd(cluster, stall_every, stall_for, stalls))
                     if stall_every > 0 else None)
-        print(f"load: {load.describe()} on etcd's disk, for {minutes:g} min"
+        print(f"profile {profile} (lease TTL {cluster.lease_ttl}s, heartbeat "
+              f"{cluster.heartbeat}s); load: {load.describe()} on etcd's disk, for "
+              f"{minutes:g} min"
               + (f"; every etcd member frozen {stall_for:g} s every {stall_every:g} s"
                  if stalling else ""), flush=True)
         try:
@@ -144,6 +148,8 @@ if __name__ == "__main__":
                         default=importlib.util.find_spec("torch") is not None,
                         help="also run examples/ddp_train.py as a 2-member gang (default: "
                              "where torch is installed)")
+    parser.add_argument("--profile", choices=("default", "fast"), default="default",
+                        help="the timing profile (hafo.model.timing_profile)")
     parser.add_argument("--straggler-lag", type=float, default=0.5,
                         help="the DDP gang's straggler_lag (seconds per step)")
     args = parser.parse_args()
@@ -153,4 +159,4 @@ if __name__ == "__main__":
         parser.error("--stall-for: must be positive and below --stall-every")
     run_main(lambda: asyncio.run(main(args.minutes, args.baseline, args.stall_every,
                                       args.stall_for, args.hang_timeout, args.ddp_gang,
-                                      args.straggler_lag)))
+                                      args.straggler_lag, args.profile)))

@@ -26,14 +26,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import structlog
 from prometheus_client import CollectorRegistry, Counter
+
+from hafo.lazylog import get_logger
 
 __all__ = ["RETRIES", "RetriesExhausted", "Retry", "RetryPolicy", "register_metrics",
            "retry_call"]
 
 T = TypeVar("T")
-log = structlog.get_logger("hafo.retry")
+log = get_logger("hafo.retry")  # structlog at the first line (hafo.lazylog)
 
 #: Every retry of this process, by what was retried (a short, fixed name per caller). Both
 #: daemons export it (``register_metrics``); one daemon runs per process.

@@ -14,11 +14,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
-import structlog
-
+from hafo.lazylog import get_logger
 from hafo.retry import Retry, RetryPolicy
 
-log = structlog.get_logger("hafo.tasks")
+log = get_logger("hafo.tasks")  # structlog at the first line (hafo.lazylog)
 
 T = TypeVar("T")
 

@@ -103,6 +103,14 @@ class NodeClaim:
                         self.waiting_for = None
                         log.info("lease adopted: running guards kept", node=self.name,
                                  lease=f"{saved.lease:x}")
+                        if self.keeper.granted_ttl != self.keeper.ttl:
+                            # timing changed (timing.profile, timing.lease_ttl): a lease keeps
+                            # the TTL it was granted with (docs/safety.md, "The fast profile")
+                            log.warning("the adopted lease keeps the TTL it was granted with; "
+                                        "the configured TTL applies from this node's next "
+                                        "lease", node=self.name,
+                                        granted_ttl=self.keeper.granted_ttl,
+                                        configured_ttl=self.keeper.ttl)
                         return True
                     continue  # it expired meanwhile: look again
                 if decision.outcome == "wait":

@@ -21,6 +21,7 @@ from hafo.agent.assignments import NodeAssignments
 from hafo.agent.cgroups import CgroupRoot
 from hafo.agent.claim import Displaced, NodeClaim, etcd_away_policy
 from hafo.agent.cluster_record import read_cluster_record, write_cluster_record
+from hafo.agent.early_renewal import LeaseBridge
 from hafo.agent.environment import StateDirFaults, os_error_text
 from hafo.agent.failsafe import AgentFailsafe
 from hafo.agent.fencefile import FENCE_FILE, write_deadline
@@ -110,6 +111,9 @@ class Agent:
         self.gpus = gpus if gpus is not None else backend_for(config.node)
         self.state_faults = StateDirFaults(self.state_dir)
         self.published_deadline = 0.0  # the fencing deadline on disk, as the guards read it
+        #: renews the recorded lease from the start-up's early renewal until the claim
+        #: (hafo.agent.early_renewal.LeaseBridge; set by hafo.agent.main)
+        self.lease_bridge: LeaseBridge | None = None
         timing = config.timing
         self.failsafe = AgentFailsafe(self.name, self.store, self.keys, timing.failsafe_max,
                                       last_contact=lambda: self.keeper.last_ack,
@@ -954,6 +958,8 @@ class Agent:
             self._publish_report()
             await asyncio.sleep(self.config.timing.heartbeat)
             await self._until_done("read the store's identity", self.trust.check)
+        if self.lease_bridge is not None:  # the claim's keepalive takes over from here
+            self.lease_bridge.stop()
         await self._until_done("claim the node name", self.acquire_lease)
         lease = asyncio.create_task(self._restarting("lease", self._keep_lease), name="lease")
         try:
@@ -1001,6 +1007,8 @@ class Agent:
         """Release the etcd connection and the GPU backend (the lease is kept: guards and
         workloads live on, and a restarted agent adopts them). One last keepalive first, so
         the guards have the most time to wait for the next agent (``systemctl restart``)."""
+        if self.lease_bridge is not None:
+            self.lease_bridge.stop()
         if self.registered.is_set() and self.keeper.valid():
             with contextlib.suppress(*TRANSIENT, LeaseLost, asyncio.TimeoutError):
                 await asyncio.wait_for(self.keeper.keepalive_once(),

@@ -52,8 +52,6 @@ from hafo.agent.instances import read_launch, write_json_atomic
 from hafo.agent.outputlog import DEFAULT_MAX_BYTES, OutputPump, OutputWriter
 from hafo.agent.proctree import any_stopped, become_subreaper, descendants, kill_instance
 from hafo.agent.warm_member import WarmLink
-from hafo.checkpoint.sharded import list_all_checkpoints
-from hafo.checkpoint.transparent import unavailable_reason
 from hafo.decisions.fencing import must_kill
 from hafo.decisions.handover import adoption_refusal
 from hafo.model.ends import InstanceEnd
@@ -244,6 +242,9 @@ class Guard:
         return self.pump.stderr_tail()
 
     def _newest_checkpoint(self) -> tuple[int, int]:
+        # imported here: the checkpoint format (its CRC library) costs 70 ms at every start
+        from hafo.checkpoint.sharded import list_all_checkpoints
+
         root = self.launch["env"].get("HAFO_CHECKPOINT_DIR")
         refs = list_all_checkpoints(Path(root)) if root else []
         return (refs[0].epoch, refs[0].step) if refs else (0, -1)
@@ -325,6 +326,9 @@ class Guard:
                 self.write(state="stopping", reason="parked member stopped by the agent")
             elif self.stop_requested and not stopping:
                 if self.launch.get("checkpoint_mode") == "transparent":
+                    # imported here: the checkpoint package costs 0.1 s at every start
+                    from hafo.checkpoint.transparent import unavailable_reason
+
                     self.state["transparent"] = unavailable_reason()
                 stopping = True
                 listeners = checkpoint_listeners(self.proc.pid)

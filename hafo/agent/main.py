@@ -32,8 +32,6 @@ def check(config_path: str) -> Any:
 
 async def run(config_path: str) -> int:
     """Start the agent and serve until SIGTERM/SIGINT (0)."""
-    from hafo import logs
-
     # The order of these steps is what keeps a restart hitless (docs/safety.md, "Hitless
     # agent restarts"); do not reorder them, nor import anything heavy before them.
     # First of all, before the config models are built: the lease of a crashed predecessor
@@ -41,7 +39,9 @@ async def run(config_path: str) -> int:
     # directory, and the renewal from the config where there was no brief.
     from hafo.agent.early_renewal import renew_from_brief, renew_saved_lease
 
-    left = await renew_from_brief(config_path) if config_path else None
+    renewed = await renew_from_brief(config_path) if config_path else None
+    from hafo import logs  # structlog and rich: 0.1 s, after the renewal
+
     config = load_config(config_path, "agent")
     check_state_dir(config_path, config)
     logs.configure(config.log_format, node=config.node.name)
@@ -49,15 +49,19 @@ async def run(config_path: str) -> int:
     from hafo.agent.statelock import hold_state_dir
 
     _lock = await hold_state_dir(Path(config.node.state_dir))
-    if left is None:
-        left = await renew_saved_lease(config)
+    if renewed is None:
+        renewed = await renew_saved_lease(config)
     write_brief(Path(config.node.state_dir), config.etcd, config.timing.heartbeat,
                 config.timing.fence_margin)
-    if left is not None:
+    if renewed is not None:
         import structlog
 
+        # had_left: how much of the fencing slack the restart kept (docs/safety.md,
+        # "Hitless agent restarts"); negative: the guards had fenced their work already
         structlog.get_logger("hafo.agent").info("saved lease renewed before start-up",
-                                                node=config.node.name, fenced_in=round(left, 3))
+                                                node=config.node.name,
+                                                fenced_in=round(renewed.left, 3),
+                                                had_left=round(renewed.had_left, 3))
 
     # Only now the heavy imports: the agent itself (the GPU backend), the API server.
     from hafo.agent.daemon import Agent
@@ -67,6 +71,8 @@ async def run(config_path: str) -> int:
     token, tls = api_settings(config)
     agent = Agent(config)
     agent.api_address = config.api.listen
+    if renewed is not None:  # it renews until the agent claims the node (Agent.run)
+        agent.lease_bridge = renewed.bridge
     runner = await listen(make_agent_app(agent, token), config, tls)
     announce("agent", config.node.name, config, runner, token)
     ready = asyncio.Event()

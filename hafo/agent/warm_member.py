@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hafo.agent.instances import write_json_atomic
-from hafo.checkpoint.warm import read_protocol_file, write_protocol_file
 from hafo.model.warm import (
     EPOCH_FILE,
     PARK_FILE,
@@ -26,6 +25,7 @@ from hafo.model.warm import (
     encode_park,
     parse_parked,
 )
+from hafo.warm_files import read_protocol_file, write_protocol_file
 
 #: The agent's request, in the instance directory: park this instance.
 PARK_REQUEST = "park"

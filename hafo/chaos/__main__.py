@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gangs", type=int, default=1, help="2-member gangs beside them")
     parser.add_argument("--services", type=int, default=1,
                         help="2-replica services beside them")
+    parser.add_argument("--profile", choices=("default", "fast"), default="default",
+                        help="the cluster's timing profile (fast: lease TTL 1 s)")
     parser.add_argument("--keep", metavar="DIR", help="run in DIR and keep every log")
     parser.add_argument("--kinds", metavar="KIND,...",
                         help="draw the faults from these kinds only (default: all of "
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> ChaosReport:
         task = asyncio.ensure_future(run_chaos(
             args.seed, args.faults, nodes=args.nodes, workloads=args.workloads, gangs=args.gangs,
-            services=args.services, only_kinds=only,
+            services=args.services, only_kinds=only, profile=args.profile,
             base_dir=Path(args.keep) if args.keep else None, keep=bool(args.keep)))
         with cancel_on_signals(task):  # SIGTERM, SIGINT: tear the cluster down, by pid
             return await task

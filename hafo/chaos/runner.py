@@ -254,7 +254,7 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
                     workloads: int = 4, gangs: int = 1, services: int = 1,
                     base_dir: Path | None = None, keep: bool = False,
                     only_kinds: Sequence[str] | None = None,
-                    say: Callable[[str], Any] = print) -> ChaosReport:
+                    say: Callable[[str], Any] = print, profile: str = "default") -> ChaosReport:
     """Start a cluster, inject ``faults`` seeded faults, check the invariants, tear down.
     ``gangs``: how many 2-member gangs run beside the ``workloads`` single-node ones (one of
     them leaves an escaped process behind, ``hafo.local.workload --escape``); ``services``:
@@ -262,13 +262,14 @@ async def run_chaos(seed: int, faults: int, *, nodes: int = 4, controllers: int 
     targets the node that runs most kinds of workload not yet rebooted, and more power
     cycles follow the seeded faults until every kind has rebooted with its node at least
     once. Processes hafo did not start run on every node (``hafo.chaos.bystanders``).
-    ``only_kinds``: the fault kinds to draw from (default: every kind, ``FAULT_KINDS``)."""
+    ``only_kinds``: the fault kinds to draw from (default: every kind, ``FAULT_KINDS``).
+    ``profile``: the cluster's timing profile (``hafo.model.timing_profile``)."""
     unknown = sorted(set(only_kinds or ()) - set(FAULT_KINDS))
     if unknown:
         raise ValueError(f"unknown fault kinds: {', '.join(unknown)}")
     rng = Random(seed)
     cluster = LocalCluster(base_dir=base_dir, nodes=nodes, controllers=controllers,
-                           etcd_members=3, partitionable=True, keep=keep)
+                           etcd_members=3, partitionable=True, keep=keep, profile=profile)
     outage = cluster.lease_ttl + 2.0
     started = time.monotonic()
     results: list[FaultResult] = []

@@ -16,7 +16,10 @@ TCP connections of the group (``socket.shutdown`` on the descriptors that
 milliseconds. The connections to the rendezvous store (``$MASTER_PORT``) and listening sockets
 are left alone: gloo ends the process when its listener fails. For NCCL,
 ``_abort_process_group()`` aborts the communicators. Without either, the collective's
-``timeout`` ends it.
+``timeout`` ends it. One race is left with gloo: when the peer shuts its side down first and
+gloo closes this member's connection between two collectives, before this member's own abort,
+the next collective waits for the group's ``timeout`` (about 1 park in 8 on two CPU ranks of
+``scripts/gpu_warm_check.py --device cpu``): keep ``timeout`` short with gloo.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ import socket
 import threading
 import time
 import traceback
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -39,7 +41,6 @@ from typing import TypeVar
 from hafo.checkpoint.peer_link import abort_transfers
 from hafo.model.warm import (
     EPOCH_FILE,
-    MAX_FILE_BYTES,
     PARK_FILE,
     PARKED_FILE,
     STANDBY_ENV,
@@ -51,6 +52,7 @@ from hafo.model.warm import (
     parse_next_epoch,
     parse_park,
 )
+from hafo.warm_files import read_protocol_file, write_protocol_file
 
 log = logging.getLogger("hafo.checkpoint")
 
@@ -391,23 +393,6 @@ def _wait_next_epoch(path: Path, epoch: int) -> NextEpoch:
                 ignored = handed
                 log.info("%s ignored: epoch %d is not after %d", path, handed.epoch, epoch)
         time.sleep(POLL_SECONDS)
-
-
-def read_protocol_file(path: Path) -> str | None:
-    """A protocol file's text (at most ``MAX_FILE_BYTES``); None if it cannot be read. The
-    guard's side reads with it too (``hafo.agent.warm_member``)."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(MAX_FILE_BYTES).decode("utf-8", "replace")
-    except OSError:
-        return None
-
-
-def write_protocol_file(path: Path, text: str) -> None:
-    """Replace a protocol file with ``text`` atomically (a rename)."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _teardown(limit: float) -> bool:

@@ -1,6 +1,6 @@
 """``hafo dev``: a local cluster that stays up until Ctrl-C, and the commands that control it.
 
-``hafo dev [--nodes N] [--gpus G] [--cluster NAME] [--dir DIR]`` starts the cluster
+``hafo dev [--nodes N] [--gpus G] [--cluster NAME] [--dir DIR] [--fast]`` starts the cluster
 (``hafo.local.dev_server``); ``hafo dev power-off|power-on|fault|status`` talk to a running one
 through ``$HAFO_DEV`` (the directory ``hafo dev`` prints in its export line).
 """
@@ -23,7 +23,7 @@ from hafo.commands.base import (
 
 MAX_NODES = 32
 MAX_GPUS = 64  # node.gpus.simulate.count's limit
-START_FLAGS = ("--nodes", "--gpus", "--cluster", "--dir")
+START_FLAGS = ("--nodes", "--gpus", "--cluster", "--dir", "--fast")
 
 HELP = """\
 Without an action: start a local cluster (embedded etcd, 2 controllers, N agents with
@@ -101,6 +101,9 @@ def register(sub: Any) -> None:
     p.add_argument("--dir", default=None, metavar="DIR",
                    help="keep the cluster's state and logs in DIR (created; kept after "
                         "Ctrl-C) instead of a temporary directory")
+    p.add_argument("--fast", action="store_const", const=True, default=None,
+                   help="the fast timing profile: lease TTL 1 s, etcd's election timeout "
+                        "150 ms (timing.profile: fast; default: lease TTL 3 s)")
     actions = p.add_subparsers(dest="dev_action", metavar="[ACTION]", required=False)
     for name, text in (("power-off", "power loss: kill every process of NODE at once"),
                        ("power-on", "start NODE again after a power-off (a powered NODE "
@@ -145,7 +148,8 @@ def _start(args: argparse.Namespace) -> int:
     from hafo.local.dev_server import DevError, DevOptions, run_dev
 
     options = DevOptions(nodes=args.nodes or 3, gpus=args.gpus or 4,
-                         cluster=args.cluster or "dev", dir=Path(args.dir) if args.dir else None)
+                         cluster=args.cluster or "dev", dir=Path(args.dir) if args.dir else None,
+                         profile="fast" if args.fast else "default")
     try:
         return run_dev(options)
     except DevError as exc:

@@ -11,9 +11,10 @@ launch is this process's next one (``adoption_refusal``). A refusal is a reason 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hafo.model.spec import WorkloadSpec
+if TYPE_CHECKING:  # the guard imports this module: not the spec's schema (0.25 s) at its start
+    from hafo.model.spec import WorkloadSpec
 
 
 def relaunch_refusal(parked_launch: Mapping[str, Any], spec: WorkloadSpec, cwd: str,

@@ -43,6 +43,7 @@ from hafo.local.procs import (
 from hafo.local.progress import read_progress
 from hafo.model.cluster import ClusterSnapshot
 from hafo.model.spec import WorkloadSpec, parse_spec
+from hafo.model.timing_profile import PROFILES
 from hafo.store import EtcdStore, Keys, WatchEvent, intents, read_snapshot
 
 
@@ -149,8 +150,11 @@ class LocalCluster:
     controllers: int = 2
     etcd_members: int = 1
     gpus_per_node: int = 4
-    lease_ttl: int = 3
-    heartbeat: float = 1.0
+    #: the timing profile (hafo.model.timing_profile): etcd's raft timing and the daemons'
+    #: ``timing.profile``; ``lease_ttl`` and ``heartbeat`` default to its (0: the profile's)
+    profile: str = "default"
+    lease_ttl: int = 0
+    heartbeat: float = 0.0
     failsafe_max: float | None = None  # timing.failsafe_max of every daemon (default 300 s)
     cluster: str = "default"
     keep: bool = False
@@ -169,7 +173,10 @@ class LocalCluster:
         self._own_dir = self.base_dir is None
         self.base = Path(self.base_dir or tempfile.mkdtemp(prefix="hafo-local-"))
         self.checkpoint_root = self.base / "checkpoints"
-        self.etcd = EtcdCluster(self.base / "etcd", size=self.etcd_members)
+        timing = PROFILES[self.profile]
+        self.lease_ttl = self.lease_ttl or timing.lease_ttl
+        self.heartbeat = self.heartbeat or timing.heartbeat
+        self.etcd = EtcdCluster(self.base / "etcd", size=self.etcd_members, profile=timing)
         self.keys = Keys(self.cluster)
         self._store: EtcdStore | None = None
         # unique per cluster: several clusters (tests beside each other) may share a base name
@@ -180,7 +187,8 @@ class LocalCluster:
 
     def _common(self, endpoints: list[str] | None = None) -> dict[str, Any]:
         return {"cluster": self.cluster, "etcd": {"endpoints": endpoints or self.etcd.endpoints},
-                "timing": {"lease_ttl": self.lease_ttl, "heartbeat": self.heartbeat,
+                "timing": {"profile": self.profile, "lease_ttl": self.lease_ttl,
+                           "heartbeat": self.heartbeat,
                            **({"failsafe_max": self.failsafe_max}
                               if self.failsafe_max is not None else {})},
                 "checkpoint": {"root": str(self.checkpoint_root)}, "log": {"format": "json"}}

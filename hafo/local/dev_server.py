@@ -121,9 +121,9 @@ def example_lines(found: Found, nodes: int) -> list[str]:
 
 
 def banner(status: DevStatus, took: float, temporary: bool,
-           found: Found | None = None) -> list[str]:
+           found: Found | None = None, timing: str = "") -> list[str]:
     """What ``hafo dev`` prints once the cluster is ready (``found``: what the examples need
-    that it found, for a line on each; None: no such lines)."""
+    that it found, for a line on each; None: no such lines; ``timing``: the timing line)."""
     first = status.nodes[0].name if status.nodes else "node-1"
     dashboards = "  ".join(c.dashboard for c in status.controllers)
     lines = [
@@ -138,6 +138,7 @@ def banner(status: DevStatus, took: float, temporary: bool,
         f"dashboard: {dashboards}",
         f"nodes:     {' '.join(n.name for n in status.nodes)}",
         f"logs:      {Path(status.dir) / 'logs'}",
+        *([f"timing:    {timing}"] if timing else []),
         "",
         "Then try:",
         "  hafo submit examples/counter.yaml",
@@ -163,6 +164,7 @@ class DevOptions:
     gpus: int = 4
     cluster: str = "dev"
     dir: Path | None = None  # keep state here (not removed); None: a temporary directory
+    profile: str = "default"  # the timing profile (hafo.model.timing_profile)
 
 
 def say(text: str = "") -> None:
@@ -226,7 +228,7 @@ class DevCluster:
         self.temporary = temporary
         self.cluster: LocalCluster = LocalCluster(
             base_dir=base, nodes=options.nodes, controllers=CONTROLLERS,
-            gpus_per_node=options.gpus, cluster=options.cluster)
+            gpus_per_node=options.gpus, cluster=options.cluster, profile=options.profile)
         self.stop_requested = asyncio.Event()
         self.signals = 0
         self.stopping = False
@@ -417,8 +419,10 @@ class DevCluster:
         self.server = await asyncio.start_unix_server(self.serve_client,
                                                       path=str(socket_path(self.base)),
                                                       limit=MAX_REQUEST)
+        c = self.cluster
+        timing = f"profile {c.profile}, lease TTL {c.lease_ttl}s, heartbeat {c.heartbeat:g}s"
         for line in banner(self.status(), time.monotonic() - started, self.temporary,
-                           Found.here()):
+                           Found.here(), timing):
             say(line)
         await self.stop_requested.wait()
         return 0

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hafo.local.pki import Pki
 from hafo.local.procs import free_port, kill_pid, spawn, stop_process
-from hafo.model.config import ETCD_ELECTION_TIMEOUT_MS, ETCD_HEARTBEAT_INTERVAL_MS
+from hafo.model.timing_profile import PROFILES, TimingProfile
 
 
 class EtcdNotFound(RuntimeError):
@@ -78,6 +78,8 @@ class EtcdCluster:
     size: int = 1
     members: list[EtcdMember] = field(default_factory=list)
     pki: Pki | None = None  # serve clients over TLS and require client certificates
+    #: the raft timing, from a timing profile (hafo.model.timing_profile)
+    profile: TimingProfile = PROFILES["default"]
 
     def __post_init__(self) -> None:
         if not self.members:
@@ -102,8 +104,8 @@ class EtcdCluster:
             "--initial-advertise-peer-urls", member.peer_url, "--initial-cluster", initial,
             "--initial-cluster-state", state, "--initial-cluster-token", f"hafo-{os.getpid()}",
             # the timing hafo's defaults assume (hafo.model.config, election_problem)
-            "--heartbeat-interval", str(ETCD_HEARTBEAT_INTERVAL_MS),
-            "--election-timeout", str(ETCD_ELECTION_TIMEOUT_MS),
+            "--heartbeat-interval", str(self.profile.etcd_heartbeat_ms),
+            "--election-timeout", str(self.profile.etcd_election_ms),
             "--log-level", "warn", "--quota-backend-bytes", str(2 * 1024**3),
             *self._tls_args(),
         ]

@@ -38,6 +38,7 @@ from hafo.model.schema import (
     invalid,
 )
 from hafo.model.strategy import STRATEGIES, Strategy
+from hafo.model.timing_profile import PROFILES
 
 __all__ = ["ELECTION_ROUND_TRIPS", "ETCD_ELECTION_TIMEOUT_MS", "ETCD_HEARTBEAT_INTERVAL_MS",
            "STRATEGIES", "ApiConfig", "AutoscaleSection", "Config", "EtcdConfig", "GpuSource",
@@ -53,8 +54,8 @@ MAX_MIG_DEVICES = 7
 #: with ``--heartbeat-interval`` and ``--election-timeout`` set to these, the Ansible etcd
 #: role's defaults are the same numbers, and ``etcd.election_timeout`` defaults to the
 #: latter. The election timeout is 10 x the heartbeat, as etcd recommends.
-ETCD_HEARTBEAT_INTERVAL_MS = 50
-ETCD_ELECTION_TIMEOUT_MS = 500
+ETCD_HEARTBEAT_INTERVAL_MS = PROFILES["default"].etcd_heartbeat_ms
+ETCD_ELECTION_TIMEOUT_MS = PROFILES["default"].etcd_election_ms
 #: Seconds a new raft leader may still need after 2 x the election timeout before it
 #: acknowledges a keepalive: the vote's and the keepalive's round trips, the agent's retry
 #: (every 0.1 s after a failed keepalive) and its move to a live endpoint.
@@ -163,10 +164,14 @@ def parse_endpoints(value: Any, field_name: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class TimingConfig(Section):
-    """Lease TTL, keepalive period and the self-fencing safety margin, in seconds."""
+    """Lease TTL, keepalive period and the self-fencing safety margin, in seconds.
 
-    lease_ttl: Annotated[int, Field(ge=2, le=3600), INTEGER] = 3
-    """The node lease's TTL in seconds, 2 to 3600 (controllers use it for their own lease too)."""
+    ``profile`` names the defaults of the other three (``hafo.model.timing_profile``); a
+    field given beside it wins."""
+
+    lease_ttl: Annotated[int, Field(ge=1, le=3600), INTEGER] = 3
+    """The node lease's TTL in seconds, 1 to 3600 (controllers use it for their own lease too);
+    etcd grants at least 1.5 x its election timeout, rounded up to a second."""
     heartbeat: Positive = 1.0
     """The keepalive period in seconds; at most half of `lease_ttl`."""
     fence_margin: Positive = 0.5
@@ -174,6 +179,23 @@ class TimingConfig(Section):
     `fence_margin + heartbeat` must be below `lease_ttl`."""
     failsafe_max: NonNegative = 300.0
     """The longest an agent keeps its work without reaching etcd, in seconds."""
+    profile: Annotated[str, Strict(), Matches("default|fast", "must be default or fast"),
+                       OMIT_DEFAULT] = "default"
+    """`default` (lease TTL 3 s, heartbeat 1 s, fence_margin 0.5 s) or `fast` (1 s, 0.2 s,
+    0.2 s, and `etcd.election_timeout` 0.15 s: etcd must run with `--heartbeat-interval 15
+    --election-timeout 150`). The defaults of the fields above; one given beside it wins."""
+
+    @classmethod
+    def _prepare(cls, raw: Any, names: Mapping[str, str], forbid: bool,
+                 unknown: list[Any]) -> Any:
+        known = super()._prepare(raw, names, forbid, unknown)
+        if not isinstance(known, dict):
+            return known
+        profile = PROFILES.get(known.get("profile"))  # type: ignore[arg-type]
+        if profile is None or profile is PROFILES["default"]:
+            return known
+        return {"lease_ttl": profile.lease_ttl, "heartbeat": profile.heartbeat,
+                "fence_margin": profile.fence_margin, **known}
 
     def _check(self) -> None:
         if self.heartbeat * 2 > self.lease_ttl:
@@ -537,6 +559,19 @@ class Config(Section):
     """Controller only: how queues share the pool."""
     autoscale: AutoscaleSection = AutoscaleSection()
     """Controller only: the hook the leader tells the pending demand and the removable nodes."""
+
+    @classmethod
+    def _prepare(cls, raw: Any, names: Mapping[str, str], forbid: bool,
+                 unknown: list[Any]) -> Any:
+        known = super()._prepare(raw, names, forbid, unknown)
+        timing, etcd = (known.get("timing"), known.get("etcd") or {}) \
+            if isinstance(known, dict) else (None, None)
+        if not isinstance(timing, dict) or not isinstance(etcd, dict):
+            return known
+        profile = PROFILES.get(timing.get("profile"))  # type: ignore[arg-type]
+        if profile is None or etcd.get("election_timeout") is not None:
+            return known
+        return {**known, "etcd": {**etcd, "election_timeout": profile.election_timeout}}
 
     def _check(self) -> None:
         problem = election_problem(self.etcd.election_timeout, self.timing)

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import aetcd
-import structlog
 from aetcd import exceptions as etcd_errors
 
+from hafo.lazylog import get_logger
 from hafo.retry import Retry, RetryPolicy
 from hafo.store import aetcd_adapter as adapter
 from hafo.store.records import (
@@ -47,7 +47,7 @@ __all__ = [  # the records are re-exported from their first home
 ]
 
 T = TypeVar("T")
-log = structlog.get_logger("hafo.store")
+log = get_logger("hafo.store")  # structlog at the first line (hafo.lazylog)
 
 TRANSIENT: tuple[type[BaseException], ...] = (
     etcd_errors.ConnectionFailedError,
@@ -107,6 +107,10 @@ MAX_REPLY = 512 * 1024 * 1024
 
 
 
+#: The shortest time gRPC may give a connection attempt (milliseconds): see channel_options.
+MIN_CONNECT_MS = 500
+
+
 def channel_options(max_backoff: float) -> dict[str, int]:
     """gRPC channel options that bound reconnection after etcd comes back.
 
@@ -115,13 +119,17 @@ def channel_options(max_backoff: float) -> dict[str, int]:
     outage of 20 s a fresh channel waited 5 s or more before it tried again, longer than the
     few seconds a restarted etcd gives a restored lease. Each channel here keeps its own
     subchannels and retries every 0.1 s at first, never waiting more than ``max_backoff``
-    (the store's ``reconnect_backoff``: half a heartbeat in the daemons).
+    (the store's ``reconnect_backoff``: half a heartbeat in the daemons), or 0.5 s if that is
+    more: gRPC gives a connection attempt no more time than the backoff, and with the fast
+    timing profile's 0.1 s a busy machine's handshakes timed out again and again (its agents
+    never reconnected after a whole-etcd restart; "connection attempt timed out before
+    receiving SETTINGS frame").
 
     Replies may be up to ``MAX_REPLY`` bytes: a read of the whole state prefix (a controller's
     load, ``hafo status``) is about 2.5 KB per node, over gRPC's 4 MiB default from about
     1,700 nodes on (20 MB at 10,000 nodes with gangs).
     """
-    ceiling = max(100, int(max_backoff * 1000))
+    ceiling = max(MIN_CONNECT_MS, int(max_backoff * 1000))
     return {"grpc.use_local_subchannel_pool": 1,
             "grpc.initial_reconnect_backoff_ms": 100,
             "grpc.min_reconnect_backoff_ms": 100,

@@ -22,7 +22,10 @@ deployment (each leaves every machine on and no workload behind):
 9. power loss of etcd's raft leader's machine, 10 times, under the false-positive stress
    (every core busy, a neighbour fsyncing on the machines' disk: ``hafo.local.stress``):
    no workload elsewhere is fenced;
-10. upgrade.yml to another version, machine by machine: no workload restarted.
+10. upgrade.yml to another version, machine by machine: no workload restarted;
+11. site.yml again with ``hafo_timing_profile: fast`` (etcd's raft timing and every daemon's
+    lease changed on a running cluster): then a powered-off machine's work runs again within
+    the fast profile's bound, the raft leader's machine included.
 
 The watcher (tests/hosts/watch.py) reads every machine's processes from the host throughout
 and fails any test during which two copies of a workload were alive at once.
@@ -477,3 +480,52 @@ def test_rolling_upgrade_restarts_no_workload(lab_cluster: DeployedCluster) -> N
     for machine in cluster.controllers:
         assert cluster.version(machine, API_PORT) == UPGRADE_VERSION
     assert _unchanged(cluster, before) == []
+
+
+#: The fast profile (docs/safety.md, "The fast profile"): lease TTL 1 s, etcd's election
+#: timeout 150 ms. Its goal on a quiet machine is p50 <= 1.3 s and max <= 2.0 s (recorded
+#: below); the assertion keeps the issue's rule, TTL + 2 s, for a loaded CI machine.
+FAST_TTL = 1
+FAST_BOUND = FAST_TTL + 2.0
+FAST_ELECTION = 0.15
+
+
+def test_fast_profile_fails_over_within_its_bound(lab_cluster: DeployedCluster) -> None:
+    cluster = lab_cluster
+    started = time.monotonic()
+    run = cluster.ansible.playbook(
+        "site.yml", "-e", "hafo_timing_profile=fast", "-e", f"hafo_lease_ttl={FAST_TTL}",
+        "-e", "hafo_heartbeat=0.2", "-e", f"hafo_version={UPGRADE_VERSION}")
+    cluster.record("site.yml to the fast profile (s)", time.monotonic() - started)
+    assert run.returncode == 0, run.tail()
+    cluster.wait_ready(list(cluster.lab.machines))
+    for machine in cluster.lab.machines.values():
+        etcd = machine.ssh("cat /etc/etcd/etcd.conf.yml").stdout
+        assert "heartbeat-interval: 15" in etcd and "election-timeout: 150" in etcd, etcd
+        agent = machine.ssh("cat /etc/hafo/agent.yaml").stdout
+        assert 'profile: "fast"' in agent and "lease_ttl: 1" in agent, agent
+    # A lease keeps the TTL it was granted with: the daemons restarted by site.yml adopted
+    # their 3 s leases. Stopped longer than that, each starts again with a 1 s lease (no
+    # workload runs now: nothing is fenced).
+    units = [(m, "hafo-agent") for m in cluster.lab.machines.values()] + [
+        (m, "hafo-controller") for m in cluster.controllers]
+    for machine, unit in units:
+        cluster.systemctl(machine, "stop", unit)
+    time.sleep(LEASE_TTL + 1.0)
+    for machine, unit in units:
+        cluster.systemctl(machine, "start", unit)
+    cluster.wait_ready(list(cluster.lab.machines))
+    wid = cluster.submit("fast", gpus=2)
+    for _trial in range(3):
+        took = _power_loss_trial(cluster, wid, {cluster.leader(), cluster.etcd_leader()})
+        cluster.record("fast profile: power loss -> running elsewhere (s)", took)
+        assert took < FAST_BOUND, f"failover took {took:.2f} s in the fast profile"
+    etcd_leader = cluster.etcd_leader()
+    began = time.time()
+    took = _power_loss_trial(cluster, wid,
+                             {m for m in cluster.lab.machines if m != etcd_leader})
+    cluster.record("fast profile: power loss of the raft leader's machine -> running "
+                   "elsewhere (s)", took)
+    assert took < FAST_BOUND + 4 * FAST_ELECTION, (
+        f"failover took {took:.2f} s in the fast profile\n"
+        + _journals(cluster, began, "hafo-controller", [m.name for m in cluster.controllers]))

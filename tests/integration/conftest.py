@@ -102,7 +102,7 @@ async def local_cluster(tmp_path: Path) -> AsyncIterator[ClusterFactory]:
 TIMING_MODULES = frozenset({
     "test_chaos", "test_clock_step", "test_etcd_restart", "test_etcd_stall", "test_failover",
     "test_gang_hang", "test_guard", "test_metrics", "test_node_identity", "test_services",
-    "test_warm_guard", "test_gang_preflight",
+    "test_warm_guard", "test_gang_preflight", "test_fast_profile",
 })
 
 

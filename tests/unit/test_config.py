@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from hafo.model.config import (
     parse_config,
 )
 from hafo.model.errors import ValidationError
+from hafo.model.timing_profile import PROFILES
 
 GOOD = "http://127.0.0.1:2379"
 AGENT: dict[str, Any] = {"node": {"name": "node-a"}}
@@ -149,7 +151,13 @@ def test_timing_valid(timing: dict[str, Any], expected: TimingConfig) -> None:
     pytest.param({"heartbeat": 0}, "timing.heartbeat", id="hb-zero"),
     pytest.param({"heartbeat": True}, "timing.heartbeat", id="hb-bool"),
     pytest.param({"heartbeat": float("nan")}, "timing.heartbeat", id="hb-nan"),
-    pytest.param({"lease_ttl": 1}, "timing.lease_ttl", id="ttl-too-small"),
+    pytest.param({"lease_ttl": 0}, "timing.lease_ttl", id="ttl-too-small"),
+    pytest.param({"lease_ttl": 1}, "timing.heartbeat", id="ttl1-default-heartbeat"),
+    pytest.param({"profile": "quick"}, "timing.profile", id="profile-unknown"),
+    pytest.param({"profile": "Fast"}, "timing.profile", id="profile-case"),
+    pytest.param({"profile": 1}, "timing.profile", id="profile-number"),
+    pytest.param({"profile": "fast", "heartbeat": 0.6}, "timing.heartbeat",
+                 id="fast-heartbeat-over-half"),
     pytest.param({"lease_ttl": 2.5}, "timing.lease_ttl", id="ttl-float"),
     pytest.param({"lease_ttl": 3, "heartbeat": 1, "fence_margin": 2}, "timing.fence_margin",
                  id="margin-too-big"),
@@ -201,6 +209,50 @@ def test_etcd_election_timeout_must_fit_the_slack(timing: dict[str, Any],
             assert "must be below lease_ttl - heartbeat - fence_margin" in str(error)
     parsed = TimingConfig(**timing)
     assert (election_problem(election_timeout or 0.5, parsed) is None) == fits
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    pytest.param({}, (3, 1.0, 0.5, 0.5), id="default"),
+    pytest.param({"timing": {"profile": "default"}}, (3, 1.0, 0.5, 0.5), id="default-named"),
+    pytest.param({"timing": {"profile": "fast"}}, (1, 0.2, 0.2, 0.15), id="fast"),
+    pytest.param({"timing": {"profile": "fast", "lease_ttl": 2}}, (2, 0.2, 0.2, 0.15),
+                 id="fast-ttl-given"),
+    pytest.param({"timing": {"profile": "fast", "heartbeat": None}}, (1, 0.2, 0.2, 0.15),
+                 id="fast-null-is-not-given"),
+    pytest.param({"timing": {"profile": "fast"}, "etcd": {"election_timeout": 0.1}},
+                 (1, 0.2, 0.2, 0.1), id="fast-election-given"),
+    pytest.param({"timing": {"profile": "fast"}, "etcd": None}, (1, 0.2, 0.2, 0.15),
+                 id="fast-etcd-null"),
+])
+def test_timing_profile_gives_the_defaults(raw: dict[str, Any],
+                                           expected: tuple[float, ...]) -> None:
+    """timing.profile names the defaults of lease_ttl, heartbeat, fence_margin and
+    etcd.election_timeout; a field given beside it wins (hafo.model.timing_profile)."""
+    for role, extra in (("agent", AGENT), ("controller", CONTROLLER), ("client", {})):
+        config = parse_config({**raw, **extra}, role)
+        timing = config.timing
+        assert (timing.lease_ttl, timing.heartbeat, timing.fence_margin,
+                config.etcd.election_timeout) == expected
+        assert election_problem(config.etcd.election_timeout, timing) is None
+
+
+def test_the_fast_profile_fits_etcd_and_its_own_rules() -> None:
+    """The fast profile's etcd timing: election 10 x the heartbeat (etcd's advice), and a
+    minimum lease TTL (1.5 election timeouts, rounded up to a second) of 1 s."""
+    fast = PROFILES["fast"]
+    assert fast.etcd_election_ms == 10 * fast.etcd_heartbeat_ms
+    assert math.ceil(1.5 * fast.etcd_election_ms / 1000) <= fast.lease_ttl == 1
+    slack = fast.lease_ttl - fast.heartbeat - fast.fence_margin
+    assert 2 * fast.election_timeout + ELECTION_ROUND_TRIPS < slack
+    default = PROFILES["default"]
+    assert (default.etcd_heartbeat_ms, default.etcd_election_ms) == (
+        ETCD_HEARTBEAT_INTERVAL_MS, ETCD_ELECTION_TIMEOUT_MS)
+
+
+def test_a_fast_profile_with_a_slow_etcd_is_refused() -> None:
+    error = expect_error({"timing": {"profile": "fast"}, "etcd": {"election_timeout": 0.5}},
+                         "client", "etcd.election_timeout")
+    assert "= 0.6 s" in str(error)
 
 
 @pytest.mark.parametrize(("raw", "message"), [

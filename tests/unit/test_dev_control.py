@@ -193,3 +193,36 @@ def test_power_on_of_a_powered_node_whose_agent_died_starts_the_agent_again(
         stop_process(handle.init, grace=3.0)
         if agent is not None and pid_alive(agent):
             kill_pid(agent, signal.SIGKILL)
+
+
+def test_banner_says_the_timing_when_given() -> None:
+    text = "\n".join(banner(status(), 1.0, temporary=True,
+                            timing="profile fast, lease TTL 1s, heartbeat 0.2s"))
+    assert "timing:    profile fast, lease TTL 1s, heartbeat 0.2s" in text
+    assert "timing:" not in "\n".join(banner(status(), 1.0, temporary=True))
+
+
+@pytest.mark.parametrize(("argv", "profile", "error"), [
+    pytest.param(["dev"], "default", None, id="default"),
+    pytest.param(["dev", "--fast"], "fast", None, id="fast"),
+    pytest.param(["dev", "--fast", "status"], None, "--fast is for starting a dev cluster",
+                 id="fast-with-an-action"),
+])
+def test_dev_fast_flag(monkeypatch: pytest.MonkeyPatch, argv: list[str], profile: str | None,
+                       error: str | None) -> None:
+    """``hafo dev --fast`` starts the cluster in the fast timing profile; with an action it
+    is a usage error naming the flag."""
+    import hafo.local.dev_server as dev_server
+    from hafo.cli import build_parser
+    from hafo.commands import dev
+    from hafo.commands.base import CliError
+
+    started: list[object] = []
+    monkeypatch.setattr(dev_server, "run_dev", lambda options: started.append(options) or 0)
+    args = build_parser().parse_args(argv)
+    if error is not None:
+        with pytest.raises(CliError, match=error):
+            dev.run(args)
+        return
+    assert dev.run(args) == 0
+    assert [getattr(o, "profile", None) for o in started] == [profile]
