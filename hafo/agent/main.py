@@ -48,7 +48,10 @@ async def run(config_path: str) -> int:
     from hafo.agent.renewal_brief import write_brief
     from hafo.agent.statelock import hold_state_dir
 
-    _lock = await hold_state_dir(Path(config.node.state_dir))
+    # Another agent holds this node's state directory: its lease is its own to renew (a
+    # bridge would keep it alive for an agent that may be frozen, delaying its failover).
+    _lock = await hold_state_dir(Path(config.node.state_dir),
+                                 on_wait=renewed.bridge.stop if renewed is not None else None)
     if renewed is None:
         renewed = await renew_saved_lease(config)
     write_brief(Path(config.node.state_dir), config.etcd, config.timing.heartbeat,

@@ -14,6 +14,7 @@ import fcntl
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -46,13 +47,18 @@ def holder(state_dir: Path) -> str:
         return "?"
 
 
-async def hold_state_dir(state_dir: Path, poll: float = 0.1) -> int:
-    """Wait until this process alone holds ``state_dir``; returns the descriptor to keep."""
+async def hold_state_dir(state_dir: Path, poll: float = 0.1,
+                         on_wait: Callable[[], None] | None = None) -> int:
+    """Wait until this process alone holds ``state_dir``; returns the descriptor to keep.
+    ``on_wait`` is called once, before the first wait (the lock is another agent's)."""
     said = -math.inf  # said at once: a monotonic clock may be young (a fresh boot)
     while True:
         fd = try_lock(state_dir)
         if fd is not None:
             return fd
+        if on_wait is not None:
+            on_wait()
+            on_wait = None
         if time.monotonic() - said >= WAIT_LOG_EVERY:
             said = time.monotonic()
             log.warning("state directory is in use by another agent: waiting until it exits",

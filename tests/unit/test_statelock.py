@@ -48,3 +48,24 @@ def test_a_killed_holder_leaves_the_lock_free(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_on_wait_is_called_once_and_only_when_the_lock_is_anothers(tmp_path: Path) -> None:
+    """A second agent stops its lease bridge when it must wait (hafo.agent.main): the lease
+    is the running agent's to renew."""
+    state = tmp_path / "state"
+    calls: list[int] = []
+
+    async def run() -> None:
+        free = await hold_state_dir(state, poll=0.02, on_wait=lambda: calls.append(1))
+        assert calls == []  # free at once: not called
+        waiter = asyncio.create_task(hold_state_dir(state, poll=0.02,
+                                                    on_wait=lambda: calls.append(2)))
+        await asyncio.sleep(0.2)  # ten polls
+        assert calls == [2] and not waiter.done()
+        os.close(free)
+        os.close(await asyncio.wait_for(waiter, 5))
+
+    # flock is per open file description: a second one in this process conflicts too
+    asyncio.run(run())
+    assert calls == [2]
