@@ -125,12 +125,19 @@ class LeaseBridge:
                 with self._lock:
                     if self._stopped.is_set():
                         return
-                    write_deadline(self.state_dir, renewed_deadline(
-                        read_deadline(self.state_dir / FENCE_FILE), sent, ttl,
-                        self.brief.fence_margin))
+                    publish_renewal(self.state_dir, sent, ttl, self.brief.fence_margin)
                     self.renewals += 1
         finally:
             await store.close()
+
+
+def publish_renewal(state_dir: Path, sent: float, ttl: int, margin: float) -> tuple[float, float]:
+    """Publish the deadline of a keepalive sent at ``sent`` and acknowledged with ``ttl``, as
+    the lease keeper computes it and never backwards: (the deadline before, the one now)."""
+    before = read_deadline(state_dir / FENCE_FILE)
+    deadline = renewed_deadline(before, sent, ttl, margin)
+    write_deadline(state_dir, deadline)
+    return before, deadline
 
 
 def _brief_store(brief: RenewalBrief) -> Callable[[], EtcdStore]:
@@ -159,9 +166,8 @@ async def renew_from_brief(config_path: str) -> EarlyRenewal | None:
 
 
 async def renew_saved_lease(config: Any) -> EarlyRenewal | None:
-    """Keep the lease of our records alive and publish its deadline; the seconds left before
-    that deadline and the started ``LeaseBridge``, or None (no records, the lease is gone, or
-    etcd did not answer in time)."""
+    """Keep the lease of our records alive and publish its deadline (an ``EarlyRenewal``), or
+    None (no records, the lease is gone, or etcd did not answer in time)."""
     assert config.node is not None
     timing = config.timing
     brief = RenewalBrief(tuple(config.etcd.endpoints), timing.heartbeat, timing.fence_margin)
@@ -188,9 +194,7 @@ async def _renew(state_dir: Path, make_store: Callable[[], EtcdStore],
                                      brief.heartbeat * 2)
         if ttl <= 0:
             return None
-        before = read_deadline(state_dir / FENCE_FILE)
-        deadline = renewed_deadline(before, sent, ttl, brief.fence_margin)
-        write_deadline(state_dir, deadline)
+        before, deadline = publish_renewal(state_dir, sent, ttl, brief.fence_margin)
         bridge = LeaseBridge(state_dir, record.lease, brief, make_store)
         bridge.start()
         return EarlyRenewal(had_left=before - sent, left=deadline - time.monotonic(),

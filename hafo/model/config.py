@@ -169,12 +169,12 @@ class TimingConfig(Section):
     ``profile`` names the defaults of the other three (``hafo.model.timing_profile``); a
     field given beside it wins."""
 
-    lease_ttl: Annotated[int, Field(ge=1, le=3600), INTEGER] = 3
+    lease_ttl: Annotated[int, Field(ge=1, le=3600), INTEGER] = PROFILES["default"].lease_ttl
     """The node lease's TTL in seconds, 1 to 3600 (controllers use it for their own lease too);
     etcd grants at least 1.5 x its election timeout, rounded up to a second."""
-    heartbeat: Positive = 1.0
+    heartbeat: Positive = PROFILES["default"].heartbeat
     """The keepalive period in seconds; at most half of `lease_ttl`."""
-    fence_margin: Positive = 0.5
+    fence_margin: Positive = PROFILES["default"].fence_margin
     """How long before the lease can expire the guards kill their workloads, in seconds;
     `fence_margin + heartbeat` must be below `lease_ttl`."""
     failsafe_max: NonNegative = 300.0
@@ -192,7 +192,7 @@ class TimingConfig(Section):
         if not isinstance(known, dict):
             return known
         profile = PROFILES.get(known.get("profile"))  # type: ignore[arg-type]
-        if profile is None or profile is PROFILES["default"]:
+        if profile is None:  # absent (the fields' defaults are the default profile's) or wrong
             return known
         return {"lease_ttl": profile.lease_ttl, "heartbeat": profile.heartbeat,
                 "fence_margin": profile.fence_margin, **known}
